@@ -1,0 +1,84 @@
+# iobatch: every target sets up what it needs first. Setup is idempotent and pinned:
+# Python packages from requirements.lock into .venv/, versitygw and the CDK CLI into .tools/ and node_modules/.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := .tools
+VERSITYGW_VERSION := v1.8.0
+SYSTEM_PACKAGES := podman buildah debootstrap bpftrace chromium strace xfsprogs
+export CDK_DISABLE_VERSION_CHECK := 1
+export CDK_DISABLE_CLI_TELEMETRY := 1
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION := 1
+export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/node_modules/.bin:$(PATH)
+
+# Flags for the demo, e.g. `make demo DEMO_ARGS="--images 80 --slow-child 3"`.
+DEMO_ARGS ?=
+# Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m unit"`.
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test lint synth bench clean help
+
+help:
+	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
+	@echo "make test    run the whole suite (unit, functional, synth, e2e, faults)"
+	@echo "make synth   cdk synth the stack offline with the pinned CLI"
+	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
+	@echo "make lint    ruff and mypy"
+
+setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+$(TOOLS)/bin/versitygw:
+	mkdir -p $(TOOLS)/bin
+	GOBIN=$(CURDIR)/$(TOOLS)/bin GOFLAGS=-mod=mod go install github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+# Debian packages for the container build, eBPF, the slow-disk lab and the report's browser test.
+$(TOOLS)/.system-packages: Makefile
+	@mkdir -p $(TOOLS)
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  else \
+	    echo "note: not root, so not installing $$missing; the tests that need them will skip"; exit 0; \
+	  fi; \
+	fi
+	touch $@
+
+interposer: $(VENV)/.installed
+	@if [ -f profiling/interpose/Makefile ]; then $(MAKE) --no-print-directory -C profiling/interpose; fi
+
+demo: setup
+	$(PY) -m pipeline.cli demo $(DEMO_ARGS)
+
+test: setup
+	$(PY) -m ruff check pipeline profiling tuning infra tests bench
+	$(PY) -m mypy
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check pipeline profiling tuning infra tests bench
+	$(PY) -m mypy
+
+synth: setup
+	rm -rf cdk.out
+	cdk synth --quiet
+
+bench: setup
+	$(PY) -m bench
+
+clean:
+	rm -rf cdk.out .iobatch .pytest_cache .mypy_cache .ruff_cache

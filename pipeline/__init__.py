@@ -1,0 +1,1 @@
+"""iobatch: AWS Batch pipeline for ML training data that profiles its own I/O."""

@@ -1,0 +1,91 @@
+"""Errors the pipeline knows, each with a one-line headline and an exit code.
+
+The exit codes follow sysexits(3) so that the AWS Batch retry strategy can key on them:
+
+====  =============  ==========================================================
+code  name           meaning
+====  =============  ==========================================================
+0     OK             the child finished (or was already complete and skipped)
+1     BUG            an unexpected error; a traceback is printed
+64    USAGE          a flag or variable is wrong; nothing was done
+65    PERMANENT      bad input (manifest, key, image, bucket): retrying cannot help
+75    RETRYABLE      throttling, network, interruption: a retry can succeed
+====  =============  ==========================================================
+
+`main()` prints ``error: <headline>`` for these and exits with the code; only
+unknown exceptions get a traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_BUG = 1
+EXIT_USAGE = 64
+EXIT_PERMANENT = 65
+EXIT_RETRYABLE = 75
+
+
+class IobatchError(Exception):
+    """Base class: a headline that names the thing and the fix, and an exit code."""
+
+    exit_code = EXIT_PERMANENT
+    retryable = False
+
+    def __init__(self, headline: str) -> None:
+        super().__init__(headline)
+        self.headline = headline
+
+
+class UsageError(IobatchError):
+    """A flag, variable or file given by the user is wrong; nothing was done."""
+
+    exit_code = EXIT_USAGE
+
+
+class PermanentError(IobatchError):
+    """Bad input: retrying the same child cannot succeed."""
+
+    exit_code = EXIT_PERMANENT
+
+
+class RetryableError(IobatchError):
+    """A transient fault: the same child can succeed when run again."""
+
+    exit_code = EXIT_RETRYABLE
+    retryable = True
+
+
+class ManifestError(PermanentError):
+    """A manifest line or listing is unusable."""
+
+
+class MissingObjectError(PermanentError):
+    """A bucket or key named by the batch does not exist."""
+
+
+class BadImageError(PermanentError):
+    """An input image does not decode."""
+
+
+class ScratchError(PermanentError):
+    """The scratch directory is missing, not writable or full."""
+
+
+class IntegrityError(PermanentError):
+    """An object's bytes do not match what was listed or checksummed."""
+
+
+class TransferError(RetryableError):
+    """s5cmd failed for a reason a retry can fix (network, throttling, 5xx)."""
+
+
+class EndpointUnreachable(RetryableError):
+    """The S3 endpoint does not answer."""
+
+
+class Interrupted(RetryableError):
+    """The child was told to stop (SIGTERM: Batch timeout or Spot reclaim)."""
+
+
+class ToolMissing(UsageError):
+    """A binary the pipeline needs (s5cmd, versitygw) is not installed."""

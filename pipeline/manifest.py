@@ -1,0 +1,150 @@
+"""Manifests: which images a batch holds, and which of them each array child takes. Pure, streaming.
+
+A user manifest is JSON Lines, one image a line, either form:
+
+    {"key": "images/cam0/000001.png"}                 a key in the input bucket
+    {"uri": "s3://input-bucket/images/cam0/000001.png", "size": 26214400}
+
+A batch is frozen once, before any child runs, into two objects beside the outputs:
+
+    _batch/manifest.jsonl   normalised lines {"key": ..., "size": ...}, in the order given
+    _batch/manifest.idx     (children + 1) big-endian uint64 byte offsets into manifest.jsonl
+
+Child i reads bytes [8i, 8i+16) of the index and then only its own byte range of the manifest, so a
+manifest of millions of lines costs each child two small ranged GETs, and nothing rides in job
+parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from pipeline.errors import ManifestError, UsageError
+
+MAX_ARRAY_SIZE = 10_000  # AWS Batch's limit on children of one array job
+OFFSET = struct.Struct(">Q")
+FROZEN_MANIFEST = "_batch/manifest.jsonl"
+FROZEN_INDEX = "_batch/manifest.idx"
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    key: str
+    size: int | None = None
+
+    def to_line(self) -> bytes:
+        body: dict[str, object] = {"key": self.key}
+        if self.size is not None:
+            body["size"] = self.size
+        return (json.dumps(body, separators=(",", ":")) + "\n").encode()
+
+
+def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry | None:
+    """One manifest line -> entry (None for a blank line). `where` names the file and line for errors."""
+    text = line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
+    text = text.strip()
+    if not text:
+        return None
+    try:
+        body = json.loads(text)
+    except json.JSONDecodeError:
+        raise ManifestError(f"{where} is not JSON: write one object a line, e.g. {{\"key\": \"images/a.png\"}}") \
+            from None
+    if not isinstance(body, dict):
+        raise ManifestError(f"{where} is not a JSON object: write {{\"key\": \"images/a.png\"}}")
+    key = body.get("key")
+    uri = body.get("uri")
+    if isinstance(uri, str) and key is None:
+        if not uri.startswith("s3://"):
+            raise ManifestError(f"{where}: uri {uri!r} is not an s3:// URI")
+        uri_bucket, _, key = uri[len("s3://"):].partition("/")
+        if uri_bucket != bucket:
+            raise ManifestError(
+                f"{where}: {uri} is outside the input bucket {bucket}: copy it there or submit it separately"
+            )
+    if not isinstance(key, str) or not key or key.endswith("/"):
+        raise ManifestError(f"{where} names no object: give \"key\" (in bucket {bucket}) or \"uri\"")
+    size = body.get("size")
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
+        raise ManifestError(f"{where}: size {size!r} is not a byte count")
+    return ManifestEntry(key, size)
+
+
+def parse_manifest(lines: Iterable[str | bytes], *, bucket: str, source: str) -> Iterator[ManifestEntry]:
+    """Stream entries from manifest lines, naming `source:line` in any error."""
+    for number, line in enumerate(lines, 1):
+        entry = parse_line(line, bucket=bucket, where=f"{source} line {number}")
+        if entry is not None:
+            yield entry
+
+
+def is_image_key(key: str, prefix: str) -> bool:
+    """Keys a prefix listing takes: not folder markers, not our own `_` files."""
+    name = key[len(prefix):] if key.startswith(prefix) else key
+    return bool(name) and not key.endswith("/") and not any(part.startswith("_") for part in name.split("/"))
+
+
+def children_for(total: int, per_child: int) -> int:
+    if per_child < 1:
+        raise UsageError(f"images per job is {per_child}: give 1 or more")
+    return -(-total // per_child)
+
+
+def shard_bounds(index: int, per_child: int, total: int) -> tuple[int, int]:
+    """[start, stop) of the entries child `index` takes."""
+    start = index * per_child
+    return min(start, total), min(start + per_child, total)
+
+
+def array_jobs(children: int, max_size: int = MAX_ARRAY_SIZE) -> list[tuple[int, int]]:
+    """Split `children` into array jobs: (offset, size) each, size <= max_size.
+
+    An array job of size 1 is not allowed by Batch (arrays are 2..10,000); a single child is submitted
+    as a plain job, which the caller sees as size 1.
+    """
+    return [(offset, min(max_size, children - offset)) for offset in range(0, children, max_size)]
+
+
+class FrozenManifestWriter:
+    """Writes the normalised manifest and its child offset index, streaming, in constant memory."""
+
+    def __init__(self, manifest: BinaryIO, index: BinaryIO, per_child: int) -> None:
+        if per_child < 1:
+            raise UsageError(f"images per job is {per_child}: give 1 or more")
+        self._manifest = manifest
+        self._index = index
+        self._per_child = per_child
+        self.entries = 0
+        self.bytes = 0
+        self.total_size = 0
+
+    def add(self, entry: ManifestEntry) -> None:
+        if self.entries % self._per_child == 0:
+            self._index.write(OFFSET.pack(self.bytes))
+        line = entry.to_line()
+        self._manifest.write(line)
+        self.entries += 1
+        self.bytes += len(line)
+        self.total_size += entry.size or 0
+
+    def close(self) -> int:
+        """Write the end offset; return the number of children."""
+        self._index.write(OFFSET.pack(self.bytes))
+        return children_for(self.entries, self._per_child)
+
+
+def index_range(child: int) -> tuple[int, int]:
+    """Byte range [start, end) of the index that holds child's start and end offsets."""
+    return child * OFFSET.size, (child + 2) * OFFSET.size
+
+
+def parse_index_range(data: bytes, child: int) -> tuple[int, int]:
+    if len(data) != 2 * OFFSET.size:
+        raise ManifestError(
+            f"the batch index has no entry for child {child}: the array is larger than the batch"
+        )
+    return OFFSET.unpack_from(data, 0)[0], OFFSET.unpack_from(data, OFFSET.size)[0]

@@ -1,0 +1,184 @@
+"""JobSettings: what one array child needs, read from its environment.
+
+The same variables are set by AWS Batch (through the job definition and `iobatch submit`) and by the
+local executor, so the job cannot tell them apart. Every variable name lives in ENV below.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipeline.errors import UsageError
+
+
+class ENV:
+    """Names of the environment variables the job reads."""
+
+    S3_ENDPOINT = "IOBATCH_S3_ENDPOINT"  # optional; AWS when unset
+    INPUT = "IOBATCH_INPUT"  # s3://bucket/prefix/ the images live under
+    MANIFEST = "IOBATCH_MANIFEST"  # s3://bucket/key.jsonl: the frozen list of keys (one JSON object a line)
+    OUTPUT = "IOBATCH_OUTPUT"  # s3://bucket/prefix/ the shards go to
+    SCRATCH = "IOBATCH_SCRATCH"  # root of the scratch volume; each child works in its own subdirectory
+    IMAGES_PER_CHILD = "IOBATCH_IMAGES_PER_CHILD"
+    ARRAY_OFFSET = "IOBATCH_ARRAY_OFFSET"  # added to the array index when a batch spans several array jobs
+    TRAIN_SIZE = "IOBATCH_TRAIN_SIZE"  # WIDTHxHEIGHT of the training images
+    SKIP_BAD_IMAGES = "IOBATCH_SKIP_BAD_IMAGES"
+    S5CMD_WORKERS = "IOBATCH_S5CMD_WORKERS"
+    PIPELINE = "IOBATCH_PIPELINE"  # the Pipeline dimension of every metric
+    PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock
+    VOLUME_TYPE = "IOBATCH_VOLUME_TYPE"  # reported as a property (st1, gp3, ...)
+    ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
+    JOB_ID = "AWS_BATCH_JOB_ID"
+    QUEUE = "AWS_BATCH_JQ_NAME"
+
+
+DEFAULT_SCRATCH = "/scratch"
+DEFAULT_TRAIN_SIZE = (512, 384)
+DEFAULT_S5CMD_WORKERS = 16
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
+
+
+@dataclass(frozen=True)
+class S3Uri:
+    bucket: str
+    key: str  # a prefix ends with "/", or is empty for the whole bucket
+
+    @classmethod
+    def parse(cls, text: str, *, what: str) -> S3Uri:
+        match = _S3_URI.match(text.strip())
+        if not match:
+            raise UsageError(f"{what} {text!r} is not an S3 URI: write it as s3://bucket/prefix/")
+        return cls(match["bucket"], match["key"] or "")
+
+    def as_prefix(self) -> S3Uri:
+        """The same location as a folder: key empty or ending in '/'."""
+        if self.key and not self.key.endswith("/"):
+            return S3Uri(self.bucket, self.key + "/")
+        return self
+
+    def join(self, *parts: str) -> S3Uri:
+        return S3Uri(self.bucket, self.as_prefix().key + "/".join(parts))
+
+    def __str__(self) -> str:
+        return f"s3://{self.bucket}/{self.key}"
+
+
+def child_name(index: int) -> str:
+    """The name of a child's output folder and scratch subdirectory."""
+    return f"part-{index:05d}"
+
+
+def parse_train_size(text: str) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
+    if not match or int(match[1]) < 8 or int(match[2]) < 8:
+        raise UsageError(f"{ENV.TRAIN_SIZE}={text!r} is not a size: write WIDTHxHEIGHT, e.g. 512x384")
+    return int(match[1]), int(match[2])
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int:
+    raw = environ.get(name)
+    if raw is None or raw == "":
+        if default is None:
+            raise UsageError(f"{name} is not set: the job needs it (see `iobatch job --help`)")
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UsageError(f"{name}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise UsageError(f"{name}={value} is below {minimum}")
+    return value
+
+
+def _required(environ: Mapping[str, str], name: str) -> str:
+    value = environ.get(name, "").strip()
+    if not value:
+        raise UsageError(f"{name} is not set: the job needs it (see `iobatch job --help`)")
+    return value
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    """Everything one array child needs. Build it with `from_env`."""
+
+    input: S3Uri
+    output: S3Uri
+    manifest: S3Uri | None
+    scratch_root: Path
+    images_per_child: int
+    array_index: int  # the global child index: AWS_BATCH_JOB_ARRAY_INDEX + IOBATCH_ARRAY_OFFSET
+    job_id: str
+    s3_endpoint: str | None = None
+    train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
+    skip_bad_images: bool = False
+    s5cmd_workers: int = DEFAULT_S5CMD_WORKERS
+    pipeline: str = "iobatch"
+    profiler_socket: Path | None = None
+    volume_type: str = "unknown"
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> JobSettings:
+        env = os.environ if environ is None else environ
+        manifest_raw = env.get(ENV.MANIFEST, "").strip()
+        socket_raw = env.get(ENV.PROFILER_SOCKET, "").strip()
+        return cls(
+            input=S3Uri.parse(_required(env, ENV.INPUT), what=ENV.INPUT).as_prefix(),
+            output=S3Uri.parse(_required(env, ENV.OUTPUT), what=ENV.OUTPUT).as_prefix(),
+            manifest=S3Uri.parse(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None,
+            scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
+            images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1),
+            array_index=_int(env, ENV.ARRAY_INDEX, 0, 0) + _int(env, ENV.ARRAY_OFFSET, 0, 0),
+            job_id=env.get(ENV.JOB_ID) or "local",
+            s3_endpoint=env.get(ENV.S3_ENDPOINT) or None,
+            train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,
+            skip_bad_images=env.get(ENV.SKIP_BAD_IMAGES, "").lower() in ("1", "true", "yes"),
+            s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1),
+            pipeline=env.get(ENV.PIPELINE) or "iobatch",
+            profiler_socket=Path(socket_raw) if socket_raw else None,
+            volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",
+        )
+
+    @property
+    def child(self) -> str:
+        return child_name(self.array_index)
+
+    @property
+    def work_dir(self) -> Path:
+        """This child's own scratch subdirectory: tasks on one host share the scratch volume."""
+        return self.scratch_root / self.child
+
+    @property
+    def socket_path(self) -> Path:
+        return self.profiler_socket or (self.work_dir / "profiler.sock")
+
+    @property
+    def child_output(self) -> S3Uri:
+        return self.output.join(self.child).as_prefix()
+
+    def to_env(self) -> dict[str, str]:
+        """The inverse of from_env: what the executor or the job definition sets."""
+        env = {
+            ENV.INPUT: str(self.input),
+            ENV.OUTPUT: str(self.output),
+            ENV.SCRATCH: str(self.scratch_root),
+            ENV.IMAGES_PER_CHILD: str(self.images_per_child),
+            ENV.ARRAY_INDEX: str(self.array_index),
+            ENV.JOB_ID: self.job_id,
+            ENV.TRAIN_SIZE: f"{self.train_size[0]}x{self.train_size[1]}",
+            ENV.S5CMD_WORKERS: str(self.s5cmd_workers),
+            ENV.PIPELINE: self.pipeline,
+            ENV.VOLUME_TYPE: self.volume_type,
+        }
+        if self.manifest:
+            env[ENV.MANIFEST] = str(self.manifest)
+        if self.s3_endpoint:
+            env[ENV.S3_ENDPOINT] = self.s3_endpoint
+        if self.skip_bad_images:
+            env[ENV.SKIP_BAD_IMAGES] = "1"
+        if self.profiler_socket:
+            env[ENV.PROFILER_SOCKET] = str(self.profiler_socket)
+        return env

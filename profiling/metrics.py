@@ -1,0 +1,239 @@
+"""The one list of stage metrics, and the StageProfile they are computed from.
+
+METRICS is the single source for the EMF emitter, the CloudWatch dashboard (infra/dashboard.py),
+the console table and the HTML report: a metric added here appears in all of them.
+
+Everything here is pure: no /proc, no files, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+PROFILE_SCHEMA = 1
+STAGES: tuple[str, ...] = ("download", "process", "upload")
+OUTCOMES: tuple[str, ...] = ("ok", "failed", "interrupted")
+DEFAULT_NAMESPACE = "IoBatch"
+# Dimensions stay low-cardinality: every distinct value set is billed as a custom metric.
+DIMENSIONS: tuple[str, ...] = ("Pipeline", "Stage")
+# Per-job and per-instance values travel as EMF properties, never as dimensions.
+PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType")
+
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    """One CloudWatch metric: its name, unit, the StageProfile field it reads, and how people see it."""
+
+    name: str
+    unit: str  # a CloudWatch unit name, as aws_embedded_metrics.unit.Unit accepts it
+    field: str
+    label: str  # column heading in the console table and the report
+    scale: float = 1.0  # divide the raw value by this for display
+    display_unit: str = ""
+    description: str = ""
+    on_dashboard: bool = False
+
+    def display(self, value: float | None) -> str:
+        if value is None:
+            return "-"
+        shown = value / self.scale
+        if abs(shown) >= 100 or shown == int(shown):
+            return f"{shown:,.0f}"
+        return f"{shown:,.2f}" if abs(shown) >= 1 else f"{shown:.3f}"
+
+
+METRICS: tuple[MetricSpec, ...] = (
+    MetricSpec("StageDuration", "Seconds", "duration_s", "duration s", display_unit="s",
+               description="Wall time of the stage", on_dashboard=True),
+    MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB", MIB, "MiB",
+               "Bytes read by the job's process tree (rchar: files, pipes and sockets)"),
+    MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB", MIB, "MiB",
+               "Bytes written by the job's process tree (wchar)"),
+    MetricSpec("ReadCalls", "Count", "read_calls", "read calls", description="read-type system calls (syscr)"),
+    MetricSpec("WriteCalls", "Count", "write_calls", "write calls",
+               description="write-type system calls (syscw)"),
+    MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", MIB, "MiB",
+               "Bytes the process tree caused to be fetched from storage (read_bytes)"),
+    MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", MIB, "MiB",
+               "Bytes the process tree caused to be sent to storage (write_bytes)"),
+    MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s", MIB, "MiB/s",
+               "Bytes moved per second: max(read, written) over the stage's wall time", on_dashboard=True),
+    MetricSpec("Items", "Count", "items", "images", description="Images the stage handled"),
+    MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads",
+               description="Reads completed by the scratch device"),
+    MetricSpec("DeviceWriteOps", "Count", "device_write_ops", "dev writes",
+               description="Writes completed by the scratch device"),
+    MetricSpec("DeviceReadBytes", "Bytes", "device_read_bytes", "dev read MiB", MIB, "MiB",
+               "Bytes read from the scratch device"),
+    MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", MIB, "MiB",
+               "Bytes written to the scratch device"),
+    MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev read ms",
+               display_unit="ms", description="Mean time per completed device read"),
+    MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev write ms",
+               display_unit="ms", description="Mean time per completed device write", on_dashboard=True),
+    MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "queue",
+               description="Average requests in flight on the scratch device", on_dashboard=True),
+    MetricSpec("DeviceUtilization", "Percent", "device_utilization_pct", "util %", display_unit="%",
+               description="Share of the stage the device was busy"),
+    MetricSpec("PeakDirtyBytes", "Bytes", "peak_dirty_bytes", "peak dirty MiB", MIB, "MiB",
+               "Most dirty page-cache bytes seen during the stage (host-wide)", on_dashboard=True),
+    MetricSpec("PeakWritebackBytes", "Bytes", "peak_writeback_bytes", "peak writeback MiB", MIB, "MiB",
+               "Most bytes under writeback seen during the stage (host-wide)"),
+    MetricSpec("DirtyThresholdBytes", "Bytes", "dirty_threshold_bytes", "dirty limit MiB", MIB, "MiB",
+               "The kernel's dirty threshold: writers block above it"),
+    MetricSpec("IoStallSome", "Milliseconds", "io_stall_some_ms", "io stall ms", display_unit="ms",
+               description="PSI io 'some': time at least one task waited on I/O", on_dashboard=True),
+    MetricSpec("IoStallFull", "Milliseconds", "io_stall_full_ms", "io stall full ms", display_unit="ms",
+               description="PSI io 'full': time all non-idle tasks waited on I/O"),
+    MetricSpec("DirtyThrottle", "Milliseconds", "dirty_throttle_ms", "dirty throttle ms", display_unit="ms",
+               description="Time writers spent paused in balance_dirty_pages (eBPF only)"),
+)
+
+METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
+# The columns of the per-stage console table, in order.
+TABLE_METRICS: tuple[str, ...] = (
+    "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Throughput",
+    "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome",
+)
+
+
+@dataclass(frozen=True)
+class TimelinePoint:
+    """One sampling interval of a stage: rates and levels over [t - interval, t]."""
+
+    t: float  # seconds since the stage started
+    read_bps: float
+    write_bps: float
+    device_write_bps: float | None
+    device_queue_depth: float | None
+    dirty_bytes: int
+    writeback_bytes: int
+    io_stall_some_ms: float | None
+
+
+@dataclass(frozen=True)
+class StageProfile:
+    """What one stage of one child did, measured from outside the job. Serialised as profile JSON."""
+
+    stage: str
+    outcome: str
+    started_at: float  # unix seconds
+    duration_s: float
+    # Logical I/O of the job's process tree, from /proc/<pid>/io (exact for any binary).
+    read_bytes: int = 0
+    write_bytes: int = 0
+    read_calls: int = 0
+    write_calls: int = 0
+    storage_read_bytes: int = 0
+    storage_write_bytes: int = 0
+    cancelled_write_bytes: int = 0
+    items: int | None = None
+    # The scratch device, from /proc/diskstats; None when no block device backs scratch.
+    device: str | None = None
+    device_read_ops: int | None = None
+    device_write_ops: int | None = None
+    device_read_bytes: int | None = None
+    device_write_bytes: int | None = None
+    device_read_latency_ms: float | None = None
+    device_write_latency_ms: float | None = None
+    device_queue_depth: float | None = None
+    device_utilization_pct: float | None = None
+    # The page cache, host-wide, from /proc/vmstat.
+    peak_dirty_bytes: int | None = None
+    peak_writeback_bytes: int | None = None
+    dirty_threshold_bytes: int | None = None
+    dirty_background_threshold_bytes: int | None = None
+    # Pressure stall information, /proc/pressure/io; None where PSI is off.
+    io_stall_some_ms: float | None = None
+    io_stall_full_ms: float | None = None
+    # From the eBPF probe when it ran.
+    dirty_throttle_ms: float | None = None
+    # Per-call figures by probe (see profiling/probes): {"probe": ..., "calls": {...}}.
+    calls: dict[str, Any] | None = None
+    # Which probe produced each group of figures, e.g. {"io": "procfs", "latency": "ebpf"}.
+    sources: dict[str, str] = field(default_factory=dict)
+    # Contract rule results (profiling/contract.py), if a contract was given.
+    contract: list[dict[str, Any]] = field(default_factory=list)
+    # Per-job values: JobId, ArrayIndex, InstanceId, InstanceType, VolumeType, Pipeline.
+    properties: dict[str, str] = field(default_factory=dict)
+    timeline: list[TimelinePoint] = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def throughput_bps(self) -> float | None:
+        """Bytes moved per second: the larger of bytes read and written, over wall time."""
+        if self.duration_s <= 0:
+            return None
+        return max(self.read_bytes, self.write_bytes) / self.duration_s
+
+    def value(self, spec: MetricSpec) -> float | None:
+        raw = getattr(self, spec.field)
+        return None if raw is None else float(raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dataclasses.asdict(self)
+        body["timeline"] = [dataclasses.asdict(p) for p in self.timeline]
+        return {"schema": PROFILE_SCHEMA, **body}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StageProfile:
+        schema = data.get("schema")
+        if schema != PROFILE_SCHEMA:
+            raise ValueError(f"profile schema {schema!r} is not {PROFILE_SCHEMA}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        kwargs["timeline"] = [TimelinePoint(**p) for p in data.get("timeline", [])]
+        return cls(**kwargs)
+
+
+def to_metrics(profile: StageProfile) -> list[tuple[str, float, str]]:
+    """(name, value, unit) for every metric the profile has a value for, in METRICS order."""
+    out: list[tuple[str, float, str]] = []
+    for spec in METRICS:
+        value = profile.value(spec)
+        if value is not None:
+            out.append((spec.name, value, spec.unit))
+    return out
+
+
+def summarize(profiles: Sequence[StageProfile]) -> dict[str, dict[str, float | None]]:
+    """Per stage: the median across children of each table metric, and sums of bytes and calls.
+
+    Durations and rates are medians (one slow child should not hide behind the mean); bytes,
+    calls and items are totals over the run.
+    """
+    totals = {"ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Items", "StorageReadBytes",
+              "StorageWriteBytes", "DeviceReadBytes", "DeviceWriteBytes", "DeviceReadOps", "DeviceWriteOps"}
+    peaks = {"PeakDirtyBytes", "PeakWritebackBytes", "DirtyThresholdBytes"}
+    result: dict[str, dict[str, float | None]] = {}
+    for stage in STAGES:
+        of_stage = [p for p in profiles if p.stage == stage]
+        if not of_stage:
+            continue
+        row: dict[str, float | None] = {"children": float(len(of_stage))}
+        for spec in METRICS:
+            values = [v for v in (p.value(spec) for p in of_stage) if v is not None]
+            if not values:
+                row[spec.name] = None
+            elif spec.name in totals:
+                row[spec.name] = float(sum(values))
+            elif spec.name in peaks:
+                row[spec.name] = max(values)
+            else:
+                row[spec.name] = median(values)
+        result[stage] = row
+    return result
+
+
+def median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("median of nothing")
+    mid = n // 2
+    return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2

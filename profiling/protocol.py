@@ -1,0 +1,163 @@
+"""Stage start/end messages between the job and its profiler sidecar.
+
+Transport: a Unix stream socket on the shared scratch volume. One JSON object per line each way:
+
+    job -> sidecar   {"type": "stage_start", "stage": "download", "pid": 123, "time": 1.7e9}
+    sidecar -> job   {"type": "ack", "stage": "download"}          (baseline taken: the stage may begin)
+    job -> sidecar   {"type": "stage_end", "stage": "download", "outcome": "ok", "items": 5}
+    sidecar -> job   {"type": "ack", "stage": "download"}          (profile built and emitted)
+    job -> sidecar   {"type": "job_end", "outcome": "ok"}          (the sidecar may exit)
+
+The job waits for each ack so that the sidecar's baseline precedes the stage's first byte and its last
+sample follows the stage's last byte. socket send/recv are not read/write calls, so the protocol does
+not show up in the job's own /proc/<pid>/io counts.
+
+A sidecar that is absent, slow or dead never fails the job: the reporter prints one warning line and
+turns itself off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MESSAGE_TYPES = ("stage_start", "stage_end", "job_end", "ack", "error")
+MAX_MESSAGE_BYTES = 64 * 1024
+# Unix socket paths are limited to 107 bytes on Linux.
+MAX_SOCKET_PATH = 107
+
+
+class ProtocolError(ValueError):
+    """A message that is not one of ours."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    return (json.dumps(message, separators=(",", ":"), sort_keys=True) + "\n").encode()
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    """Parse one line; raise ProtocolError naming what is wrong."""
+    if len(line) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(line)} bytes is over {MAX_MESSAGE_BYTES}")
+    try:
+        message = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"message is not JSON: {line[:80]!r} ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+    if not isinstance(message, dict):
+        raise ProtocolError(f"message is not a JSON object: {line[:80]!r}")
+    kind = message.get("type")
+    if kind not in MESSAGE_TYPES:
+        raise ProtocolError(f"message type {kind!r} is not one of {', '.join(MESSAGE_TYPES)}")
+    if kind in ("stage_start", "stage_end") and not isinstance(message.get("stage"), str):
+        raise ProtocolError(f"{kind} message names no stage")
+    if kind == "stage_start" and not isinstance(message.get("pid"), int):
+        raise ProtocolError("stage_start message has no integer pid")
+    return message
+
+
+@dataclass
+class StageHandle:
+    """Yielded by `StageReporter.stage`; set `items` to report how many images the stage handled."""
+
+    name: str
+    items: int | None = None
+
+
+def _warn(text: str) -> None:
+    print(f"warning: {text}", file=sys.stderr, flush=True)
+
+
+class StageReporter:
+    """The job's side: announces stages to the sidecar, never fails the job."""
+
+    def __init__(
+        self,
+        socket_path: Path | None,
+        *,
+        connect_timeout_s: float = 5.0,
+        ack_timeout_s: float = 30.0,
+        warn: Callable[[str], None] = _warn,
+    ) -> None:
+        self._warn = warn
+        self._ack_timeout_s = ack_timeout_s
+        self._sock: socket.socket | None = None
+        self._buffer = b""
+        if socket_path is None:
+            return
+        if len(str(socket_path)) > MAX_SOCKET_PATH:
+            self._disable(f"profiler socket path {socket_path} is over {MAX_SOCKET_PATH} bytes; "
+                          "stages are not profiled (use a shorter scratch path)")
+            return
+        deadline = time.monotonic() + connect_timeout_s
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(str(socket_path))
+                self._sock = sock
+                return
+            except OSError as exc:
+                sock.close()
+                if time.monotonic() >= deadline:
+                    self._disable(f"no profiler at {socket_path} ({exc.strerror}); the job goes on unprofiled")
+                    return
+                time.sleep(0.05)
+
+    @property
+    def active(self) -> bool:
+        return self._sock is not None
+
+    def _disable(self, why: str) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._warn(why)
+
+    def _exchange(self, message: dict[str, Any], *, wait_ack: bool = True) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.settimeout(self._ack_timeout_s)
+            self._sock.sendall(encode(message))
+            if not wait_ack:
+                return
+            while b"\n" not in self._buffer:
+                chunk = self._sock.recv(4096)
+                if not chunk:
+                    raise ConnectionError("the profiler closed the socket")
+                self._buffer += chunk
+            line, _, self._buffer = self._buffer.partition(b"\n")
+            reply = decode(line)
+            if reply["type"] == "error":
+                self._warn(f"profiler: {reply.get('message', 'error')}")
+        except (OSError, ProtocolError) as exc:
+            self._disable(f"profiler stopped answering ({exc}); the job goes on unprofiled")
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[StageHandle]:
+        """Run the body as one profiled stage. The outcome is 'ok', or 'failed' if the body raised."""
+        handle = StageHandle(name)
+        self._exchange({"type": "stage_start", "stage": name, "pid": os.getpid(), "time": time.time()})
+        outcome = "failed"
+        try:
+            yield handle
+            outcome = "ok"
+        except KeyboardInterrupt:
+            outcome = "interrupted"
+            raise
+        finally:
+            self._exchange({"type": "stage_end", "stage": name, "outcome": outcome, "items": handle.items})
+
+    def close(self, outcome: str = "ok") -> None:
+        """Tell the sidecar the job is over, so it can exit."""
+        self._exchange({"type": "job_end", "outcome": outcome}, wait_ack=False)
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
