@@ -9,11 +9,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from functools import wraps
+from pathlib import Path
 from typing import Any, TypeVar
 
 import typer
 
-from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError
+from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, UsageError
+from pipeline.local.demo import DemoOptions, LocalRun, default_workers, prepare_run_dir, run_demo, run_local
+from pipeline.settings import ENV, JobSettings, S3Uri, parse_train_size
 
 EXIT_CODES_HELP = (
     f"Exit codes: 0 ok; {EXIT_USAGE} bad flag or variable; {EXIT_PERMANENT} bad input (permanent, not "
@@ -56,9 +59,415 @@ def handles_errors(func: F) -> F:
 
 # ---- the pipeline: demo, run, job (pipeline/local, pipeline/job.py) --------------------------------
 
+
+def _exit_code_of(failed: list[tuple[int, int, str]]) -> int:
+    """A failed batch exits 65 if any child failed permanently, else 75 (a rerun can complete it)."""
+    codes = {code for _, code, _ in failed}
+    return EXIT_PERMANENT if EXIT_PERMANENT in codes else EXIT_RETRYABLE
+
+
+def _print_batch(result: Any, profiles: Any, title: str) -> None:
+    from rich.console import Console
+
+    from profiling.metrics import summarize
+    from profiling.table import render_stage_table
+
+    console = Console(width=200)
+    summary = summarize(profiles)
+    if summary:
+        console.print(render_stage_table(summary, title))
+    else:
+        console.print("no stage profiles were recorded (was the profiler off?)")
+    console.print(f"{result.succeeded} children done, {result.skipped} skipped (already complete), "
+                  f"{len(result.failed)} failed, in {result.elapsed_s:.1f} s")
+    for index, code, headline in result.failed:
+        console.print(f"  part-{index:05d}: exit {code}: {headline}")
+
+
+def _write_report(run_dir: Path) -> Path | None:
+    try:
+        from profiling.report import write_report
+    except ImportError:
+        return None
+    return write_report(run_dir)
+
+
+@app.command()
+@handles_errors
+def demo(
+    images: int = typer.Option(40, min=1, help="Synthetic camera images in the training batch."),
+    image_mib: float = typer.Option(25.0, min=0.01, help="Approximate size of each image in MiB (PNG)."),
+    images_per_child: int = typer.Option(5, min=1, help="Images each array child takes."),
+    workers: int = typer.Option(default_workers(), min=1, help="Children running at once (default: one per core)."),
+    run_dir: Path = typer.Option(Path(".iobatch/demo"), help="Where profiles, EMF, logs, the S3 data and the report "
+                                 "go. Emptied first if it holds an earlier run."),
+    scratch: Path | None = typer.Option(None, help="Scratch root for the children (default RUN_DIR/scratch)."),
+    s3_endpoint: str | None = typer.Option(None, help="Use this S3 endpoint (e.g. LocalStack, or AWS with "
+                                           "https://s3.REGION.amazonaws.com) instead of the embedded server; "
+                                           "credentials from the usual AWS_* variables."),
+    slow_child: int | None = typer.Option(None, min=0, help="Throttle this child's S3 traffic (16 MiB/s) to show "
+                                          "bad-apple detection in the report."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write RUN_DIR/report.html at the end."),
+    seed: int = typer.Option(0, help="Seed of the synthetic images."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
+) -> None:
+    """Run the main job on this machine: an embedded S3 server (versitygw), a synthetic training batch,
+    the local executor with a profiler beside every child; then print the per-stage table and where
+    the outputs and the report are."""
+    options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
+                          run_dir=run_dir, scratch_root=scratch, s3_endpoint=s3_endpoint, slow_child=slow_child,
+                          report=report, seed=seed)
+    result = run_demo(options, progress=progress)
+    _print_batch(result.batch, result.profiles, f"per-stage profile of {result.batch.children} children "
+                 "(durations and rates: median per child; bytes and calls: totals)")
+    print(f"outputs:  {result.output}" + (f"  (as files: {result.output_dir})" if result.output_dir else ""))
+    print(f"profiles: {run_dir / 'profiles'}  EMF: {run_dir / 'emf'}  logs: {run_dir / 'logs'}")
+    if report:
+        path = _write_report(run_dir)
+        if path:
+            print(f"report:   {path}")
+    if result.batch.failed:
+        raise typer.Exit(_exit_code_of(result.batch.failed))
+
+
+@app.command()
+@handles_errors
+def run(
+    input: str = typer.Option(..., help="s3://bucket/prefix/ the images are under."),
+    output: str = typer.Option(..., help="s3://bucket/prefix/ the shards go to."),
+    manifest: str | None = typer.Option(None, help="s3://bucket/key.jsonl listing the images (default: list INPUT)."),
+    images_per_child: int = typer.Option(5, min=1, help="Images each array child takes."),
+    workers: int = typer.Option(default_workers(), min=1, help="Children running at once (default: one per core)."),
+    s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (default: AWS)."),
+    run_dir: Path = typer.Option(Path(".iobatch/run"), help="Where profiles, EMF and logs go."),
+    scratch: Path | None = typer.Option(None, help="Scratch root (default RUN_DIR/scratch)."),
+    train_size: str = typer.Option("512x384", help="WIDTHxHEIGHT of the training images."),
+    force: bool = typer.Option(False, help="Redo children whose _SUCCESS marker exists."),
+    skip_bad_images: bool = typer.Option(False, help="Record undecodable images in the index instead of failing."),
+    progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
+) -> None:
+    """Run a batch on this machine against any S3 endpoint, with the local executor."""
+    from profiling import runfiles
+
+    prepare_run_dir(run_dir)
+    local = LocalRun(input=S3Uri.parse(input, what="--input").as_prefix(),
+                     output=S3Uri.parse(output, what="--output").as_prefix(),
+                     manifest=S3Uri.parse(manifest, what="--manifest") if manifest else None,
+                     endpoint=s3_endpoint, run_dir=run_dir, images_per_child=images_per_child, workers=workers,
+                     scratch_root=scratch, force=force, skip_bad_images=skip_bad_images,
+                     train_size=parse_train_size(train_size))
+    result = run_local(local, progress=progress)
+    _print_batch(result, list(runfiles.read_profiles(run_dir)), f"per-stage profile of {result.children} children")
+    if result.failed:
+        raise typer.Exit(_exit_code_of(result.failed))
+
+
+JOB_HELP = f"""Run one array child (the container entrypoint): download its images with s5cmd, process them
+into a training shard, upload the shard, its index and then the _SUCCESS marker.
+
+All settings come from the environment, as AWS Batch and the local executor set it:
+
+\b
+  {ENV.INPUT:<26} s3://bucket/prefix/ of the images (required)
+  {ENV.OUTPUT:<26} s3://bucket/prefix/ for the shards (required)
+  {ENV.MANIFEST:<26} frozen manifest s3://.../_batch/manifest.jsonl (default: list INPUT)
+  {ENV.IMAGES_PER_CHILD:<26} images per child (required)
+  {ENV.ARRAY_INDEX:<26} this child's index in the array job (default 0)
+  {ENV.ARRAY_OFFSET:<26} added to the index when a batch spans several array jobs
+  {ENV.JOB_ID:<26} the job id (properties of every metric)
+  {ENV.SCRATCH:<26} scratch volume root (default /scratch); the child uses a subdirectory
+  {ENV.S3_ENDPOINT:<26} S3 endpoint URL (default AWS)
+  {ENV.TRAIN_SIZE:<26} WIDTHxHEIGHT of the training images (default 512x384)
+  {ENV.SKIP_BAD_IMAGES:<26} 1: record undecodable images in the index instead of failing
+  {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
+  {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
+  {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/profiler.sock)
+  {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
+  {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)
+
+{EXIT_CODES_HELP}"""
+
+
+@app.command(help=JOB_HELP)
+def job() -> None:
+    from pipeline.job import main as job_main
+
+    try:
+        settings = JobSettings.from_env()
+    except IobatchError as exc:
+        fail(exc.headline, exc.exit_code)
+    raise typer.Exit(job_main(settings))
+
+
 # ---- profiling: profile, sidecar (profiling/) -------------------------------------------------------
 
+
+def _profiling_device(path: str | None, fallback: Any = None) -> Any:
+    """The BlockDevice behind `path` (or `fallback`), printing a notice when none backs it."""
+    from profiling.probes.procfs import DeviceError, device_of
+
+    target = path or fallback
+    if target is None:
+        return None
+    try:
+        device, notice = device_of(Path(target))
+    except DeviceError as exc:
+        raise UsageError(f"--device: {exc}") from None
+    if notice:
+        print(f"notice: {notice}", file=sys.stderr, flush=True)
+    return device
+
+
+def _profiling_interval(interval: float) -> float:
+    from profiling.sidecar import check_interval
+
+    try:
+        return check_interval(interval)
+    except ValueError as exc:
+        raise UsageError(f"--interval: {exc}") from None
+
+
+def _job_identity(environ: dict[str, str]) -> tuple[dict[str, str], Path | None, Path]:
+    """(EMF properties, default socket, default scratch dir) from the job's environment.
+
+    The sidecar does not need the job's S3 settings, so it falls back to the raw variables when the
+    full JobSettings cannot be built.
+    """
+    from pipeline.settings import DEFAULT_SCRATCH, ENV, JobSettings, child_name
+    from profiling.sidecar import instance_identity
+
+    try:
+        settings = JobSettings.from_env(environ)
+        index, job_id, pipeline, volume = (settings.array_index, settings.job_id, settings.pipeline,
+                                           settings.volume_type)
+        socket_path: Path | None = settings.socket_path
+        work_dir = settings.work_dir
+    except UsageError:
+        raw_index = environ.get(ENV.ARRAY_INDEX, "0") or "0"
+        raw_offset = environ.get(ENV.ARRAY_OFFSET, "0") or "0"
+        index = int(raw_index) + int(raw_offset) if (raw_index + raw_offset).isdigit() else 0
+        job_id = environ.get(ENV.JOB_ID) or "local"
+        pipeline = environ.get(ENV.PIPELINE) or "iobatch"
+        volume = environ.get(ENV.VOLUME_TYPE) or "unknown"
+        work_dir = Path(environ.get(ENV.SCRATCH) or DEFAULT_SCRATCH) / child_name(index)
+        raw_socket = environ.get(ENV.PROFILER_SOCKET, "").strip()
+        socket_path = Path(raw_socket) if raw_socket else work_dir / "profiler.sock"
+    instance_id, instance_type = instance_identity(environ)
+    properties = {"Pipeline": pipeline, "JobId": job_id, "ArrayIndex": str(index), "InstanceId": instance_id,
+                  "InstanceType": instance_type, "VolumeType": volume}
+    return properties, socket_path, work_dir
+
+
+@app.command()
+@handles_errors
+def sidecar(
+    socket_path: Path | None = typer.Option(None, "--socket", help="Unix socket to serve (default: "
+                                               "$IOBATCH_PROFILER_SOCKET or <scratch>/<child>/profiler.sock)."),
+    emf: str = typer.Option("-", "--emf", help="EMF output file, or - for stdout (what CloudWatch reads)."),
+    profile_out: Path | None = typer.Option(None, "--profile-out", help="Append profile JSON lines here."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
+    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample."),
+    scratch_dir: Path | None = typer.Option(None, "--scratch-dir", help="The job's working directory; "
+                                               "its block device is sampled (default: the child's work dir)."),
+    namespace: str = typer.Option("", "--namespace", help="EMF namespace (default $AWS_EMF_NAMESPACE or IoBatch)."),
+    contract: Path | None = typer.Option(None, "--contract", help="Contract rules evaluated per stage."),
+) -> None:
+    """Profile the job beside it: one StageProfile and one EMF document per stage (container entrypoint).
+
+    Exits 0 after the job's job_end, when the job closes the socket, or on SIGTERM (the running stage is
+    flushed as interrupted). It never makes the job fail.
+    """
+    import os
+
+    from profiling.emf import sink_for
+    from profiling.metrics import DEFAULT_NAMESPACE
+    from profiling.sidecar import Sidecar, SidecarConfig
+
+    properties, default_socket, work_dir = _job_identity(dict(os.environ))
+    target = socket_path or default_socket
+    if target is None:
+        raise UsageError("no socket: give --socket PATH or set IOBATCH_PROFILER_SOCKET")
+    scratch = scratch_dir or work_dir
+    if device is None and not scratch.exists():
+        scratch.mkdir(parents=True, exist_ok=True)
+    config = SidecarConfig(
+        socket_path=target,
+        emf_sink=sink_for(emf),
+        profile_out=profile_out,
+        interval_s=_profiling_interval(interval),
+        device=_profiling_device(device, scratch),
+        scratch_dir=scratch,
+        namespace=namespace or os.environ.get("AWS_EMF_NAMESPACE") or DEFAULT_NAMESPACE,
+        properties=properties,
+        contract_path=contract,
+    )
+    server = Sidecar(config)
+    server.install_sigterm()
+    try:
+        server.bind()
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot serve the profiler socket {target}: {exc}") from None
+    server.serve()
+
+
+@app.command(context_settings={"allow_interspersed_args": False})
+@handles_errors
+def profile(
+    command: list[str] = typer.Argument(..., help="The command to profile, after --."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the profile JSON (schema 1) here."),
+    emf: str | None = typer.Option(None, "--emf", help="Write the EMF document here (- for stdout)."),
+    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample "
+                                         "(default: the current directory's)."),
+    contract: Path | None = typer.Option(None, "--contract", help="Contract rules to evaluate."),
+) -> None:
+    """Run a command as one profiled stage and print its I/O table; exits with the command's code.
+
+    Exact bytes and call counts for any binary (Python, C, static Go such as s5cmd): they come from the
+    kernel's /proc counters, not from hooking the program.
+    """
+    import dataclasses
+    import json
+    import os
+
+    from rich.console import Console
+
+    from profiling.emf import emit_profile, sink_for
+    from profiling.sidecar import CommandNotFound, load_contract_hook, profile_command
+    from profiling.table import profile_row, render_stage_table
+
+    properties, _, _ = _job_identity(dict(os.environ))
+    dev = _profiling_device(device, Path.cwd())
+    step = _profiling_interval(interval)
+    loaded, evaluate = load_contract_hook(contract)
+    try:
+        result = profile_command(command, interval_s=step, device=dev, properties=properties)
+    except CommandNotFound as exc:
+        raise UsageError(str(exc)) from None
+    prof = result.profile
+    if evaluate is not None:
+        prof = dataclasses.replace(prof, contract=list(evaluate(loaded, prof)))
+    if json_out is not None:
+        json_out.write_text(json.dumps(prof.to_dict(), indent=1) + "\n", encoding="utf-8")
+    if emf is not None:
+        emit_profile(prof, sink_for(emf))
+    title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {result.returncode}; device {prof.device or '-'})"
+    Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160).print(render_stage_table({prof.stage: profile_row(prof)}, title))
+    raise typer.Exit(result.returncode)
+
+
 # ---- submission: submit, status (pipeline/submit.py) ------------------------------------------------
+
+
+def _print_json(body: Any) -> None:
+    import json
+
+    print(json.dumps(body, separators=(",", ":")), flush=True)
+
+
+@app.command()
+@handles_errors
+def submit(
+    manifest: str | None = typer.Option(None, "--manifest", help="s3://bucket/key.jsonl: one image a line."),
+    prefix: str | None = typer.Option(None, "--prefix", help="s3://bucket/images/: every image under it."),
+    images_per_job: int | None = typer.Option(None, "--images-per-job", "-k", help="Images per array child."),
+    stack: str | None = typer.Option(None, "--stack", help="Deployed stack: queue, job definition, buckets."),
+    local: bool = typer.Option(False, "--local", help="Run on this machine with the local executor."),
+    output: str | None = typer.Option(None, "--output", help="s3://bucket/prefix/ for the shards "
+                                      "(default: the stack's output bucket /<batch name>/)."),
+    force: bool = typer.Option(False, "--force", help="Redo children whose _SUCCESS marker exists."),
+    s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", help="Another S3 (default: AWS, or the "
+                                           "embedded server with --local)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and plan; write and submit nothing."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="--local: run directory "
+                                        "(default .iobatch/local/<batch name>)."),
+    workers: int | None = typer.Option(None, "--workers", help="--local: children at once (default: cores)."),
+) -> None:
+    """Submit a batch: freeze its manifest once, then one array job per 10,000 children.
+
+    Every input is checked before anything is submitted. Children whose outputs are complete are
+    skipped unless --force, so submitting the same manifest twice processes nothing twice.
+    """
+    from pipeline import submit as submission
+
+    if images_per_job is None:
+        raise UsageError("--images-per-job is missing: give K, the images each array child processes")
+    if (stack is None) == (not local):
+        raise UsageError("give exactly one of --stack NAME (AWS Batch) or --local (this machine)")
+    common: dict[str, Any] = dict(manifest=manifest, prefix=prefix, images_per_child=images_per_job,
+                                  output=output, force=force, s3_endpoint=s3_endpoint, dry_run=dry_run)
+    if stack is not None:
+        result = submission.submit_to_stack(stack=stack, **common)
+        if as_json:
+            _print_json(result.to_json())
+        else:
+            print("\n".join(result.lines()), flush=True)
+        return
+    result, outcome = submission.submit_local(run_dir=run_dir, workers=workers,
+                                              progress=None if not as_json else False, **common)
+    body = result.to_json()
+    if outcome is not None:
+        body["local"] = {"runDir": str(outcome.run_dir), "succeeded": outcome.succeeded,
+                         "skipped": outcome.skipped, "elapsedS": round(outcome.elapsed_s, 3),
+                         "failed": [{"index": i, "exitCode": c, "headline": h} for i, c, h in outcome.failed]}
+    if as_json:
+        _print_json(body)
+    else:
+        lines = result.lines()[:2]
+        if outcome is not None:
+            lines.append(f"ran locally in {outcome.elapsed_s:.1f} s: {outcome.succeeded} succeeded, "
+                         f"{outcome.skipped} skipped (already complete), {len(outcome.failed)} failed; "
+                         f"run directory {outcome.run_dir}")
+            lines += [f"failed child {i}: exit {c}: {h}" for i, c, h in outcome.failed]
+        else:
+            lines += result.lines()[2:]
+        print("\n".join(lines), flush=True)
+    if outcome is not None and outcome.failed:
+        codes = {c for _, c, _ in outcome.failed}
+        raise typer.Exit(EXIT_RETRYABLE if EXIT_RETRYABLE in codes else EXIT_PERMANENT)
+
+
+@app.command()
+@handles_errors
+def status(
+    job_ids: list[str] = typer.Argument(..., help="The job id(s) `iobatch submit` printed."),
+    watch: bool = typer.Option(False, "--watch", help="Follow until every child has finished."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout (one line per poll with --watch)."),
+    interval: float = typer.Option(10.0, "--interval", help="Seconds between polls with --watch."),
+) -> None:
+    """Children pending, runnable, starting, running, succeeded and failed; images done; failed children.
+
+    Exit 0 when the status was read; with --watch, 65 if the batch finished with failed children.
+    """
+    import boto3
+
+    from pipeline import submit as submission
+
+    if interval <= 0:
+        raise UsageError(f"--interval is {interval}: give a number of seconds above 0")
+    session = boto3.session.Session()
+    submission.require_credentials(session)
+    _, batch = submission.aws_clients(session)
+
+    def show(state: submission.BatchStatus) -> None:
+        if as_json:
+            _print_json(state.to_json())
+        else:
+            print("\n".join(state.lines()), flush=True)
+
+    if not watch:
+        show(submission.poll_status(batch, job_ids))
+        return
+    if sys.stdout.isatty() and not as_json:
+        bar, update = submission.progress_view(0)
+        with bar:
+            final = submission.follow(batch, job_ids, interval_s=interval, emit=update)
+        print("\n".join(final.lines()), flush=True)
+    else:
+        final = submission.follow(batch, job_ids, interval_s=interval, emit=show)
+    if final.count("FAILED"):
+        raise typer.Exit(EXIT_PERMANENT)
 
 # ---- report (profiling/report.py) -------------------------------------------------------------------
 

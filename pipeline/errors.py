@@ -86,6 +86,9 @@ class EndpointUnreachable(RetryableError):
 class Interrupted(RetryableError):
     """The child was told to stop (SIGTERM: Batch timeout or Spot reclaim)."""
 
+    # Read by profiling.protocol.StageReporter: the stage's outcome when this exception ends it.
+    stage_outcome = "interrupted"
+
 
 class ToolMissing(UsageError):
     """A binary the pipeline needs (s5cmd, versitygw) is not installed."""

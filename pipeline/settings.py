@@ -31,6 +31,7 @@ class ENV:
     PIPELINE = "IOBATCH_PIPELINE"  # the Pipeline dimension of every metric
     PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock
     VOLUME_TYPE = "IOBATCH_VOLUME_TYPE"  # reported as a property (st1, gp3, ...)
+    FORCE = "IOBATCH_FORCE"  # 1: redo children whose _SUCCESS marker exists (`iobatch submit --force`)
     ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
     JOB_ID = "AWS_BATCH_JOB_ID"
     QUEUE = "AWS_BATCH_JQ_NAME"
@@ -119,6 +120,7 @@ class JobSettings:
     pipeline: str = "iobatch"
     profiler_socket: Path | None = None
     volume_type: str = "unknown"
+    force: bool = False  # redo a child even when its _SUCCESS marker exists
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobSettings:
@@ -140,6 +142,7 @@ class JobSettings:
             pipeline=env.get(ENV.PIPELINE) or "iobatch",
             profiler_socket=Path(socket_raw) if socket_raw else None,
             volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",
+            force=env.get(ENV.FORCE, "").lower() in ("1", "true", "yes"),
         )
 
     @property
@@ -181,4 +184,6 @@ class JobSettings:
             env[ENV.SKIP_BAD_IMAGES] = "1"
         if self.profiler_socket:
             env[ENV.PROFILER_SOCKET] = str(self.profiler_socket)
+        if self.force:
+            env[ENV.FORCE] = "1"
         return env

@@ -149,8 +149,10 @@ class StageReporter:
         try:
             yield handle
             outcome = "ok"
-        except KeyboardInterrupt:
-            outcome = "interrupted"
+        except BaseException as exc:
+            # An exception may say it is an interruption (pipeline.errors.Interrupted does).
+            interrupted = isinstance(exc, KeyboardInterrupt) or getattr(exc, "stage_outcome", "") == "interrupted"
+            outcome = "interrupted" if interrupted else "failed"
             raise
         finally:
             self._exchange({"type": "stage_end", "stage": name, "outcome": outcome, "items": handle.items})

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -22,3 +23,10 @@ class CallProbe(Protocol):
     def start(self, pid: int) -> None: ...
 
     def stop(self) -> dict[str, Any] | None: ...
+
+
+def call_probes_for(scratch_dir: Path) -> list[CallProbe]:
+    """The per-call probes the sidecar runs for a job working in `scratch_dir` (seam for the interposer
+    and eBPF probes). The sidecar starts each with the stage's pid and stores the first non-empty
+    `stop()` result in StageProfile.calls. Must not raise for a missing tool: return fewer probes."""
+    return []

@@ -1,0 +1,102 @@
+"""The Batch hosts: a launch template with a tuned scratch volume, and the managed EC2 compute environment."""
+
+from __future__ import annotations
+
+from aws_cdk import Tags
+from aws_cdk import aws_batch as batch
+from aws_cdk import aws_ec2 as ec2
+from constructs import Construct
+
+from infra.settings import SettingsError, StackSettings
+from tuning.host import SCRATCH_DEVICE_NAME, HostTuning
+
+_VOLUME_TYPES = {
+    "st1": ec2.EbsDeviceVolumeType.ST1,
+    "sc1": ec2.EbsDeviceVolumeType.SC1,
+    "gp2": ec2.EbsDeviceVolumeType.GP2,
+    "gp3": ec2.EbsDeviceVolumeType.GP3,
+    "io1": ec2.EbsDeviceVolumeType.IO1,
+    "io2": ec2.EbsDeviceVolumeType.IO2,
+}
+
+
+def _instance_class(family: str) -> ec2.InstanceClass:
+    """An instance family from context ("m6i") as CDK's enum."""
+    try:
+        return ec2.InstanceClass[family.upper().replace("-", "_")]
+    except KeyError:
+        raise SettingsError(
+            f"instanceTypes entry {family!r} is not an EC2 instance family CDK knows: use e.g. m6i, or a "
+            "full type such as m6i.2xlarge"
+        ) from None
+
+
+def host_user_data(tuning: HostTuning) -> ec2.MultipartUserData:
+    """User data for a Batch host: Batch merges its own part into the launch template's, so it must be
+    MIME multipart; ours is one shell-script part rendered by tuning.host."""
+    user_data = ec2.MultipartUserData()
+    script = ec2.UserData.custom(tuning.render_script())
+    user_data.add_part(ec2.MultipartBody.from_user_data(script))
+    return user_data
+
+
+class Compute(Construct):
+    """`launch_template` and `compute_environment` (managed, EC2, ECS AL2023 AMI)."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: StackSettings,
+        vpc: ec2.IVpc,
+        subnets: ec2.SubnetSelection,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        volume = ec2.BlockDeviceVolume.ebs(
+            settings.volume_size_gib,
+            volume_type=_VOLUME_TYPES[settings.volume_type],
+            encrypted=True,
+            delete_on_termination=True,
+            iops=settings.volume_iops,
+            throughput=settings.volume_throughput,
+        )
+        self.launch_template = ec2.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            require_imdsv2=True,
+            # Containers on the bridge network are one hop further from IMDS than the host; the
+            # profiler reads the instance id and type from it.
+            http_put_response_hop_limit=2,
+            block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME, volume=volume)],
+            user_data=host_user_data(settings.host),
+        )
+        Tags.of(self.launch_template).add("iobatch:pipeline", settings.pipeline_name)
+
+        self.compute_environment = batch.ManagedEc2EcsComputeEnvironment(
+            self,
+            "ComputeEnvironment",
+            vpc=vpc,
+            vpc_subnets=subnets,
+            instance_classes=[_instance_class(name) for name in settings.instance_types if "." not in name],
+            instance_types=[ec2.InstanceType(name) for name in settings.instance_types if "." in name],
+            use_optimal_instance_classes=False,
+            images=[batch.EcsMachineImage(image_type=batch.EcsMachineImageType.ECS_AL2023)],
+            launch_template=self.launch_template,
+            spot=settings.spot,
+            allocation_strategy=(
+                batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED
+                if settings.spot
+                else batch.AllocationStrategy.BEST_FIT_PROGRESSIVE
+            ),
+            maxv_cpus=settings.max_vcpus,
+            minv_cpus=settings.min_vcpus,
+            update_to_latest_image_version=True,
+        )
+        # The L2 leaves the launch template version out, so Batch keeps the version it first saw and
+        # user-data changes never reach new hosts: pin the latest version.
+        cfn = self.compute_environment.node.default_child
+        assert isinstance(cfn, batch.CfnComputeEnvironment)
+        cfn.add_property_override(
+            "ComputeResources.LaunchTemplate.Version", self.launch_template.latest_version_number
+        )

@@ -1,0 +1,128 @@
+"""The CloudWatch dashboard: one row per stage, built from profiling.metrics.METRICS.
+
+A metric marked `on_dashboard` in METRICS gets a graph in every stage row; nothing here names a
+metric by hand except the AWS/EBS ones and the slow-instance query.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration
+from aws_cdk import aws_cloudwatch as cw
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from profiling.metrics import DEFAULT_NAMESPACE, METRICS, STAGES, MetricSpec
+
+GRID_WIDTH = 24
+# Per-stage figures are per child; the median is the typical child, the maximum the slowest.
+_STATISTIC = {"PeakDirtyBytes": "Maximum", "IoStallSome": "Maximum"}
+
+
+def dashboard_metrics() -> tuple[MetricSpec, ...]:
+    """The METRICS entries shown in every stage row, in METRICS order."""
+    return tuple(spec for spec in METRICS if spec.on_dashboard)
+
+
+def slowest_download_query(pipeline: str) -> str:
+    """Logs Insights over the EMF lines: the instances whose children downloaded slowest."""
+    return "\n".join(
+        [
+            "fields InstanceId, InstanceType, Throughput",
+            f'| filter Pipeline = "{pipeline}" and Stage = "download" and ispresent(Throughput)',
+            "| stats avg(Throughput) / 1048576 as MiBps, count(*) as children by InstanceId, InstanceType",
+            "| sort MiBps asc",
+            "| limit 20",
+        ]
+    )
+
+
+def _ebs_search(metric: str, statistic: str) -> cw.MathExpression:
+    # Volume ids appear only when hosts launch, so the graph searches; hosts tag their volumes
+    # iobatch:pipeline, but SEARCH cannot filter on tags, so this shows every volume in the region.
+    return cw.MathExpression(
+        expression=f"SEARCH('{{AWS/EBS,VolumeId}} MetricName=\"{metric}\"', '{statistic}', 300)",
+        using_metrics={},
+        label=metric,
+        period=Duration.minutes(5),
+    )
+
+
+class Dashboard(Construct):
+    """`dashboard`: a title row, one row per stage, the EBS row and the slow-instance table."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        pipeline: str,
+        log_group: logs.ILogGroup,
+        dashboard_name: str,
+        namespace: str = DEFAULT_NAMESPACE,
+    ) -> None:
+        super().__init__(scope, construct_id)
+        specs = dashboard_metrics()
+        width = max(GRID_WIDTH // len(specs), 3)
+        self.dashboard = cw.Dashboard(
+            self, "Dashboard", dashboard_name=dashboard_name, default_interval=Duration.hours(3)
+        )
+        self.dashboard.add_widgets(
+            cw.TextWidget(
+                markdown=f"# {pipeline}: I/O per stage\nEach row is one stage of every array child "
+                f"(namespace `{namespace}`, dimensions Pipeline and Stage). Lines are the median child "
+                "(p50) and the slowest (max).",
+                width=GRID_WIDTH,
+                height=2,
+            )
+        )
+        for stage in STAGES:
+            row: list[cw.IWidget] = []
+            for spec in specs:
+                def metric(statistic: str, spec: MetricSpec = spec, stage: str = stage) -> cw.Metric:
+                    return cw.Metric(
+                        namespace=namespace,
+                        metric_name=spec.name,
+                        dimensions_map={"Pipeline": pipeline, "Stage": stage},
+                        statistic=statistic,
+                        period=Duration.minutes(1),
+                        label=f"{spec.name} {statistic}",
+                    )
+
+                lines = [metric(_STATISTIC.get(spec.name, "p50")), metric("Maximum")]
+                if _STATISTIC.get(spec.name) == "Maximum":
+                    lines = lines[:1]
+                row.append(
+                    cw.GraphWidget(
+                        title=f"{stage}: {spec.label}",
+                        left=lines,
+                        width=width,
+                        height=6,
+                        left_y_axis=cw.YAxisProps(label=spec.unit, show_units=False),
+                    )
+                )
+            self.dashboard.add_widgets(*row)
+        self.dashboard.add_widgets(
+            cw.GraphWidget(
+                title="scratch volumes: BurstBalance % (st1, sc1, gp2)",
+                left=[_ebs_search("BurstBalance", "Minimum")],
+                width=GRID_WIDTH // 2,
+                height=6,
+            ),
+            cw.GraphWidget(
+                title="scratch volumes: VolumeQueueLength",
+                left=[_ebs_search("VolumeQueueLength", "Average")],
+                width=GRID_WIDTH // 2,
+                height=6,
+            ),
+        )
+        self.dashboard.add_widgets(
+            cw.LogQueryWidget(
+                title="slowest download throughput by instance (MiB/s)",
+                log_group_names=[log_group.log_group_name],
+                query_string=slowest_download_query(pipeline),
+                view=cw.LogQueryVisualizationType.TABLE,
+                width=GRID_WIDTH,
+                height=8,
+            )
+        )
+

@@ -1,0 +1,159 @@
+"""The job queue and the multi-container job definition: container `job` and its `profiler` sidecar."""
+
+from __future__ import annotations
+
+from aws_cdk import Aws
+from aws_cdk import aws_batch as batch
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.settings import StackSettings
+from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
+from profiling.metrics import DEFAULT_NAMESPACE
+
+JOB_CONTAINER = "job"
+PROFILER_CONTAINER = "profiler"
+SCRATCH_VOLUME = "scratch"
+
+
+def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
+    """Batch checks these in order (at most five); a job that matches none is retried, so the last
+    one sends everything else (bugs, out of memory) to FAILED instead."""
+    job = batch.CfnJobDefinition.EvaluateOnExitProperty
+    return [
+        # Spot reclaim and host failures: "Host EC2 (instance i-...) terminated."
+        job(action="RETRY", on_status_reason="Host EC2*"),
+        job(action="RETRY", on_exit_code=str(EXIT_RETRYABLE)),
+        job(action="EXIT", on_exit_code=str(EXIT_PERMANENT)),
+        job(action="EXIT", on_exit_code=str(EXIT_USAGE)),
+        job(action="EXIT", on_reason="*"),
+    ]
+
+
+class Jobs(Construct):
+    """`job_queue`, `job_definition` (CfnJobDefinition), `job_role`, `execution_role`, `log_group`.
+
+    The job role starts with no permissions: the stack grants it the input and output prefixes.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        construct_id: str,
+        *,
+        settings: StackSettings,
+        compute_environment: batch.IComputeEnvironment,
+        image_uri: str,
+        environment: dict[str, str],
+    ) -> None:
+        super().__init__(scope, construct_id)
+        self.job_queue = batch.JobQueue(
+            self,
+            "Queue",
+            priority=1,
+            compute_environments=[batch.OrderedComputeEnvironment(compute_environment=compute_environment, order=1)],
+        )
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        self.job_role = iam.Role(
+            self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description="iobatch job and profiler: read the input prefix, write the output prefix",
+        )
+        self.execution_role = iam.Role(
+            self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description="ECS agent for iobatch jobs: pull the image, write the container logs",
+        )
+        self.log_group.grant_write(self.execution_role)
+
+        env = {
+            **environment,
+            "IOBATCH_PIPELINE": settings.pipeline_name,
+            "IOBATCH_SCRATCH": "/scratch",
+            "IOBATCH_VOLUME_TYPE": settings.volume_type,
+            # EMF goes to stdout, which awslogs ships and CloudWatch turns into metrics (no agent).
+            "AWS_EMF_ENVIRONMENT": "Local",
+            "AWS_EMF_NAMESPACE": DEFAULT_NAMESPACE,
+            "AWS_EMF_SERVICE_NAME": settings.pipeline_name,
+        }
+        environment_list = [
+            batch.CfnJobDefinition.EnvironmentProperty(name=k, value=v) for k, v in sorted(env.items())
+        ]
+        scratch_mount = batch.CfnJobDefinition.MountPointProperty(
+            container_path="/scratch", source_volume=SCRATCH_VOLUME, read_only=False
+        )
+
+        def log_configuration(stream_prefix: str) -> batch.CfnJobDefinition.LogConfigurationProperty:
+            return batch.CfnJobDefinition.LogConfigurationProperty(
+                log_driver="awslogs",
+                options={
+                    "awslogs-group": self.log_group.log_group_name,
+                    "awslogs-region": Aws.REGION,
+                    "awslogs-stream-prefix": stream_prefix,
+                },
+            )
+
+        profiler_memory = settings.profiler_memory_mib
+        job_container = batch.CfnJobDefinition.TaskContainerPropertiesProperty(
+            name=JOB_CONTAINER,
+            image=image_uri,
+            command=["iobatch", "job"],
+            essential=True,
+            environment=environment_list,
+            mount_points=[scratch_mount],
+            log_configuration=log_configuration(JOB_CONTAINER),
+            resource_requirements=[
+                batch.CfnJobDefinition.ResourceRequirementProperty(type="VCPU", value=str(settings.vcpus_per_job)),
+                batch.CfnJobDefinition.ResourceRequirementProperty(
+                    type="MEMORY", value=str(settings.memory_per_job_mib - profiler_memory)
+                ),
+            ],
+            # The profiler must be listening before the first stage starts.
+            depends_on=[
+                batch.CfnJobDefinition.TaskContainerDependencyProperty(
+                    container_name=PROFILER_CONTAINER, condition="START"
+                )
+            ],
+        )
+        profiler_container = batch.CfnJobDefinition.TaskContainerPropertiesProperty(
+            name=PROFILER_CONTAINER,
+            image=image_uri,
+            command=["iobatch", "sidecar"],
+            # A profiler that fails never fails the job.
+            essential=False,
+            environment=environment_list,
+            mount_points=[scratch_mount],
+            log_configuration=log_configuration(PROFILER_CONTAINER),
+            resource_requirements=[
+                batch.CfnJobDefinition.ResourceRequirementProperty(type="MEMORY", value=str(profiler_memory)),
+            ],
+        )
+        self.job_definition = batch.CfnJobDefinition(
+            self,
+            "Definition",
+            type="container",
+            platform_capabilities=["EC2"],
+            propagate_tags=True,
+            ecs_properties=batch.CfnJobDefinition.EcsPropertiesProperty(
+                task_properties=[
+                    batch.CfnJobDefinition.EcsTaskPropertiesProperty(
+                        containers=[job_container, profiler_container],
+                        # The sidecar reads /proc/<pid>/io of the job's processes.
+                        pid_mode="task",
+                        task_role_arn=self.job_role.role_arn,
+                        execution_role_arn=self.execution_role.role_arn,
+                        volumes=[
+                            batch.CfnJobDefinition.VolumesProperty(
+                                name=SCRATCH_VOLUME,
+                                host=batch.CfnJobDefinition.VolumesHostProperty(source_path="/scratch"),
+                            )
+                        ],
+                    )
+                ]
+            ),
+            retry_strategy=batch.CfnJobDefinition.RetryStrategyProperty(
+                attempts=settings.retry_attempts, evaluate_on_exit=retry_conditions()
+            ),
+            timeout=batch.CfnJobDefinition.TimeoutProperty(
+                attempt_duration_seconds=settings.job_timeout_minutes * 60
+            ),
+        )

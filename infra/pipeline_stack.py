@@ -1,0 +1,154 @@
+"""PipelineStack: the one stack. It composes the constructs and owns every grant and output."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aws_cdk import Acknowledgment, Aws, CfnOutput, Stack, Validations
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+from infra.compute import Compute
+from infra.dashboard import Dashboard
+from infra.jobs import Jobs
+from infra.network import Network
+from infra.settings import StackSettings
+from infra.storage import Storage
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = "containers/job/Dockerfile"
+# Kept out of the image build context (the .dockerignore at the repository root says the same).
+IMAGE_EXCLUDES = [
+    ".git", ".venv", ".tools", "node_modules", "cdk.out", ".iobatch", ".mypy_cache", ".ruff_cache",
+    ".pytest_cache", ".hypothesis", "**/__pycache__", "tests", "bench", "*.egg-info", "build",
+]
+
+# CloudFormation output keys: `iobatch submit --stack` reads them (pipeline/submit.py OUTPUT_KEYS).
+OUTPUTS = (
+    "InputBucketName", "OutputBucketName", "JobQueueArn", "JobDefinitionArn", "LogGroupName",
+    "PipelineName", "DashboardName", "VolumeType", "InputPrefix", "OutputPrefix",
+)
+
+
+# Acknowledgement ids carry the plugin name in front of the rule id.
+NAG = "AwsSolutions::"
+
+
+def prefix_arn(bucket: s3.IBucket, prefix: str) -> str:
+    return bucket.arn_for_objects(f"{prefix}*")
+
+
+class PipelineStack(Stack):
+    """Network, storage, hosts, jobs and the dashboard for one pipeline."""
+
+    def __init__(self, scope: Construct, construct_id: str, *, settings: StackSettings, **kwargs: object) -> None:
+        super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
+        self.settings = settings
+        name = settings.pipeline_name
+        self.network = Network(self, "Network", vpc_id=settings.vpc_id)
+        self.storage = Storage(self, "Storage")
+        self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets)
+        self.image = ecr_assets.DockerImageAsset(
+            self,
+            "Image",
+            directory=str(REPO_ROOT),
+            file=DOCKERFILE,
+            platform=ecr_assets.Platform.LINUX_AMD64,
+            exclude=IMAGE_EXCLUDES,
+        )
+        self.jobs = Jobs(
+            self,
+            "Jobs",
+            settings=settings,
+            compute_environment=self.compute.compute_environment,
+            image_uri=self.image.image_uri,
+            environment={},
+        )
+        self.dashboard = Dashboard(
+            self,
+            "Dashboard",
+            pipeline=name,
+            log_group=self.jobs.log_group,
+            dashboard_name=f"{name}-io-{Aws.REGION}",
+        )
+        self._grant()
+        self._acknowledge()
+        outputs = {
+            "InputBucketName": self.storage.input_bucket.bucket_name,
+            "OutputBucketName": self.storage.output_bucket.bucket_name,
+            "JobQueueArn": self.jobs.job_queue.job_queue_arn,
+            "JobDefinitionArn": self.jobs.job_definition.ref,
+            "LogGroupName": self.jobs.log_group.log_group_name,
+            "PipelineName": name,
+            "DashboardName": self.dashboard.dashboard.dashboard_name,
+            "VolumeType": settings.volume_type,
+            "InputPrefix": settings.input_prefix,
+            "OutputPrefix": settings.output_prefix,
+        }
+        for key in OUTPUTS:
+            CfnOutput(self, key, value=outputs[key])
+
+    def _grant(self) -> None:
+        """The job reads the input prefix and writes the output prefix (shards and the frozen manifest
+        under its _batch/); it reads the output prefix too, to find children already done."""
+        settings, role = self.settings, self.jobs.job_role
+        inputs, outputs = self.storage.input_bucket, self.storage.output_bucket
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ReadInputPrefix", actions=["s3:GetObject"],
+            resources=[prefix_arn(inputs, settings.input_prefix)],
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ListInputPrefix", actions=["s3:ListBucket"], resources=[inputs.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{settings.input_prefix}*"]}},
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="WriteOutputPrefix",
+            actions=["s3:GetObject", "s3:PutObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            resources=[prefix_arn(outputs, settings.output_prefix)],
+        ))
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ListOutputPrefix", actions=["s3:ListBucket"], resources=[outputs.bucket_arn],
+            conditions={"StringLike": {"s3:prefix": [f"{settings.output_prefix}*"]}},
+        ))
+        self.image.repository.grant_pull(self.jobs.execution_role)
+
+    def _acknowledge(self) -> None:
+        """cdk-nag findings that are deliberate, each with the reason it is right here."""
+        job_role = self.jobs.job_role
+        Validations.of(job_role).acknowledge(
+            Acknowledgment(
+                id=f"{NAG}AwsSolutions-IAM5[Resource::<{self._logical(self.storage.input_bucket)}.Arn>/"
+                f"{self.settings.input_prefix}*]",
+                reason="the job reads every image under the input prefix; the keys are chosen per batch "
+                "at submit time, so the grant is the prefix, not single objects",
+            ),
+            Acknowledgment(
+                id=f"{NAG}AwsSolutions-IAM5[Resource::<{self._logical(self.storage.output_bucket)}.Arn>/"
+                f"{self.settings.output_prefix}*]",
+                reason="each child writes its shards and reads the frozen manifest under the output prefix; "
+                "the keys are per batch, so the grant is the prefix",
+            ),
+        )
+
+        Validations.of(self.compute.compute_environment).acknowledge(
+            Acknowledgment(
+                id=f"{NAG}AwsSolutions-IAM4[Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/"
+                "AmazonEC2ContainerServiceforEC2Role]",
+                reason="the Batch host instance role: AWS maintains this policy for the ECS agent (register "
+                "the instance, pull task images, ship logs); a copy would fall behind new agent versions",
+            )
+        )
+        Validations.of(self.jobs.execution_role).acknowledge(
+            Acknowledgment(
+                id=f"{NAG}AwsSolutions-IAM5[Resource::*]",
+                reason="ecr:GetAuthorizationToken has no resource-level permissions; the image pull itself "
+                "is scoped to the asset repository",
+            )
+        )
+
+    def _logical(self, bucket: s3.IBucket) -> str:
+        cfn = bucket.node.default_child
+        assert isinstance(cfn, s3.CfnBucket)
+        return self.get_logical_id(cfn)

@@ -1,0 +1,243 @@
+"""StackSettings: every choice the stack makes, read from CDK context (`cdk.json` or `-c key=value`).
+
+The context keys are camelCase and documented in the README ("Deploy to AWS"); `iobatch advise` prints
+the ones it recommends. Host tuning keys are parsed by tuning.host.HostTuning.from_context.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
+from tuning.host import HostTuning, HostTuningError
+
+VOLUME_TYPES: tuple[str, ...] = ("st1", "sc1", "gp2", "gp3", "io1", "io2")
+# Smallest size EBS accepts per type (GiB).
+_MIN_SIZE_GIB = {"st1": 125, "sc1": 125, "gp2": 1, "gp3": 1, "io1": 4, "io2": 4}
+_NAME = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
+_VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*(\.[a-z0-9]+)?$")
+
+
+_PREFIX = re.compile(r"^([A-Za-z0-9!_.'()-]+/)*$")
+# Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
+CONTEXT_KEYS: tuple[str, ...] = (
+    "pipelineName", "vpcId", "volumeType", "volumeSizeGiB", "volumeIops", "volumeThroughput",
+    "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
+    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS,
+)
+
+
+class SettingsError(ValueError):
+    """A context value the stack cannot use; the message names the key and the fix."""
+
+
+@dataclass(frozen=True)
+class StackSettings:
+    """What to deploy. Build it with `from_context(app.node.try_get_context)`-style mappings."""
+
+    pipeline_name: str = "iobatch"
+    vpc_id: str | None = None
+    volume_type: str = "st1"
+    volume_size_gib: int = 500
+    volume_iops: int | None = None
+    volume_throughput: int | None = None
+    instance_types: tuple[str, ...] = ("m6i", "c6i", "r6i")
+    max_vcpus: int = 256
+    min_vcpus: int = 0
+    vcpus_per_job: int = 2
+    spot: bool = False
+    job_timeout_minutes: int = 120
+    retry_attempts: int = 3
+    # The job role may read only under input_prefix and write only under output_prefix.
+    input_prefix: str = "images/"
+    output_prefix: str = "shards/"
+    host: HostTuning = field(default_factory=HostTuning)
+
+    @property
+    def memory_per_job_mib(self) -> int:
+        """Memory for one job: 3.5 GiB per vCPU, so a 2-vCPU job fits four to an m6i.2xlarge
+        (8 vCPUs, 32 GiB) with room left for the ECS agent and the page cache."""
+        return self.vcpus_per_job * 3584
+
+    @property
+    def profiler_memory_mib(self) -> int:
+        """The sidecar's share of the job's memory."""
+        return 256
+
+    @classmethod
+    def from_context(cls, ctx: Mapping[str, Any]) -> StackSettings:
+        """Read and validate every key; unknown keys are ignored (CDK's own flags live there too)."""
+        base = cls()
+        try:
+            host = HostTuning.from_context(ctx)
+            host.validate()
+        except HostTuningError as exc:
+            raise SettingsError(str(exc)) from None
+        settings = cls(
+            pipeline_name=_text(ctx, "pipelineName", base.pipeline_name),
+            vpc_id=_optional_text(ctx, "vpcId"),
+            volume_type=_text(ctx, "volumeType", base.volume_type),
+            volume_size_gib=_int(ctx, "volumeSizeGiB", base.volume_size_gib),
+            volume_iops=_optional_int(ctx, "volumeIops"),
+            volume_throughput=_optional_int(ctx, "volumeThroughput"),
+            instance_types=_list(ctx, "instanceTypes", base.instance_types),
+            max_vcpus=_int(ctx, "maxvCpus", base.max_vcpus),
+            min_vcpus=_int(ctx, "minvCpus", base.min_vcpus),
+            vcpus_per_job=_int(ctx, "vcpusPerJob", base.vcpus_per_job),
+            spot=_bool(ctx, "spot", base.spot),
+            job_timeout_minutes=_int(ctx, "jobTimeoutMinutes", base.job_timeout_minutes),
+            retry_attempts=_int(ctx, "retryAttempts", base.retry_attempts),
+            input_prefix=_text(ctx, "inputPrefix", base.input_prefix),
+            output_prefix=_text(ctx, "outputPrefix", base.output_prefix),
+            host=host,
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """Raise SettingsError naming the context key and the fix."""
+        if not _NAME.match(self.pipeline_name):
+            raise SettingsError(
+                f"pipelineName {self.pipeline_name!r} is not usable in resource names: use 3-32 "
+                "lowercase letters, digits and dashes, e.g. iobatch"
+            )
+        if self.vpc_id is not None and not _VPC_ID.match(self.vpc_id):
+            raise SettingsError(f"vpcId {self.vpc_id!r} is not a VPC id like vpc-0123456789abcdef0")
+        if self.volume_type not in VOLUME_TYPES:
+            raise SettingsError(f"volumeType {self.volume_type!r} is not one of {', '.join(VOLUME_TYPES)}")
+        minimum = _MIN_SIZE_GIB[self.volume_type]
+        if not minimum <= self.volume_size_gib <= 16384:
+            raise SettingsError(
+                f"volumeSizeGiB {self.volume_size_gib} is outside {minimum}-16384 for {self.volume_type}"
+            )
+        if self.volume_iops is not None and self.volume_type not in ("gp3", "io1", "io2"):
+            raise SettingsError(f"volumeIops applies to gp3, io1 and io2, not {self.volume_type}: drop it")
+        if self.volume_type in ("io1", "io2") and self.volume_iops is None:
+            raise SettingsError(f"volumeType {self.volume_type} needs volumeIops, e.g. -c volumeIops=4000")
+        if self.volume_iops is not None and not 100 <= self.volume_iops <= 256000:
+            raise SettingsError(f"volumeIops {self.volume_iops} is outside 100-256000")
+        if self.volume_throughput is not None:
+            if self.volume_type != "gp3":
+                raise SettingsError(
+                    f"volumeThroughput applies to gp3 only, not {self.volume_type}: drop it"
+                )
+            if not 125 <= self.volume_throughput <= 1000:
+                raise SettingsError(f"volumeThroughput {self.volume_throughput} is outside 125-1000 MiB/s")
+        for key, prefix in (("inputPrefix", self.input_prefix), ("outputPrefix", self.output_prefix)):
+            if not _PREFIX.match(prefix) or not prefix:
+                raise SettingsError(
+                    f"{key} {prefix!r} is not a key prefix: give folders ending in '/', e.g. images/"
+                )
+        if not self.instance_types:
+            raise SettingsError("instanceTypes is empty: give families or types, e.g. [\"m6i\", \"c6i\"]")
+        for name in self.instance_types:
+            if not _INSTANCE_TYPE.match(name):
+                raise SettingsError(
+                    f"instanceTypes entry {name!r} is not an instance family or type like m6i or m6i.2xlarge"
+                )
+        if self.min_vcpus < 0 or self.max_vcpus < 1 or self.min_vcpus > self.max_vcpus:
+            raise SettingsError(
+                f"minvCpus {self.min_vcpus} / maxvCpus {self.max_vcpus}: need 0 <= minvCpus <= maxvCpus, "
+                "maxvCpus >= 1"
+            )
+        if not 1 <= self.vcpus_per_job <= 64:
+            raise SettingsError(f"vcpusPerJob {self.vcpus_per_job} is outside 1-64")
+        if self.vcpus_per_job > self.max_vcpus:
+            raise SettingsError(f"vcpusPerJob {self.vcpus_per_job} exceeds maxvCpus {self.max_vcpus}")
+        if not 1 <= self.job_timeout_minutes <= 14 * 24 * 60:
+            raise SettingsError(f"jobTimeoutMinutes {self.job_timeout_minutes} is outside 1-20160")
+        if not 1 <= self.retry_attempts <= 10:
+            raise SettingsError(f"retryAttempts {self.retry_attempts} is outside 1-10 (Batch's limits)")
+
+    def to_context(self) -> dict[str, str]:
+        """The context keys that rebuild these settings (strings, as `-c` passes them)."""
+        ctx = {
+            "pipelineName": self.pipeline_name,
+            "volumeType": self.volume_type,
+            "volumeSizeGiB": str(self.volume_size_gib),
+            "instanceTypes": json.dumps(list(self.instance_types)),
+            "maxvCpus": str(self.max_vcpus),
+            "minvCpus": str(self.min_vcpus),
+            "vcpusPerJob": str(self.vcpus_per_job),
+            "spot": str(self.spot).lower(),
+            "jobTimeoutMinutes": str(self.job_timeout_minutes),
+            "retryAttempts": str(self.retry_attempts),
+            "inputPrefix": self.input_prefix,
+            "outputPrefix": self.output_prefix,
+        }
+        if self.vpc_id:
+            ctx["vpcId"] = self.vpc_id
+        if self.volume_iops is not None:
+            ctx["volumeIops"] = str(self.volume_iops)
+        if self.volume_throughput is not None:
+            ctx["volumeThroughput"] = str(self.volume_throughput)
+        return {**ctx, **self.host.to_context()}
+
+
+def _text(ctx: Mapping[str, Any], key: str, default: str) -> str:
+    value = ctx.get(key)
+    return default if value is None or str(value).strip() == "" else str(value).strip()
+
+
+def _optional_text(ctx: Mapping[str, Any], key: str) -> str | None:
+    value = ctx.get(key)
+    if value is None or str(value).strip().lower() in ("", "none", "null"):
+        return None
+    return str(value).strip()
+
+
+def _optional_int(ctx: Mapping[str, Any], key: str) -> int | None:
+    value = ctx.get(key)
+    if value is None or str(value).strip().lower() in ("", "none", "null"):
+        return None
+    return _int(ctx, key, 0)
+
+
+def _int(ctx: Mapping[str, Any], key: str, default: int) -> int:
+    value = ctx.get(key)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return default
+    if isinstance(value, bool):
+        raise SettingsError(f"context {key}={value!r} is not a whole number: e.g. -c {key}={default}")
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise SettingsError(f"context {key}={value!r} is not a whole number: e.g. -c {key}={default}") from None
+
+
+def _bool(ctx: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = ctx.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", ""):
+        return False
+    raise SettingsError(f"context {key}={value!r} is not true or false")
+
+
+def _list(ctx: Mapping[str, Any], key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A list from cdk.json, or from `-c key=...` as JSON (["m6i","c6i"]) or comma-separated text."""
+    value = ctx.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError:
+                raise SettingsError(f"context {key}={text!r} is not a JSON list: e.g. [\"m6i\",\"c6i\"]") from None
+        else:
+            value = text.split(",")
+    if not isinstance(value, list | tuple):
+        raise SettingsError(f"context {key}={value!r} is not a list: e.g. m6i,c6i")
+    return tuple(str(v).strip() for v in value if str(v).strip())

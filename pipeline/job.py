@@ -1,0 +1,183 @@
+"""One array child: download -> process -> upload, each stage announced to the profiler sidecar.
+
+This is the container entrypoint (`iobatch job`) in AWS Batch and the worker of the local executor;
+both give it the same environment (pipeline/settings.py).
+
+Promises:
+- A child whose `_SUCCESS` marker exists is skipped (unless IOBATCH_FORCE is set).
+- `_SUCCESS` is written last, after every output object, so no marker exists without complete outputs;
+  a child killed half-way leaves none, and a rerun redoes it from the start.
+- Scratch is cleaned before the child starts and after it succeeds.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pipeline import s3 as s3io
+from pipeline.errors import Interrupted, IobatchError, ScratchError
+from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
+from pipeline.manifest import ManifestEntry, shard_bounds
+from pipeline.settings import JobSettings
+from pipeline.transfer import Copy, run_copies
+from profiling.protocol import StageReporter
+
+
+def log(event: str, **fields: Any) -> None:
+    """One structured line on stdout: CloudWatch Logs in AWS, the child's log (and progress) locally."""
+    print(json.dumps({"event": event, "time": round(time.time(), 3), **fields}, default=str), flush=True)
+
+
+@dataclass(frozen=True)
+class ChildResult:
+    child: str
+    skipped: bool
+    images: int = 0
+    bad_images: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted("the child was stopped by SIGTERM (Batch timeout or Spot reclaim): it will be retried")
+
+
+def _prepare_scratch(settings: JobSettings) -> tuple[Path, Path]:
+    root = settings.scratch_root
+    if not root.is_dir():
+        raise ScratchError(f"scratch directory {root} does not exist: mount the scratch volume or set "
+                           "IOBATCH_SCRATCH")
+    work = settings.work_dir
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+        probe = work / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise ScratchError(f"scratch directory {work} is not writable ({exc.strerror}): fix its owner or "
+                           "mode, or set IOBATCH_SCRATCH") from None
+    incoming, outgoing = work / "input", work / "output"
+    for path in (incoming, outgoing):
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()
+    return incoming, outgoing
+
+
+def _clean_scratch(settings: JobSettings) -> None:
+    for name in ("input", "output", "download.cmds", "upload.cmds"):
+        path = settings.work_dir / name
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def scratch_full(settings: JobSettings, what: str) -> ScratchError:
+    usage = shutil.disk_usage(settings.scratch_root)
+    return ScratchError(
+        f"scratch volume {settings.scratch_root} ({usage.total / 2**30:.1f} GiB) is full while {what}: "
+        "use a bigger volume (see `iobatch advise`) or fewer images per job"
+    )
+
+
+def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
+    """This child's slice of the batch: from the frozen manifest, or from a sorted prefix listing."""
+    if settings.manifest is not None:
+        return s3io.read_child_entries(s3, settings.manifest, settings.array_index, bucket=settings.input.bucket)
+    listing = list(s3io.list_images(s3, settings.input))
+    start, stop = shard_bounds(settings.array_index, settings.images_per_child, len(listing))
+    return listing[start:stop]
+
+
+def local_name(key: str, position: int) -> str:
+    """A flat, unique file name on scratch for an object key."""
+    return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
+
+
+def run_child(settings: JobSettings) -> ChildResult:
+    """Run one child to completion, or raise an IobatchError."""
+    s3 = s3io.client(settings.s3_endpoint)
+    success = settings.child_output.join(s3io.SUCCESS_MARKER)
+    if not settings.force and s3io.exists(s3, success):
+        log("skipped", child=settings.child, reason=f"{success} exists", output=str(settings.child_output))
+        return ChildResult(settings.child, skipped=True)
+
+    entries = child_entries(s3, settings)
+    incoming, outgoing = _prepare_scratch(settings)
+    reporter = StageReporter(settings.socket_path)
+    log("start", child=settings.child, images=len(entries), job_id=settings.job_id,
+        profiled=reporter.active, scratch=str(settings.work_dir))
+    outcome = "failed"
+    try:
+        with reporter.stage("download") as stage:
+            copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(incoming / local_name(e.key, i)))
+                      for i, e in enumerate(entries)]
+            try:
+                results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
+                                     endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers)
+            except ScratchError:
+                raise scratch_full(settings, "downloading") from None
+            bytes_in = sum(r.size or 0 for r in results)
+            stage.items = len(entries)
+        log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
+
+        with reporter.stage("process") as stage:
+            items = [(e.key, incoming / local_name(e.key, i)) for i, e in enumerate(entries)]
+            try:
+                shard = write_shard(items, outgoing, size=settings.train_size,
+                                    skip_bad_images=settings.skip_bad_images, child=settings.child)
+            except OSError as exc:
+                if exc.errno == errno.ENOSPC:
+                    raise scratch_full(settings, "writing the shard") from None
+                raise
+            stage.items = shard.images
+        for bad in shard.skipped:
+            log("bad_image", key=bad["key"], error=bad["error"])
+        log("stage_end", stage="process", images=shard.images, bad_images=len(shard.skipped),
+            bytes=shard.shard_bytes)
+
+        with reporter.stage("upload") as stage:
+            out = settings.child_output
+            run_copies([Copy(str(outgoing / SHARD_NAME), str(out.join(SHARD_NAME))),
+                        Copy(str(outgoing / INDEX_NAME), str(out.join(INDEX_NAME)))],
+                       command_file=settings.work_dir / "upload.cmds",
+                       endpoint=settings.s3_endpoint, workers=2)
+            # The marker goes last: its presence means every output above is complete.
+            marker = {"child": settings.child, "job_id": settings.job_id, "images": shard.images,
+                      "bad_images": len(shard.skipped), "shard_bytes": shard.shard_bytes}
+            s3io.put_bytes(s3, success, json.dumps(marker, sort_keys=True).encode())
+            stage.items = shard.images
+        log("stage_end", stage="upload", images=shard.images, bytes=shard.shard_bytes + shard.index_bytes)
+        outcome = "ok"
+    except Interrupted:
+        outcome = "interrupted"
+        raise
+    finally:
+        reporter.close(outcome)
+    _clean_scratch(settings)
+    log("done", child=settings.child, images=shard.images, output=str(settings.child_output))
+    return ChildResult(settings.child, False, shard.images, len(shard.skipped), bytes_in,
+                       shard.shard_bytes + shard.index_bytes)
+
+
+def main(settings: JobSettings | None = None) -> int:
+    """Entrypoint: returns the process exit code (see pipeline/errors.py)."""
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        run_child(settings or JobSettings.from_env())
+        return 0
+    except IobatchError as exc:
+        log("failed", error=exc.headline, exit_code=exc.exit_code, retryable=exc.retryable)
+        print(f"error: {exc.headline}", file=sys.stderr, flush=True)
+        return exc.exit_code
+
+

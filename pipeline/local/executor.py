@@ -1,0 +1,269 @@
+"""The local array executor: AWS Batch's environment contract on one machine.
+
+Each child is two processes, as in the Batch task: `iobatch sidecar` (the profiler) and `iobatch job`,
+with the variables Batch sets (AWS_BATCH_JOB_ARRAY_INDEX, AWS_BATCH_JOB_ID, AWS_BATCH_JQ_NAME) and its
+own scratch subdirectory. At most `workers` children run at once (default: one per core). A failed
+child is reported with its headline and exit code; the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from pipeline.errors import EXIT_RETRYABLE
+from pipeline.local.proxy import ThrottledProxy
+from pipeline.settings import ENV, JobSettings, child_name
+from profiling import runfiles
+
+NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
+SIDECAR_EXIT_WAIT_S = 10.0
+
+
+@dataclass(frozen=True)
+class LocalBatch:
+    """What to run: `children` copies of `template` (its array_index is replaced per child)."""
+
+    template: JobSettings
+    children: int
+    workers: int
+    run_dir: Path
+    env: Mapping[str, str] = field(default_factory=dict)  # credentials and the like, added to every child
+    sidecar: bool = True
+    slow_child: int | None = None  # this child's S3 traffic goes through a throttling proxy
+    slow_child_bps: float = 16 * 2**20
+    queue: str = "local"
+
+
+@dataclass(frozen=True)
+class ChildOutcome:
+    index: int
+    exit_code: int
+    headline: str | None
+    elapsed_s: float
+    skipped: bool = False
+    images: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+@dataclass
+class BatchResult:
+    run_dir: Path
+    children: int
+    outcomes: list[ChildOutcome] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    @property
+    def failed(self) -> list[tuple[int, int, str]]:
+        return [(o.index, o.exit_code, o.headline or "") for o in self.outcomes if not o.ok]
+
+    @property
+    def succeeded(self) -> int:
+        return sum(1 for o in self.outcomes if o.ok and not o.skipped)
+
+    @property
+    def skipped(self) -> int:
+        return sum(1 for o in self.outcomes if o.skipped)
+
+
+class _Progress:
+    """Bars on a terminal; one plain line per finished child otherwise."""
+
+    def __init__(self, children: int, images: int | None, enabled: bool) -> None:
+        self._lock = threading.Lock()
+        self._bars: Progress | None = None
+        self.bytes_moved = 0
+        if enabled:
+            self._bars = Progress(TextColumn("{task.description:<14}"), BarColumn(), MofNCompleteColumn(),
+                                  TextColumn("{task.fields[extra]}"), TimeElapsedColumn(), transient=False)
+            self._children = self._bars.add_task("children", total=children, extra="")
+            self._images = self._bars.add_task("images", total=images, extra="")
+            self._bytes = self._bars.add_task("bytes moved", total=None, extra="")
+
+    def __enter__(self) -> _Progress:
+        if self._bars:
+            self._bars.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bars:
+            self._bars.stop()
+
+    def event(self, body: Mapping[str, Any]) -> None:
+        with self._lock:
+            if body.get("event") == "stage_end" and body.get("stage") in ("download", "upload"):
+                self.bytes_moved += int(body.get("bytes") or 0)
+                if self._bars:
+                    self._bars.update(self._bytes, extra=f"{self.bytes_moved / 2**20:,.0f} MiB")
+            if body.get("event") == "stage_end" and body.get("stage") == "process" and self._bars:
+                self._bars.advance(self._images, int(body.get("images") or 0))
+
+    def child_done(self, outcome: ChildOutcome) -> None:
+        with self._lock:
+            if self._bars:
+                self._bars.advance(self._children)
+                if not outcome.ok:
+                    self._bars.console.print(f"[red]{child_name(outcome.index)} failed (exit {outcome.exit_code}): "
+                                             f"{outcome.headline}")
+                return
+            state = "skipped (already complete)" if outcome.skipped else (
+                "ok" if outcome.ok else f"FAILED exit {outcome.exit_code}: {outcome.headline}")
+            print(f"{child_name(outcome.index)} {state} in {outcome.elapsed_s:.1f} s", flush=True)
+
+
+def child_settings(batch: LocalBatch, index: int, scratch_endpoint: str | None) -> JobSettings:
+    return replace(batch.template, array_index=index, job_id=f"{batch.template.job_id}:{index}",
+                   s3_endpoint=scratch_endpoint or batch.template.s3_endpoint)
+
+
+def child_environment(batch: LocalBatch, settings: JobSettings) -> dict[str, str]:
+    env = {**os.environ, **batch.env, **settings.to_env()}
+    env.pop(ENV.ARRAY_OFFSET, None)  # the index is already global
+    env[ENV.QUEUE] = batch.queue
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float = SIDECAR_EXIT_WAIT_S) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class _Runner:
+    def __init__(self, batch: LocalBatch, progress: _Progress) -> None:
+        self.batch = batch
+        self.progress = progress
+        self.stopping = threading.Event()
+        self._live: set[subprocess.Popen[Any]] = set()
+        self._lock = threading.Lock()
+
+    def _spawn(self, args: list[str], env: Mapping[str, str], **kwargs: Any) -> subprocess.Popen[Any]:
+        proc = subprocess.Popen(args, env=dict(env), start_new_session=True, **kwargs)
+        with self._lock:
+            self._live.add(proc)
+        return proc
+
+    def _forget(self, proc: subprocess.Popen[Any]) -> None:
+        with self._lock:
+            self._live.discard(proc)
+
+    def terminate_all(self) -> None:
+        self.stopping.set()
+        with self._lock:
+            live = list(self._live)
+        for proc in live:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+
+    def run_child(self, index: int, endpoint: str | None) -> ChildOutcome:
+        started = time.monotonic()
+        if self.stopping.is_set():
+            return ChildOutcome(index, EXIT_RETRYABLE, "not started: the run was interrupted", 0.0)
+        batch = self.batch
+        settings = child_settings(batch, index, endpoint)
+        env = child_environment(batch, settings)
+        name = settings.child
+        settings.work_dir.mkdir(parents=True, exist_ok=True)
+        python = [sys.executable, "-m", "pipeline.cli"]
+        sidecar = None
+        use_sidecar = batch.sidecar and os.environ.get(NO_SIDECAR_ENV, "") not in ("1", "true")
+        with runfiles.log_path(batch.run_dir, name).open("w", encoding="utf-8") as log:
+            if use_sidecar:
+                sidecar = self._spawn(
+                    [*python, "sidecar", "--socket", str(settings.socket_path),
+                     "--emf", str(runfiles.emf_path(batch.run_dir, name)),
+                     "--profile-out", str(runfiles.profile_path(batch.run_dir, name)),
+                     "--scratch-dir", str(settings.work_dir)],
+                    env, stdout=log, stderr=subprocess.STDOUT)
+            else:
+                env[ENV.PROFILER_SOCKET] = ""
+            job = self._spawn([*python, "job"], env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            headline, skipped, images = None, False, 0
+            assert job.stdout is not None
+            for line in job.stdout:
+                log.write(line)
+                if line.startswith("{"):
+                    try:
+                        body = json.loads(line)
+                    except json.JSONDecodeError:
+                        continue
+                    self.progress.event(body)
+                    skipped = skipped or body.get("event") == "skipped"
+                    images = int(body.get("images") or images) if body.get("event") == "done" else images
+                elif line.startswith("error: "):
+                    headline = line[len("error: "):].strip()
+            code = job.wait()
+            self._forget(job)
+            if sidecar is not None:
+                try:
+                    sidecar.wait(timeout=SIDECAR_EXIT_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    _stop(sidecar)
+                self._forget(sidecar)
+        if code < 0:
+            headline = f"killed by signal {-code}"
+        elif code and not headline:
+            headline = f"exited with code {code} (see {runfiles.log_path(batch.run_dir, name)})"
+        outcome = ChildOutcome(index, code, headline, time.monotonic() - started, skipped, images)
+        self.progress.child_done(outcome)
+        return outcome
+
+
+def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: int | None = None,
+              on_start: Callable[[LocalBatch], None] | None = None) -> BatchResult:
+    """Run every child; return when all have finished. Ctrl-C stops the children (SIGTERM) and re-raises."""
+    for sub in (runfiles.PROFILES, runfiles.EMF, runfiles.LOGS):
+        (batch.run_dir / sub).mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    result = BatchResult(batch.run_dir, batch.children)
+    show_bars = sys.stdout.isatty() if progress is None else progress
+    proxy: ThrottledProxy | None = None
+    if batch.slow_child is not None and batch.template.s3_endpoint:
+        upstream_port = int(batch.template.s3_endpoint.rsplit(":", 1)[1].split("/")[0])
+        proxy = ThrottledProxy(upstream_port, batch.slow_child_bps).__enter__()
+    if on_start:
+        on_start(batch)
+    with _Progress(batch.children, images_total, show_bars) as bars:
+        runner = _Runner(batch, bars)
+        pool = ThreadPoolExecutor(max_workers=max(1, batch.workers), thread_name_prefix="child")
+        try:
+            futures = [pool.submit(runner.run_child, i, proxy.endpoint if proxy and i == batch.slow_child else None)
+                       for i in range(batch.children)]
+            for future in futures:
+                while True:
+                    try:
+                        result.outcomes.append(future.result(timeout=0.2))
+                        break
+                    except TimeoutError:
+                        continue
+        except BaseException:
+            runner.terminate_all()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+            if proxy is not None:
+                proxy.__exit__(None, None, None)
+    result.elapsed_s = time.monotonic() - started
+    return result

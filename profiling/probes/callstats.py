@@ -1,0 +1,198 @@
+"""Per-call figures shared by the call probes (interpose.py, ebpf.py) and contracts (contract.py). Pure.
+
+A probe's raw figures are *cells*: one `Stats` per (path prefix, call type, size class). Everything a
+probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from cells by `calls_dict`:
+
+    {
+      "probe": "interpose" | "ebpf",
+      "filter": "which processes were watched, in words",
+      "duration_s": 12.3,             # from probe start to stop
+      "interval_s": 1.0,              # length of each entry of "frames"
+      "calls":   {CALL: STATS},                       # per call type
+      "by_size": {CALL: {SIZE_LABEL: STATS}},         # per size class, read and write only
+      "by_path": {PATH: {CALL: STATS}},               # per path prefix ("" = not a file opened while watched)
+      "cells":   [{"path": P, "call": C, "size": K, **STATS}],  # the full cross product, for contracts
+      "frames":  [{"t": 0.0, "cells": [...]}],        # per interval since start; idle intervals left out
+      "dirty_throttle_ms": 0.0,       # eBPF only: pauses in balance_dirty_pages
+      "notes": ["..."],
+    }
+
+CALL is one of CALLS: read (read, pread64, readv, preadv*), write (write, pwrite64, writev, pwritev*),
+open (open, openat, creat and their 64-bit variants), close, fsync (fsync, fdatasync).
+STATS is {"count", "bytes", "total_us", "mean_us", "min_us", "max_us", "hist"}; "hist" maps a log2
+bucket k (as a string) to the calls that took [2^k, 2^(k+1)) ns (bucket 0 also holds 0 ns).
+Size class K of a read or write is the bit length of the bytes it moved: 0 for none, else K covers
+[2^(K-1), 2^K) bytes; open, close and fsync have K = -1.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+CALLS: tuple[str, ...] = ("read", "write", "open", "close", "fsync")
+NO_SIZE = -1
+CellKey = tuple[str, str, int]  # (path prefix, call, size class)
+
+
+@dataclass
+class Stats:
+    """Count, bytes and latency of a group of calls. Latencies in nanoseconds."""
+
+    count: int = 0
+    bytes: int = 0
+    total_ns: int = 0
+    min_ns: int | None = None
+    max_ns: int | None = None
+    hist: dict[int, int] = field(default_factory=dict)
+
+    def add(self, other: Stats) -> None:
+        if other.count == 0:
+            return
+        if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
+            self.min_ns = other.min_ns
+        if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
+            self.max_ns = other.max_ns
+        self.count += other.count
+        self.bytes += other.bytes
+        self.total_ns += other.total_ns
+        for bucket, n in other.hist.items():
+            self.hist[bucket] = self.hist.get(bucket, 0) + n
+
+    def since(self, before: Stats) -> Stats:
+        """The calls made after `before` (an earlier cumulative state of the same counters).
+
+        Count, bytes, total and histogram subtract exactly. The new extremes are exact when they
+        moved (the largest call since `before` is the new maximum); otherwise they are bounded by the
+        histogram bucket of the extreme call, the best cumulative counters allow.
+        """
+        if before.count == 0:
+            return Stats(self.count, self.bytes, self.total_ns, self.min_ns, self.max_ns, dict(self.hist))
+        hist = {k: n - before.hist.get(k, 0) for k, n in self.hist.items() if n - before.hist.get(k, 0) > 0}
+        count = self.count - before.count
+        if count <= 0:
+            return Stats()
+        low = min(hist) if hist else 0
+        high = max(hist) if hist else 0
+        min_ns = self.min_ns if self.min_ns != before.min_ns else (1 << low if low else 0)
+        max_ns = self.max_ns if self.max_ns != before.max_ns else (1 << (high + 1)) - 1
+        if self.max_ns is not None:
+            max_ns = min(max_ns or 0, self.max_ns)
+        if self.min_ns is not None and min_ns is not None:
+            min_ns = max(min_ns, self.min_ns)
+        return Stats(count, self.bytes - before.bytes, self.total_ns - before.total_ns, min_ns, max_ns, hist)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "bytes": self.bytes,
+            "total_us": self.total_ns / 1000,
+            "mean_us": self.total_ns / self.count / 1000 if self.count else None,
+            "min_us": None if self.min_ns is None else self.min_ns / 1000,
+            "max_us": None if self.max_ns is None else self.max_ns / 1000,
+            "hist": {str(k): n for k, n in sorted(self.hist.items())},
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Stats:
+        def ns(key: str) -> int | None:
+            value = data.get(key)
+            return None if value is None else round(float(value) * 1000)
+
+        return cls(
+            count=int(data.get("count", 0)),
+            bytes=int(data.get("bytes", 0)),
+            total_ns=round(float(data.get("total_us", 0)) * 1000),
+            min_ns=ns("min_us"),
+            max_ns=ns("max_us"),
+            hist={int(k): int(v) for k, v in dict(data.get("hist", {})).items()},
+        )
+
+
+Cells = dict[CellKey, Stats]
+
+
+def size_class(nbytes: int) -> int:
+    """The size class of a call that moved `nbytes`: its bit length (0 for none)."""
+    return max(0, nbytes).bit_length()
+
+
+def size_label(k: int) -> str:
+    """A readable name for size class k, e.g. "4KiB-8KiB"."""
+    if k < 0:
+        return "none"
+    if k == 0:
+        return "0B"
+    return f"{_bytes_label(1 << (k - 1))}-{_bytes_label(1 << k)}"
+
+
+def _bytes_label(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n // size}{unit}"
+    return f"{n}B"
+
+
+def add_cells(into: Cells, more: Mapping[CellKey, Stats]) -> None:
+    for key, stats in more.items():
+        into.setdefault(key, Stats()).add(stats)
+
+
+def cells_since(now: Mapping[CellKey, Stats], before: Mapping[CellKey, Stats]) -> Cells:
+    """Per-cell difference of two cumulative states of the same process."""
+    out: Cells = {}
+    for key, stats in now.items():
+        delta = stats.since(before.get(key, Stats()))
+        if delta.count:
+            out[key] = delta
+    return out
+
+
+def cells_to_list(cells: Mapping[CellKey, Stats]) -> list[dict[str, Any]]:
+    return [{"path": p, "call": c, "size": k, **s.to_dict()} for (p, c, k), s in sorted(cells.items())]
+
+
+def cells_from_list(rows: Iterable[Mapping[str, Any]]) -> Cells:
+    cells: Cells = {}
+    for row in rows:
+        key = (str(row["path"]), str(row["call"]), int(row["size"]))
+        cells.setdefault(key, Stats()).add(Stats.from_dict(row))
+    return cells
+
+
+def calls_dict(
+    probe: str,
+    cells: Mapping[CellKey, Stats],
+    frames: Iterable[tuple[float, Mapping[CellKey, Stats]]],
+    *,
+    filter_text: str,
+    duration_s: float,
+    interval_s: float,
+    notes: Iterable[str] = (),
+    dirty_throttle_ms: float | None = None,
+) -> dict[str, Any]:
+    """The dict a call probe returns (see the module docstring)."""
+    by_call: dict[str, Stats] = {}
+    by_size: dict[str, dict[str, Stats]] = {}
+    by_path: dict[str, dict[str, Stats]] = {}
+    for (path, call, k), stats in sorted(cells.items()):
+        by_call.setdefault(call, Stats()).add(stats)
+        if k != NO_SIZE:
+            by_size.setdefault(call, {}).setdefault(size_label(k), Stats()).add(stats)
+        by_path.setdefault(path, {}).setdefault(call, Stats()).add(stats)
+    out: dict[str, Any] = {
+        "probe": probe,
+        "filter": filter_text,
+        "duration_s": round(duration_s, 6),
+        "interval_s": interval_s,
+        "calls": {c: by_call[c].to_dict() for c in CALLS if c in by_call},
+        "by_size": {c: {label: s.to_dict() for label, s in sizes.items()} for c, sizes in by_size.items()},
+        "by_path": {p: {c: s.to_dict() for c, s in calls.items()} for p, calls in by_path.items()},
+        "cells": cells_to_list(cells),
+        "frames": [{"t": round(t, 3), "cells": cells_to_list(fc)} for t, fc in frames if fc],
+        "notes": list(notes),
+    }
+    if dirty_throttle_ms is not None:
+        out["dirty_throttle_ms"] = dirty_throttle_ms
+    return out

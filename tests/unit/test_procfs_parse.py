@@ -1,0 +1,208 @@
+"""Parsers and delta arithmetic of the procfs probe, and the pure StageProfile builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profiling.probes.procfs import (
+    BlockDevice,
+    DiskStats,
+    PageCache,
+    Pressure,
+    ProcIo,
+    device_delta,
+    device_of,
+    parse_diskstats,
+    parse_pressure,
+    parse_proc_io,
+    parse_stat_cpu_ticks,
+    parse_stat_ppid,
+    parse_vmstat,
+    process_tree,
+    read_tree_io,
+)
+from profiling.sidecar import Snapshot, build_profile, check_interval
+
+pytestmark = pytest.mark.unit
+
+PROC_IO = """rchar: 6976
+wchar: 40960000
+syscr: 10
+syscw: 10000
+read_bytes: 4096
+write_bytes: 40960000
+cancelled_write_bytes: 8192
+"""
+
+DISKSTATS = """   7       0 loop0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+ 254       0 vda 1000 10 80000 500 2000 30 160000 4000 2 3000 4500 0 0 0 0 10 5
+ 254       1 vda1 900 10 70000 400 1900 30 150000 3900 0 2900 4300 0 0 0 0 0 0
+"""
+
+VMSTAT = """nr_free_pages 100
+nr_dirty 25
+nr_writeback 3
+nr_dirty_threshold 1209918
+nr_dirty_background_threshold 604220
+"""
+
+
+def test_parse_proc_io_reads_all_seven_counters() -> None:
+    assert parse_proc_io(PROC_IO) == ProcIo(6976, 40960000, 10, 10000, 4096, 40960000, 8192)
+
+
+def test_parse_proc_io_names_a_missing_counter() -> None:
+    with pytest.raises(ValueError, match="syscw"):
+        parse_proc_io("rchar: 1\nwchar: 2\nsyscr: 3\n")
+
+
+def test_proc_io_arithmetic() -> None:
+    a, b = ProcIo(1, 2, 3, 4, 5, 6, 7), ProcIo(10, 1, 30, 1, 50, 1, 70)
+    assert a + b == ProcIo(11, 3, 33, 5, 55, 7, 77)
+    assert b - a == ProcIo(9, -1, 27, -3, 45, -5, 63)
+    assert a.elementwise_max(b) == ProcIo(10, 2, 30, 4, 50, 6, 70)
+
+
+def test_parse_stat_handles_spaces_and_parens_in_the_command_name() -> None:
+    text = "4242 (evil ) (name) S 17 4242 17 0 -1 4194304 100 0 0 0 250 31 0 0 20 0 1 0 99 0 0"
+    assert parse_stat_ppid(text) == 17
+    assert parse_stat_cpu_ticks(text) == 281
+
+
+def test_parse_diskstats_finds_disks_and_partitions() -> None:
+    assert parse_diskstats(DISKSTATS, "vda") == DiskStats(1000, 10, 80000, 500, 2000, 30, 160000, 4000, 2, 3000,
+                                                          4500)
+    vda1 = parse_diskstats(DISKSTATS, "vda1")
+    assert vda1 is not None and vda1.writes == 1900
+    assert parse_diskstats(DISKSTATS, "vdb") is None
+
+
+def test_device_delta_like_iostat() -> None:
+    before = DiskStats(1000, 0, 80000, 500, 2000, 0, 160000, 4000, 0, 3000, 4500)
+    after = DiskStats(1010, 0, 80080, 550, 2100, 0, 162048, 4800, 4, 3500, 6500)
+    fig = device_delta(before, after, elapsed_s=1.0)
+    assert (fig.read_ops, fig.write_ops) == (10, 100)
+    assert (fig.read_bytes, fig.write_bytes) == (80 * 512, 2048 * 512)
+    assert fig.read_latency_ms == pytest.approx(5.0)
+    assert fig.write_latency_ms == pytest.approx(8.0)
+    assert fig.queue_depth == pytest.approx(2.0)  # 2000 ms of request time in 1000 ms of wall time
+    assert fig.utilization_pct == pytest.approx(50.0)
+
+
+def test_device_delta_without_completions_has_no_latency_and_caps_utilisation() -> None:
+    same = DiskStats(1, 0, 8, 1, 1, 0, 8, 1, 0, 0, 0)
+    later = DiskStats(1, 0, 8, 1, 1, 0, 8, 1, 1, 5000, 0)
+    fig = device_delta(same, later, elapsed_s=1.0)
+    assert fig.read_latency_ms is None and fig.write_latency_ms is None
+    assert fig.utilization_pct == 100.0
+
+
+def test_parse_vmstat_converts_pages_to_bytes() -> None:
+    assert parse_vmstat(VMSTAT, 4096) == PageCache(25 * 4096, 3 * 4096, 1209918 * 4096, 604220 * 4096)
+    with pytest.raises(ValueError, match="nr_dirty_threshold"):
+        parse_vmstat("nr_dirty 1\nnr_writeback 0\nnr_dirty_background_threshold 1\n", 4096)
+
+
+def test_parse_pressure_some_and_full() -> None:
+    text = ("some avg10=0.00 avg60=0.00 avg300=0.23 total=3987386\n"
+            "full avg10=0.00 avg60=0.00 avg300=0.09 total=2151751\n")
+    assert parse_pressure(text) == Pressure(3987386, 2151751)
+    assert parse_pressure("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n") == Pressure(5, None)
+    with pytest.raises(ValueError):
+        parse_pressure("")
+
+
+def _fake_proc(root: Path, tree: dict[int, int], io: dict[int, ProcIo]) -> Path:
+    """A /proc without task/*/children files (like this kernel), so the /proc/*/stat scan is used."""
+    for pid, ppid in tree.items():
+        d = root / str(pid)
+        (d / "task" / str(pid)).mkdir(parents=True)
+        (d / "stat").write_text(f"{pid} (x y) S {ppid} 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 1 0 0\n")
+        if pid in io:
+            c = io[pid]
+            (d / "io").write_text(
+                f"rchar: {c.rchar}\nwchar: {c.wchar}\nsyscr: {c.syscr}\nsyscw: {c.syscw}\nread_bytes: "
+                f"{c.read_bytes}\nwrite_bytes: {c.write_bytes}\ncancelled_write_bytes: {c.cancelled_write_bytes}\n")
+    return root
+
+
+def test_process_tree_by_stat_scan_is_parents_first(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, {10: 1, 11: 10, 12: 10, 13: 11, 99: 1}, {})
+    order = process_tree(10, proc)
+    assert sorted(order) == [10, 11, 12, 13]
+    assert order[0] == 10 and order.index(11) < order.index(13)
+
+
+def test_process_tree_uses_task_children_when_present(tmp_path: Path) -> None:
+    proc = _fake_proc(tmp_path, {10: 1, 11: 10, 12: 11}, {})
+    (proc / "10" / "task" / "10" / "children").write_text("11 ")
+    (proc / "11" / "task" / "11" / "children").write_text("12")
+    (proc / "12" / "task" / "12" / "children").write_text("")
+    assert process_tree(10, proc) == [10, 11, 12]
+
+
+def test_read_tree_io_sums_live_descendants_and_skips_vanished_ones(tmp_path: Path) -> None:
+    io = {10: ProcIo(1, 2, 3, 4, 0, 0, 0), 11: ProcIo(10, 20, 30, 40, 0, 0, 0)}
+    proc = _fake_proc(tmp_path, {10: 1, 11: 10, 12: 10}, io)  # 12 has no io file: exited meanwhile
+    total, count = read_tree_io(10, proc)
+    assert total == ProcIo(11, 22, 33, 44, 0, 0, 0) and count == 2
+    assert read_tree_io(77, proc) == (None, 0)
+
+
+def test_device_of_errors_and_notices(tmp_path: Path) -> None:
+    from profiling.probes.procfs import DeviceError
+
+    with pytest.raises(DeviceError, match="does not exist"):
+        device_of(tmp_path / "nope")
+    device, notice = device_of(tmp_path, sys_dev_block=tmp_path / "empty")
+    assert device is None and "not a block device" in notice
+
+
+def _snap(mono: float, io: ProcIo | None, writes: int = 0, dirty: int = 0, some_us: int = 0) -> Snapshot:
+    disk = DiskStats(0, 0, 0, 0, writes, 0, writes * 8, writes * 2, 0, int(mono * 500), int(mono * 1000))
+    return Snapshot(mono, io, disk, PageCache(dirty, dirty // 2, 1000, 500), Pressure(some_us, some_us // 2))
+
+
+def test_build_profile_totals_peaks_and_timeline() -> None:
+    dev = BlockDevice("vda", 254, 0)
+    snaps = [
+        _snap(0.0, ProcIo(100, 100, 1, 1, 0, 0, 0)),
+        _snap(1.0, ProcIo(200, 4196, 2, 2, 0, 4096, 0), writes=10, dirty=8192, some_us=1000),
+        # the tree sum dips (a child was being reaped): the timeline holds the maximum
+        _snap(2.0, ProcIo(150, 4196, 2, 2, 0, 4096, 0), writes=10, dirty=4096, some_us=1500),
+        _snap(3.0, ProcIo(300, 8292, 5, 3, 0, 8192, 0), writes=30, dirty=0, some_us=4000),
+    ]
+    p = build_profile(stage="download", outcome="ok", started_at=1.7e9, snapshots=snaps, device=dev, items=4,
+                      properties={"Pipeline": "x"})
+    assert (p.read_bytes, p.write_bytes, p.read_calls, p.write_calls) == (200, 8192, 4, 2)
+    assert p.storage_write_bytes == 8192 and p.duration_s == 3.0 and p.items == 4
+    assert p.device == "vda" and p.device_write_ops == 30 and p.device_write_bytes == 30 * 8 * 512
+    assert p.device_write_latency_ms == pytest.approx(2.0)
+    assert p.device_queue_depth == pytest.approx(1.0) and p.device_utilization_pct == pytest.approx(50.0)
+    assert p.peak_dirty_bytes == 8192 and p.peak_writeback_bytes == 4096 and p.dirty_threshold_bytes == 1000
+    assert p.io_stall_some_ms == pytest.approx(4.0) and p.io_stall_full_ms == pytest.approx(2.0)
+    assert [pt.t for pt in p.timeline] == [1.0, 2.0, 3.0]
+    assert [pt.read_bps for pt in p.timeline] == [100.0, 0.0, 100.0]
+    assert p.timeline[1].write_bps == 0.0 and p.timeline[2].device_write_bps == 20 * 8 * 512
+    assert p.sources == {"io": "procfs", "device": "procfs"} and p.properties == {"Pipeline": "x"}
+
+
+def test_build_profile_with_a_zero_baseline_and_no_device() -> None:
+    snaps = [Snapshot(0.0, ProcIo(5, 5, 5, 5, 0, 0, 0), None, None, None),
+             Snapshot(0.5, ProcIo(50, 60, 7, 8, 0, 0, 0), None, None, None)]
+    p = build_profile(stage="command", outcome="ok", started_at=0.0, snapshots=snaps, device=None,
+                      base_io=ProcIo())
+    assert (p.read_bytes, p.write_bytes, p.read_calls, p.write_calls) == (50, 60, 7, 8)
+    assert p.device is None and p.device_write_latency_ms is None and p.peak_dirty_bytes is None
+    assert p.io_stall_some_ms is None and p.sources == {"io": "procfs"}
+    with pytest.raises(ValueError):
+        build_profile(stage="x", outcome="ok", started_at=0.0, snapshots=snaps[:1], device=None)
+
+
+@pytest.mark.parametrize("bad", [0.0, 0.05, 61.0])
+def test_check_interval_rejects_out_of_range(bad: float) -> None:
+    with pytest.raises(ValueError, match="10 Hz"):
+        check_interval(bad)
+    assert check_interval(0.1) == 0.1
