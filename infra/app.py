@@ -17,7 +17,6 @@ from cdk_nag import AwsSolutionsChecks
 from infra.pipeline_stack import PipelineStack
 from infra.settings import CONTEXT_KEYS, SettingsError, StackSettings
 
-
 # Feature flags the stack relies on, set here so the CLI and in-process tests synthesize the same thing.
 FEATURE_FLAGS: dict[str, Any] = {
     # Access-log delivery by bucket policy, so every bucket can keep ACLs disabled (BucketOwnerEnforced).
@@ -38,7 +37,9 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
     env = None
     if settings.vpc_id is not None:
         # Looking up an existing VPC needs a concrete account and region (the CLI's credentials).
-        env = cdk.Environment(account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION"))
+        env = cdk.Environment(
+            account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION")
+        )
     stack = PipelineStack(
         app,
         settings.pipeline_name,
@@ -46,6 +47,7 @@ def build_app(context: Mapping[str, Any] | None = None, *, outdir: str | None = 
         env=env,
         description=f"iobatch pipeline {settings.pipeline_name}: Batch jobs with I/O profiling",
     )
+    # Findings fail the synth; acknowledged ones are listed in cdk.out/validation-report.json.
     cdk.Validations.of(app).add_plugins(AwsSolutionsChecks(app))
     return app, stack
 

@@ -100,3 +100,5 @@ class Compute(Construct):
         cfn.add_property_override(
             "ComputeResources.LaunchTemplate.Version", self.launch_template.latest_version_number
         )
+        # The L2 writes "managed"; the API documents MANAGED, and strict validators (moto) want it.
+        cfn.add_property_override("Type", "MANAGED")

@@ -15,8 +15,7 @@ from typing import Any, TypeVar
 import typer
 
 from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, UsageError
-from pipeline.local.demo import DemoOptions, LocalRun, default_workers, prepare_run_dir, run_demo, run_local
-from pipeline.settings import ENV, JobSettings, S3Uri, parse_train_size
+from pipeline.settings import ENV, JobSettings, S3Uri, default_workers, parse_train_size
 
 EXIT_CODES_HELP = (
     f"Exit codes: 0 ok; {EXIT_USAGE} bad flag or variable; {EXIT_PERMANENT} bad input (permanent, not "
@@ -114,6 +113,8 @@ def demo(
     """Run the main job on this machine: an embedded S3 server (versitygw), a synthetic training batch,
     the local executor with a profiler beside every child; then print the per-stage table and where
     the outputs and the report are."""
+    from pipeline.local.demo import DemoOptions, run_demo
+
     options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
                           run_dir=run_dir, scratch_root=scratch, s3_endpoint=s3_endpoint, slow_child=slow_child,
                           report=report, seed=seed)
@@ -147,6 +148,7 @@ def run(
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
 ) -> None:
     """Run a batch on this machine against any S3 endpoint, with the local executor."""
+    from pipeline.local.demo import LocalRun, prepare_run_dir, run_local
     from profiling import runfiles
 
     prepare_run_dir(run_dir)
@@ -339,7 +341,10 @@ def profile(
     properties, _, _ = _job_identity(dict(os.environ))
     dev = _profiling_device(device, Path.cwd())
     step = _profiling_interval(interval)
-    loaded, evaluate = load_contract_hook(contract)
+    try:
+        loaded, evaluate = load_contract_hook(contract)
+    except ValueError as exc:
+        raise UsageError(f"--contract: {exc}") from None
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties)
     except CommandNotFound as exc:
@@ -352,7 +357,8 @@ def profile(
     if emf is not None:
         emit_profile(prof, sink_for(emf))
     title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {result.returncode}; device {prof.device or '-'})"
-    Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160).print(render_stage_table({prof.stage: profile_row(prof)}, title))
+    console = Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160)
+    console.print(render_stage_table({prof.stage: profile_row(prof)}, title))
     raise typer.Exit(result.returncode)
 
 
@@ -470,6 +476,99 @@ def status(
         raise typer.Exit(EXIT_PERMANENT)
 
 # ---- report (profiling/report.py) -------------------------------------------------------------------
+
+
+def _read_advice(path: Path | None) -> Any:
+    import json
+
+    if path is None:
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--advice {path}: cannot read it ({exc.strerror}): give a JSON file") from None
+    except ValueError as exc:
+        raise UsageError(f"--advice {path} is not JSON ({exc}): give the JSON the advisor wrote") from None
+
+
+def _cloudwatch_report(log_group: str, out: Path, since: str, namespace: str, region: str | None,
+                       logs_endpoint: str | None, advice: Any) -> Path:
+    import os
+
+    import boto3
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        EndpointConnectionError,
+        NoCredentialsError,
+        NoRegionError,
+    )
+
+    from pipeline.errors import EndpointUnreachable
+    from profiling.report import parse_since, write_report_from_cloudwatch
+
+    since_s = parse_since(since)
+    try:
+        # AWS_REGION is what Batch and most tools set; boto3 itself reads only AWS_DEFAULT_REGION.
+        region = region or os.environ.get("AWS_REGION") or None
+        client = boto3.client("logs", region_name=region, endpoint_url=logs_endpoint)
+        return write_report_from_cloudwatch(client, log_group, out, since_s=since_s, namespace=namespace,
+                                            advice=advice)
+    except NoRegionError:
+        raise UsageError("no AWS region: pass --region or set AWS_REGION") from None
+    except NoCredentialsError:
+        raise UsageError("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY") from None
+    except EndpointConnectionError as exc:
+        raise EndpointUnreachable(f"CloudWatch Logs endpoint does not answer ({exc}): check --region, "
+                                  "--logs-endpoint and the network") from None
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        if error.get("Code") == "ResourceNotFoundException":
+            raise UsageError(f"log group {log_group} does not exist in this region: check --from-cloudwatch "
+                             "and --region (the stack's output names the group)") from None
+        raise UsageError(f"CloudWatch Logs refused the read ({error.get('Code')}: {error.get('Message')}): "
+                         "check the credentials' logs:FilterLogEvents permission") from None
+    except BotoCoreError as exc:
+        raise EndpointUnreachable(f"CloudWatch Logs read failed ({exc}): retry") from None
+
+
+@app.command()
+@handles_errors
+def report(
+    run_dir: Path | None = typer.Argument(None, help="A local run directory (default .iobatch/demo)."),
+    out: Path | None = typer.Option(None, "--out", "-o", help="The HTML file (default RUN_DIR/report.html, "
+                                    "or ./report.html with --from-cloudwatch)."),
+    from_cloudwatch: str | None = typer.Option(None, "--from-cloudwatch", metavar="LOG_GROUP",
+                                               help="Read the EMF documents of a batch in AWS from this "
+                                               "CloudWatch Logs group instead of a run directory."),
+    since: str = typer.Option("1h", help="With --from-cloudwatch: how far back to read (90s, 30m, 1h, 2d)."),
+    namespace: str = typer.Option("IoBatch", help="With --from-cloudwatch: the EMF namespace to keep."),
+    region: str | None = typer.Option(None, help="With --from-cloudwatch: the AWS region (default: AWS_REGION, "
+                                      "then AWS_DEFAULT_REGION)."),
+    logs_endpoint: str | None = typer.Option(None, help="With --from-cloudwatch: a CloudWatch Logs endpoint "
+                                             "other than AWS's (e.g. a local emulator)."),
+    advice: Path | None = typer.Option(None, help="A JSON recommendation (from the advisor) to show in the report."),
+) -> None:
+    """Write the HTML report of a run: per-stage plots, a timeline per child, bad apples, contract rule
+    results and the advisor's recommendation. The file opens offline (plotly.js is embedded)."""
+    from pipeline.errors import PermanentError
+    from profiling.report import DamagedInputError, ReportInputError, write_report
+
+    given = _read_advice(advice)
+    try:
+        if from_cloudwatch is not None:
+            if run_dir is not None:
+                raise UsageError("give a run directory or --from-cloudwatch LOG_GROUP, not both")
+            path = _cloudwatch_report(from_cloudwatch, out or Path("report.html"), since, namespace, region,
+                                      logs_endpoint, given)
+        else:
+            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given)
+    except DamagedInputError as exc:
+        raise PermanentError(str(exc)) from None
+    except ReportInputError as exc:
+        raise UsageError(str(exc)) from None
+    print(f"report: {path}")
+
 
 # ---- tuning: advise, lab (tuning/) ------------------------------------------------------------------
 

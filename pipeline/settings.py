@@ -68,6 +68,11 @@ class S3Uri:
         return f"s3://{self.bucket}/{self.key}"
 
 
+def default_workers() -> int:
+    """One worker per core this process may run on: one task per core, as on Batch."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def child_name(index: int) -> str:
     """The name of a child's output folder and scratch subdirectory."""
     return f"part-{index:05d}"

@@ -750,18 +750,19 @@ def submit_local(
 ) -> tuple[SubmitResult, Any]:
     """Freeze the batch and run it on this machine with the local executor, in the foreground.
 
-    Without `s3_endpoint` the embedded S3 server serves `s3_data_dir`; with it, the credentials come from
-    the environment as for any S3. Returns the submission and the executor's BatchResult (None on a dry
-    run).
+    Without `s3_endpoint` the embedded S3 server serves `s3_data_dir` (objects as files under
+    <dir>/<bucket>/<key>); with it, the credentials come from the environment as for any S3. Returns the
+    submission and the executor's BatchResult (None on a dry run).
     """
     import contextlib
+    import json
     import os
 
     from pipeline import s3 as s3io
-    from pipeline.local.executor import LocalBatch, run_batch
+    from pipeline.local.demo import LocalRun, default_workers, prepare_run_dir, run_local
     from pipeline.local.s3server import EmbeddedS3
     from pipeline.manifest import children_for
-    from pipeline.settings import JobSettings
+    from profiling import runfiles
 
     check_flags(manifest=manifest, prefix=prefix, images_per_child=images_per_child)
     request = SubmitRequest.build(manifest=manifest, prefix=prefix, images_per_child=images_per_child,
@@ -771,25 +772,24 @@ def submit_local(
         if s3_endpoint:
             endpoint = s3_endpoint
             env = {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
-            s3 = s3io.client(s3_endpoint)
         else:
             server = stack.enter_context(EmbeddedS3(s3_data_dir or Path(DEFAULT_LOCAL_S3)))
-            endpoint, env, s3 = server.endpoint, server.env(), server.client()
+            endpoint, env = server.endpoint, server.env()
         if dry_run:
-            images = scan_source(s3, request)
+            images = scan_source(s3io.client(endpoint, env), request)
             result = SubmitResult(request, s3io.frozen_paths(request.output)[0],
                                   children_for(images, images_per_child), images, (), (), dry_run=True)
             return result, None
-        frozen = s3io.freeze_batch(s3, input=request.input, manifest=request.manifest, output=request.output,
-                                   per_child=images_per_child)
-        template = JobSettings(input=request.input, output=request.output, manifest=frozen.manifest,
-                               scratch_root=run_dir / "scratch", images_per_child=images_per_child,
-                               array_index=0, job_id=f"local-{request.name}", s3_endpoint=endpoint, force=force)
-        batch = LocalBatch(template=template, children=frozen.children, workers=workers or os.cpu_count() or 1,
-                           run_dir=run_dir, env=env)
-        outcome = run_batch(batch, progress=progress)
-    local_job = SubmittedJob(f"local:{run_dir}", job_name(request.name), 0, frozen.children, frozen.images)
-    return SubmitResult(request, frozen.manifest, frozen.children, frozen.images, (local_job,), ()), outcome
+        prepare_run_dir(run_dir)
+        run = LocalRun(input=request.input, output=request.output, endpoint=endpoint, run_dir=run_dir,
+                       images_per_child=images_per_child, manifest=request.manifest,
+                       workers=workers or default_workers(), env=env, force=force, job_id=f"local-{request.name}")
+        outcome = run_local(run, progress=progress, say=lambda _line: None)
+    manifest_uri = s3io.frozen_paths(request.output)[0]
+    # The run file holds the frozen batch's totals; the outcomes count only what this run processed.
+    images = int(json.loads((run_dir / runfiles.RUN_FILE).read_text(encoding="utf-8"))["images"])
+    local_job = SubmittedJob(f"local:{run_dir}", job_name(request.name), 0, outcome.children, images)
+    return SubmitResult(request, manifest_uri, outcome.children, images, (local_job,), ()), outcome
 
 
 def follow(batch_client: Any, job_ids: Sequence[str], *, interval_s: float, emit: Callable[[BatchStatus], None],

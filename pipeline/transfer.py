@@ -81,10 +81,15 @@ def run_file(copies: Iterable[Copy], *, flags: Sequence[str] = ()) -> str:
 
 
 def s5cmd_args(
-    binary: str, command_file: Path, *, endpoint: str | None, workers: int
+    binary: str, command_file: Path, *, endpoint: str | None, workers: int, retries: int | None = None
 ) -> list[str]:
-    """`s5cmd --json [--endpoint-url URL] --numworkers N run FILE`."""
+    """`s5cmd --json [--endpoint-url URL] [--retry-count N] --numworkers N run FILE`.
+
+    s5cmd retries throttling, 5xx and network errors itself (10 times with back-off by default).
+    """
     args = [binary, "--json"]
+    if retries is not None:
+        args += ["--retry-count", str(retries)]
     if endpoint:
         args += ["--endpoint-url", endpoint]
     args += ["--numworkers", str(workers), "run", str(command_file)]
@@ -142,6 +147,7 @@ def run_copies(
     workers: int,
     env: Mapping[str, str] | None = None,
     flags: Sequence[str] = (),
+    retries: int | None = None,
 ) -> list[CopyResult]:
     """Run the copies through one s5cmd process; raise the first failure as a named error.
 
@@ -150,7 +156,7 @@ def run_copies(
     if not copies:
         return []
     command_file.write_text(run_file(copies, flags=flags), encoding="utf-8")
-    args = s5cmd_args(s5cmd_binary(), command_file, endpoint=endpoint, workers=workers)
+    args = s5cmd_args(s5cmd_binary(), command_file, endpoint=endpoint, workers=workers, retries=retries)
     proc = subprocess.run(args, capture_output=True, text=True, env=dict(env) if env is not None else None,
                           check=False)
     results = parse_json_lines(proc.stdout.splitlines() + proc.stderr.splitlines())

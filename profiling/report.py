@@ -67,7 +67,11 @@ STAGE_COLORS = {"download": "#1f77b4", "process": "#2ca02c", "upload": "#9467bd"
 
 
 class ReportInputError(ValueError):
-    """The report's input is missing or unreadable; the message names the thing and the fix."""
+    """The report's input is missing or unusable; the message names the thing and the fix."""
+
+
+class DamagedInputError(ReportInputError):
+    """A profile or EMF file exists but a line in it does not parse (the message names file and line)."""
 
 
 @dataclass(frozen=True)
@@ -119,10 +123,7 @@ def parse_since(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     body = text.strip().lower()
     try:
-        if body and body[-1] in units:
-            value = float(body[:-1]) * units[body[-1]]
-        else:
-            value = float(body)
+        value = float(body[:-1]) * units[body[-1]] if body and body[-1] in units else float(body)
     except ValueError:
         value = -1.0
     if not math.isfinite(value) or value <= 0:
@@ -182,6 +183,7 @@ def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_
         contract=[c for c in contract if isinstance(c, dict)] if isinstance(contract, list) else [],
         properties=properties,
         error=str(doc["Error"]) if doc.get("Error") else None,
+        device=str(doc["Device"]) if doc.get("Device") else None,
         **kwargs,
     )
 
@@ -201,7 +203,7 @@ def profiles_from_emf_lines(
         try:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ReportInputError(f"{where}:{number}: not an EMF document ({exc.msg})") from None
+            raise DamagedInputError(f"{where}:{number}: not an EMF document ({exc.msg})") from None
         if isinstance(doc, dict):
             profile = profile_from_emf(doc, namespace=namespace)
             if profile is not None:
@@ -212,17 +214,26 @@ def profiles_from_emf_lines(
 def _child_labels(profiles: Sequence[tuple[StageProfile, str]]) -> list[str]:
     """The name shown for each child: 'child N' from ArrayIndex (with the job id when a report spans
     several jobs), else the name of the file the profile came from."""
-    jobs = {p.properties.get("JobId") for p, _ in profiles}
+    jobs = {_parent_job(p) for p, _ in profiles}
     labels = []
     for profile, fallback in profiles:
         index = profile.properties.get("ArrayIndex")
         if index is None or index == "":
             labels.append(fallback)
         elif len(jobs) > 1:
-            labels.append(f"{profile.properties.get('JobId', '?')}[{index}]")
+            labels.append(f"{_parent_job(profile) or '?'}[{index}]")
         else:
             labels.append(f"child {index}")
     return labels
+
+
+def _parent_job(profile: StageProfile) -> str | None:
+    """The array job's id: AWS Batch gives each child '<parent id>:<index>' as its job id."""
+    job = profile.properties.get("JobId")
+    index = profile.properties.get("ArrayIndex")
+    if job and index and job.endswith(f":{index}"):
+        return job[: -len(index) - 1]
+    return job
 
 
 def _instance(profile: StageProfile) -> str | None:
@@ -231,7 +242,8 @@ def _instance(profile: StageProfile) -> str | None:
 
 def _entries(profiles: Sequence[tuple[StageProfile, str]]) -> list[Entry]:
     labels = _child_labels(profiles)
-    return [Entry(child=label, profile=p, instance=_instance(p)) for (p, _), label in zip(profiles, labels, strict=True)]
+    return [Entry(child=label, profile=p, instance=_instance(p))
+            for (p, _), label in zip(profiles, labels, strict=True)]
 
 
 def load_run_dir(run_dir: Path) -> ReportData:
@@ -244,7 +256,7 @@ def load_run_dir(run_dir: Path) -> ReportData:
         try:
             pairs.extend((p, file.stem) for p in runfiles.read_profiles(file))
         except ValueError as exc:
-            raise ReportInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+            raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
     source = f"local run {run_dir}: {len(pairs)} stage profiles from {runfiles.PROFILES}/"
     has_timelines = True
     if not pairs:
@@ -315,10 +327,12 @@ def load_cloudwatch(
 def find_bad_apples(
     data: ReportData, *, threshold: float = DEFAULT_THRESHOLD, min_relative: float = DEFAULT_MIN_RELATIVE
 ) -> list[BadApple]:
-    """Per stage: children, then instances, whose throughput is a robust outlier (profiling.outliers).
+    """Per stage: children, then instances, whose throughput is a robust outlier on the slow side
+    (profiling.outliers).
 
     Only stages that finished ("ok") count: a failed stage's throughput says nothing about the machine.
-    An instance's value is the median over the children it ran; instances need three or more to compare.
+    An instance's value is the median over the children it ran; instances need three or more to compare,
+    and are only compared when some ran more than one child.
     """
     found: list[BadApple] = []
     for stage in data.stages():
@@ -331,15 +345,18 @@ def find_bad_apples(
             by_child[entry.child] = tput
             if entry.instance:
                 instance_of[entry.child] = entry.instance
-        for o in find_outliers(by_child, threshold=threshold, min_relative=min_relative):
+        # Only the slow side: a child faster than the rest holds nobody back.
+        for o in find_outliers(by_child, threshold=threshold, min_relative=min_relative, low_only=True):
             detail = f"instance {instance_of[o.key]}" if o.key in instance_of else ""
             found.append(BadApple(stage, "child", o.key, o, detail))
         per_instance: dict[str, list[float]] = {}
         for child, tput in by_child.items():
             if child in instance_of:
                 per_instance.setdefault(instance_of[child], []).append(tput)
+        if len(per_instance) == len(by_child):
+            continue  # one child per instance: the child rows already name the instance
         instance_values = {i: median(v) for i, v in per_instance.items()}
-        for o in find_outliers(instance_values, threshold=threshold, min_relative=min_relative):
+        for o in find_outliers(instance_values, threshold=threshold, min_relative=min_relative, low_only=True):
             found.append(BadApple(stage, "instance", o.key, o, f"{len(per_instance[o.key])} children"))
     return found
 
@@ -450,11 +467,20 @@ def stage_figures(entries: Sequence[Entry], flagged: set[str]) -> list[tuple[str
             figures.append((plot_id, fig))
             continue
         if plot_id == "duration":
+            # The box summarises the spread; the points (one per child, coloured like the bars of
+            # the other plots) show who is where.
             fig.add_trace(go.Box(
-                x=values, name=main.label, boxpoints="all", jitter=0.4, pointpos=0,
-                text=hover, hoverinfo="x+text", marker={"color": COLORS["ok"], "size": 8},
-                line={"color": "#7f7f7f"}, fillcolor="rgba(59,111,182,0.15)", orientation="h",
+                x=values, name=main.label, boxpoints=False, hoverinfo="x",
+                line={"color": "#7f7f7f"}, fillcolor="rgba(59,111,182,0.12)", orientation="h",
             ))
+            jitter = [((i * 7919) % 11 - 5) / 25 for i in range(len(values))]  # fixed, so reports diff
+            fig.add_trace(go.Scatter(
+                x=values, y=jitter, mode="markers", name="children", text=hover, hoverinfo="x+text",
+                marker={"color": colors, "size": 9, "line": {"width": 1, "color": "#fff"}}, yaxis="y2",
+            ))
+            fig.update_layout(
+                showlegend=False, yaxis2={"overlaying": "y", "range": [-1, 1], "visible": False},
+            )
             fig.update_xaxes(title_text=_axis_title(main), rangemode="tozero")
             fig.update_yaxes(showticklabels=False)
         elif plot_id == "dirty":
@@ -506,6 +532,7 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
             f"I/O stall, PSI some ({stall.display_unit} in each sample)",
         ),
     )
+    fig.update_annotations(font={"size": 12})  # the subplot titles; stage labels come after
     ordered = sorted(entries, key=lambda e: e.profile.started_at)
     origin = ordered[0].profile.started_at if ordered else 0.0
     first = True
@@ -513,7 +540,7 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
         p = entry.profile
         points = downsample(p.timeline, MAX_TIMELINE_POINTS)
         xs = [p.started_at - origin + q.t for q in points]
-        legend = {"legendgroup": "series", "showlegend": first}
+        legend = {"showlegend": first}
 
         def line(values: list[float | None], name: str, color: str, row: int, dash: str = "solid",
                  legend: dict[str, Any] = legend, xs: list[float] = xs) -> None:
@@ -541,12 +568,12 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
             fillcolor=STAGE_COLORS.get(p.stage, "#7f7f7f"), opacity=0.08, line_width=0,
         )
         fig.add_annotation(
-            x=p.started_at - origin + p.duration_s / 2, y=1.0, xref="x", yref="paper", yanchor="bottom",
+            x=p.started_at - origin + p.duration_s / 2, y=1.07, xref="x", yref="paper", yanchor="bottom",
             text=f"{p.stage}" + ("" if p.outcome == "ok" else f" ({p.outcome})"), showarrow=False,
             font={"size": 11, "color": STAGE_COLORS.get(p.stage, "#444")},
         )
-    _base_layout(fig, "", height=560)
-    fig.update_layout(margin={"t": 70}, hovermode="x unified")
+    _base_layout(fig, "", height=520)
+    fig.update_layout(margin={"t": 80}, hovermode="x unified", legend={"y": -0.16})
     fig.update_xaxes(title_text="seconds since the child's first stage", row=3, col=1)
     fig.update_yaxes(title_text=tput.display_unit, rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text=dirty.display_unit, rangemode="tozero", row=2, col=1)
@@ -631,7 +658,7 @@ def _render_value(value: Any, depth: int = 0) -> str:
     return _e(text)
 
 
-def _table_of_dicts(rows: list[Mapping[str, Any]], depth: int = 0, lead: Sequence[str] = ()) -> str:
+def _table_of_dicts(rows: Sequence[Mapping[str, Any]], depth: int = 0, lead: Sequence[str] = ()) -> str:
     keys: list[str] = list(lead)
     for row in rows:
         keys.extend(k for k in row if k not in keys)
@@ -712,8 +739,8 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
     tput = METRICS_BY_NAME["Throughput"]
     parts = ["<section id=bad-apples><h2>Bad apples</h2>"]
     parts.append(
-        f"<p class=note>A child or instance is flagged when its {_e(tput.label)} in a stage has a robust "
-        f"z-score (median and MAD) beyond {DEFAULT_THRESHOLD} and differs from the stage median by at least "
+        f"<p class=note>A child or instance is flagged when its {_e(tput.label)} in a stage is low, with a "
+        f"robust z-score (median and MAD) below -{DEFAULT_THRESHOLD}, and differs from the stage median by at least "
         f"{DEFAULT_MIN_RELATIVE:.0%}. Stages need three or more finished children to compare.</p>"
     )
     spread = []
@@ -758,8 +785,11 @@ def _contract_section(data: ReportData) -> str:
         f"<p>{verdicts.count(True)} passed, <span class=flag>{verdicts.count(False)} broken</span>, "
         f"{verdicts.count(None)} without a verdict.</p>"
     )
-    parts.append(_table_of_dicts(rows, lead=("child", "stage")))
-    parts.append("</section>")
+    broken = [r for r, v in zip(rows, verdicts, strict=True) if v is False]
+    if broken:
+        parts.append("<h3>Broken rules</h3>" + _table_of_dicts(broken, lead=("child", "stage")))
+    parts.append(f"<details{' open' if not broken else ''}><summary>every rule result</summary>"
+                 f"{_table_of_dicts(rows, lead=('child', 'stage'))}</details></section>")
     return "".join(parts)
 
 
@@ -787,7 +817,9 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
         names = ", ".join(f"{e.child} {e.profile.stage} ({e.profile.outcome})" for e in failed[:20])
         body.append(f"<p class=flag>Stages that did not finish: {_e(names)}</p>")
     if apples:
-        names = ", ".join(f"{a.scope} {a.name} in {a.stage}" for a in apples[:10])
+        names = ", ".join(
+            f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage}" for a in apples[:10]
+        )
         body.append(f"<p class=flag>Bad apples: {_e(names)} (see <a href='#bad-apples'>below</a>).</p>")
     for note in data.notes:
         body.append(f"<p class=note>{_e(note)}</p>")
@@ -838,7 +870,7 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
     body.append(_advice_section(advice))
 
     nav = "".join(
-        [f"<a href='#overview'>Overview</a>"]
+        ["<a href='#overview'>Overview</a>"]
         + [f"<a href='#stage-{_e(s)}'>{_e(s)}</a>" for s in stages]
         + ["<a href='#bad-apples'>Bad apples</a>", "<a href='#timelines'>Timelines</a>",
            "<a href='#contract'>Contract</a>", "<a href='#advice'>Recommendation</a>"]

@@ -319,7 +319,9 @@ class SidecarConfig:
 
 
 def load_contract_hook(path: Path | None, warn: Warn = _warn) -> tuple[Any, Callable[..., Any] | None]:
-    """(contract, evaluate_stage) when a contract was given and profiling.contract provides both."""
+    """(contract, evaluate_stage) when a contract was given and profiling.contract provides both.
+
+    Raises ValueError naming the file when the contract does not load."""
     if path is None:
         return None, None
     try:
@@ -327,7 +329,10 @@ def load_contract_hook(path: Path | None, warn: Warn = _warn) -> tuple[Any, Call
     except ImportError:
         warn(f"contract {path} given but this build has no contract support; rules are not evaluated")
         return None, None
-    return module.load_contract(path), module.evaluate_stage
+    try:
+        return module.load_contract(path), module.evaluate_stage
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"contract {path}: {exc}") from None
 
 
 def write_profile_line(path: Path, profile: StageProfile) -> None:
@@ -349,7 +354,11 @@ class Sidecar:
         self._probes: list[CallProbe] = []
         self._stop = threading.Event()
         self._server: socket.socket | None = None
-        self._contract, self._evaluate = load_contract_hook(config.contract_path, warn)
+        try:
+            self._contract, self._evaluate = load_contract_hook(config.contract_path, warn)
+        except ValueError as exc:  # the job runs on; its stages are profiled without the rules
+            warn(f"{exc}; stages are profiled without it")
+            self._contract, self._evaluate = None, None
         if probes is not None:
             self._probes = probes
         elif config.scratch_dir is not None:

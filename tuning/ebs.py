@@ -374,6 +374,29 @@ class SimResult:
         return [w.stage_s[stage] for w in self.waves if stage in w.stage_s]
 
 
+@dataclass(frozen=True)
+class _Rates:
+    """A volume's figures at one I/O size, computed once: the simulator's inner loop reads only these."""
+
+    burst_bps: float
+    base_bps: float
+    cost_per_byte: float
+    earn: float
+    capacity: float
+    bursts: bool
+
+    @classmethod
+    def of(cls, volume: Volume, io_size: float, instance_cap_bps: float | None) -> _Rates:
+        return cls(
+            burst_bps=volume.throughput_bps(io_size=io_size, bursting=True, instance_cap_bps=instance_cap_bps),
+            base_bps=volume.throughput_bps(io_size=io_size, bursting=False, instance_cap_bps=instance_cap_bps),
+            cost_per_byte=volume.cost_per_byte(io_size),
+            earn=volume.earn_rate(),
+            capacity=volume.credit_capacity,
+            bursts=volume.bursts,
+        )
+
+
 @dataclass
 class _State:
     t: float = 0.0
@@ -386,7 +409,8 @@ class _State:
     next_sample: float = 0.0
     pending_durable: list[tuple[int, float]] = field(default_factory=list)  # (wave, accepted mark)
     durable: dict[int, float] = field(default_factory=dict)
-    io_size: float = MIB  # the I/O size writeback uses: that of the last stage that wrote
+    last_wb_t: float = 0.0  # when writeback last moved bytes
+    wb_rates: _Rates | None = None  # writeback's figures: those of the last stage that wrote
 
 
 def simulate(
@@ -408,119 +432,146 @@ def simulate(
     instance starts a batch of children together). Each step the volume serves reads first, then
     writeback of dirty data; writers fill the cache at their own speed until it reaches the freerun
     point, then at the rate writeback frees it. Credits are spent in the volume's accounting (HDD: an
-    I/O <= 1 MiB costs 1 MiB) and refill at baseline, also between rounds.
+    I/O <= 1 MiB costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
+    (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form.
     """
     if concurrency < 1 or waves < 1:
         raise ValueError("concurrency and waves must be at least 1")
     if not stages:
         raise ValueError("a workload needs at least one stage")
     cache = cache or WriteCache(0, 0)
-    floors = [s.floor_s for s in stages if s.floor_s > 0]
-    step = dt if dt is not None else max(0.02, min(0.5, min(floors, default=5.0) / 20))
+    rates = {st.io_size: _Rates.of(volume, st.io_size, instance_cap_bps) for st in stages}
     state = _State(credits=volume.credit_capacity if initial_credits is None else initial_credits)
+    state.wb_rates = rates[stages[0].io_size]
     results: list[WaveResult] = []
     for wave in range(waves):
         started, credits_at_start = state.t, state.credits
         stage_s: dict[str, float] = {}
         for stage in stages:
-            stage_s[stage.name] = _run_stage(volume, stage, concurrency, cache, instance_cap_bps, step,
-                                             state, sample_every_s)
+            step = dt if dt is not None else max(0.05, min(2.0, (stage.floor_s or 2.0) / 40))
+            stage_s[stage.name] = _run_stage(stage, rates[stage.io_size], concurrency, cache, step, state,
+                                             sample_every_s)
         state.pending_durable.append((wave, state.accepted))
+        _check_durable(state, state.last_wb_t)
         results.append(WaveResult(wave, started, stage_s, None, credits_at_start))
         if wave < waves - 1:
-            _idle(volume, gap_s, cache, instance_cap_bps, step, state, sample_every_s)
+            _idle(gap_s, cache, state, sample_every_s)
     # Let the last wave's writes reach the volume.
-    while state.dirty > 1 and state.t < results[-1].started_at + 30 * 86400:
-        _idle(volume, max(step * 50, 60.0), cache, instance_cap_bps, step, state, sample_every_s)
+    _idle(math.inf, cache, state, sample_every_s)
     final = [WaveResult(w.index, w.started_at, w.stage_s, state.durable.get(w.index), w.credits_at_start)
              for w in results]
     return SimResult(volume, final, state.samples, state.empty_at, state.t)
 
 
-def _tick(volume: Volume, state: _State, *, dt: float, read_want: float, write_want: float,
-          cache: WriteCache, instance_cap_bps: float | None, io_size: float, flush: bool,
-          sample_every_s: float) -> tuple[float, float]:
-    """Advance one step; returns (bytes read, bytes accepted into the cache)."""
-    bursting = state.credits > 0
-    cap = volume.throughput_bps(io_size=io_size, bursting=bursting, instance_cap_bps=instance_cap_bps) * dt
-    if bursting:
-        # Do not spend more credits than the bucket holds (plus what this step earns).
-        earn = volume.earn_rate() * dt
-        affordable = (state.credits + earn) / volume.cost_per_byte(io_size)
-        cap = min(cap, max(affordable, volume.throughput_bps(io_size=io_size, bursting=False,
-                                                              instance_cap_bps=instance_cap_bps) * dt))
-    read = min(read_want, cap)
-    left = cap - read
-    # Writeback starts above the background threshold, or when nothing is writing (expiry, sync).
-    wb = min(state.dirty, left) if (flush or state.dirty > cache.background_bytes) else 0.0
-    room = max(0.0, cache.freerun_bytes - state.dirty) + wb
-    if cache.freerun_bytes <= 0:
-        # No cache: writes go straight to the volume, sharing what reads left.
-        room = left
-        wb = 0.0
-        accepted = min(write_want, room)
-        moved = accepted
-    else:
-        accepted = min(write_want, room)
-        moved = wb
-    state.dirty += accepted - (wb if cache.freerun_bytes > 0 else 0.0)
-    state.dirty = max(state.dirty, 0.0)
-    state.accepted += accepted
-    state.written_back += moved
-    spent = (read + moved) * volume.cost_per_byte(io_size) if volume.bursts else 0.0
-    state.credits = min(volume.credit_capacity, state.credits + volume.earn_rate() * dt - spent) \
-        if volume.bursts else 0.0
-    if volume.bursts and state.credits <= 1e-9:
+def _spend(state: _State, r: _Rates, dt: float, moved: float) -> None:
+    """Credits after moving `moved` bytes in `dt` seconds."""
+    if not r.bursts:
+        return
+    state.credits = min(r.capacity, state.credits + r.earn * dt - moved * r.cost_per_byte)
+    if state.credits <= 1e-9:
         state.credits = 0.0
         if state.empty_at is None:
             state.empty_at = state.t + dt
-    state.t += dt
-    while state.pending_durable and state.written_back >= state.pending_durable[0][1] - 1:
-        wave, _ = state.pending_durable.pop(0)
-        state.durable[wave] = state.t
+
+
+def _sample(state: _State, rate: float, sample_every_s: float) -> None:
     if state.t >= state.next_sample:
-        state.samples.append(Sample(state.t, (read + moved) / dt, state.credits, state.dirty))
+        state.samples.append(Sample(state.t, rate, state.credits, state.dirty))
         state.next_sample = state.t + sample_every_s
+
+
+def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: float,
+          cache: WriteCache, sample_every_s: float) -> tuple[float, float]:
+    """Advance one step of a running stage; returns (bytes read, bytes accepted into the cache)."""
+    if state.credits > 0:
+        # Burst, but spend no more credits than the bucket holds plus what this step earns.
+        affordable = (state.credits + r.earn * dt) / r.cost_per_byte
+        cap = min(r.burst_bps * dt, max(affordable, r.base_bps * dt))
+    else:
+        cap = r.base_bps * dt
+    read = min(read_want, cap)
+    left = cap - read
+    freerun = cache.freerun_bytes
+    if freerun <= 0:
+        # No cache: writes go straight to the volume, sharing what reads left.
+        accepted = moved = min(write_want, left)
+    else:
+        # Writeback starts above the background threshold (below it, the data waits to expire).
+        moved = min(state.dirty, left) if state.dirty > cache.background_bytes else 0.0
+        accepted = min(write_want, max(0.0, freerun - state.dirty) + moved)
+        state.dirty = max(0.0, state.dirty + accepted - moved)
+    state.accepted += accepted
+    state.written_back += moved
+    _spend(state, r, dt, read + moved)
+    state.t += dt
+    if moved > 0:
+        state.last_wb_t = state.t
+    _check_durable(state, state.t)
+    _sample(state, (read + moved) / dt, sample_every_s)
     return read, accepted
 
 
-def _run_stage(volume: Volume, stage: StageLoad, concurrency: int, cache: WriteCache,
-               instance_cap_bps: float | None, dt: float, state: _State, sample_every_s: float) -> float:
+def _check_durable(state: _State, when: float) -> None:
+    while state.pending_durable and state.written_back >= state.pending_durable[0][1] - 1:
+        wave, _ = state.pending_durable.pop(0)
+        state.durable[wave] = when
+
+
+def _run_stage(stage: StageLoad, r: _Rates, concurrency: int, cache: WriteCache, dt: float, state: _State,
+               sample_every_s: float) -> float:
     total_w = float(stage.write_bytes * concurrency)
     total_r = float(stage.read_bytes * concurrency)
     floor = max(stage.floor_s, 0.0)
     start = state.t
     done_w = done_r = 0.0
-    # The job's own speed: all of the stage's bytes over its floor time (no limit if the floor is 0).
     if total_w > 0:
-        state.io_size = stage.io_size
+        state.wb_rates = r
+    # The job's own speed: all of the stage's bytes over its floor time (no limit if the floor is 0).
     w_rate = total_w / floor if floor > 0 else math.inf
     r_rate = total_r / floor if floor > 0 else math.inf
     limit = start + 30 * 86400
-    while (done_w < total_w - 0.5 or done_r < total_r - 0.5 or state.t - start < floor - 1e-9) \
-            and state.t < limit:
-        read, accepted = _tick(
-            volume, state, dt=dt,
-            read_want=min(total_r - done_r, r_rate * dt), write_want=min(total_w - done_w, w_rate * dt),
-            cache=cache, instance_cap_bps=instance_cap_bps, io_size=stage.io_size, flush=False,
-            sample_every_s=sample_every_s,
-        )
+    while (done_w < total_w - 0.5 or done_r < total_r - 0.5) and state.t < limit:
+        read, accepted = _tick(state, r, dt=dt, read_want=min(total_r - done_r, r_rate * dt),
+                               write_want=min(total_w - done_w, w_rate * dt), cache=cache,
+                               sample_every_s=sample_every_s)
         done_r += read
         done_w += accepted
+    if state.t - start < floor:
+        # All bytes are in; the job still runs (network, CPU) while writeback goes on.
+        _idle(floor - (state.t - start), cache, state, sample_every_s, flush=False)
     return state.t - start
 
 
-def _idle(volume: Volume, seconds: float, cache: WriteCache, instance_cap_bps: float | None, dt: float,
-          state: _State, sample_every_s: float) -> None:
+def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: float, *,
+          flush: bool = True) -> None:
+    """Nothing reads or writes for `seconds`: writeback drains the cache, credits refill. Closed form.
+
+    With flush, all dirty data drains (the kernel writes it back once it expires); without, only what
+    lies above the background threshold.
+    """
+    r = state.wb_rates
+    assert r is not None
     end = state.t + seconds
-    # Drain the cache step by step; once it is empty, jump: only credits change, linearly.
-    while state.t < end - 1e-9 and state.dirty > 0:
-        _tick(volume, state, dt=min(dt, end - state.t), read_want=0.0, write_want=0.0, cache=cache,
-              instance_cap_bps=instance_cap_bps, io_size=state.io_size, flush=True, sample_every_s=sample_every_s)
-    if state.t < end:
-        if volume.bursts:
-            state.credits = min(volume.credit_capacity, state.credits + volume.earn_rate() * (end - state.t))
+    floor_dirty = 0.0 if flush else float(cache.background_bytes)
+    while state.t < end and state.dirty > floor_dirty + 0.5:
+        bursting = r.bursts and state.credits > 0
+        rate = r.burst_bps if bursting else r.base_bps
+        span = min(end - state.t, (state.dirty - floor_dirty) / rate)
+        if bursting:
+            drain = rate * r.cost_per_byte - r.earn  # credit units per second, net
+            if drain > 0:
+                span = min(span, state.credits / drain)
+        span = max(span, 1e-6)
+        moved = min(rate * span, state.dirty - floor_dirty)
+        state.dirty -= moved
+        state.written_back += moved
+        _spend(state, r, span, moved)
+        state.t += span
+        state.last_wb_t = state.t
+        _check_durable(state, state.t)
+        _sample(state, rate, sample_every_s)
+    if state.t < end and not math.isinf(end):
+        if r.bursts:
+            state.credits = min(r.capacity, state.credits + r.earn * (end - state.t))
         state.t = end
-        if state.t >= state.next_sample:
-            state.samples.append(Sample(state.t, 0.0, state.credits, state.dirty))
-            state.next_sample = state.t + sample_every_s
+        _sample(state, 0.0, sample_every_s)

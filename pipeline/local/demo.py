@@ -21,7 +21,7 @@ from pipeline.errors import UsageError
 from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.executor import BatchResult, LocalBatch, run_batch
 from pipeline.local.s3server import EmbeddedS3
-from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri
+from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri, default_workers
 from pipeline.transfer import Copy, run_copies
 from profiling import runfiles
 from profiling.metrics import StageProfile, summarize
@@ -29,10 +29,6 @@ from profiling.metrics import StageProfile, summarize
 INPUT_BUCKET = "iobatch-input"
 OUTPUT_BUCKET = "iobatch-output"
 CACHE_ENV = "IOBATCH_CACHE"
-
-
-def default_workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @dataclass(frozen=True)
@@ -75,6 +71,7 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
     s3 = s3io.client(run.endpoint, run.env)
     frozen = s3io.freeze_batch(s3, input=run.input, manifest=run.manifest, output=run.output,
                                per_child=run.images_per_child)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
     scratch = run.scratch_root or (run.run_dir / "scratch")
     scratch.mkdir(parents=True, exist_ok=True)
     job_id = run.job_id or f"local-{time.strftime('%Y%m%d-%H%M%S')}"

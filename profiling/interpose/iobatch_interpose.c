@@ -81,6 +81,7 @@ typedef int (*creat_fn)(const char *, mode_t);
 typedef int (*fd_fn)(int);
 typedef ssize_t (*readchk_fn)(int, void *, size_t, size_t);
 typedef ssize_t (*preadchk_fn)(int, void *, size_t, off_t, size_t);
+typedef void (*exit_fn)(int);
 
 static struct {
     read_fn read;
@@ -98,6 +99,7 @@ static struct {
     fd_fn close, fsync, fdatasync;
     readchk_fn read_chk;
     preadchk_fn pread_chk, pread64_chk;
+    exit_fn exit_, Exit_;
 } real;
 
 static __thread struct block *my_block __attribute__((tls_model("initial-exec")));
@@ -161,6 +163,8 @@ static void resolve_all(void) {
     RESOLVE(read_chk, "__read_chk");
     RESOLVE(pread_chk, "__pread_chk");
     RESOLVE(pread64_chk, "__pread64_chk");
+    RESOLVE(exit_, "_exit");
+    RESOLVE(Exit_, "_Exit");
 }
 
 static inline uint64_t now_ns(void) {
@@ -234,7 +238,7 @@ static int path_index(const char *prefix) {
     for (int i = 1; i < n; i++)
         if (strcmp(paths[i], prefix) == 0) found = i;
     if (!found && n < NPATH) {
-        strncpy(paths[n], prefix, PATHLEN - 1);
+        snprintf(paths[n], PATHLEN, "%s", prefix);
         __atomic_store_n(&npaths, n + 1, __ATOMIC_RELEASE);
         found = n;
     }
@@ -709,4 +713,18 @@ EXPORT int fsync(int fd) {
 EXPORT int fdatasync(int fd) {
     ENSURE(fdatasync);
     TIMED(C_FSYNC, fd, real.fdatasync(fd), int, -1);
+}
+
+/* _exit skips atexit and destructors (a forked child usually leaves this way): write the final record. */
+EXPORT void _exit(int status) {
+    ENSURE(exit_);
+    at_exit();
+    real.exit_(status);
+    __builtin_unreachable();
+}
+EXPORT void _Exit(int status) {
+    ENSURE(Exit_);
+    at_exit();
+    real.Exit_(status);
+    __builtin_unreachable();
 }

@@ -8,6 +8,7 @@ replies on fd 4, NUL-separated JSON), so no port is opened and no client library
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import random
@@ -107,10 +108,8 @@ class DevTools:
                 return message
 
     def close(self) -> None:
-        try:
+        with contextlib.suppress(OSError, RuntimeError, TimeoutError, EOFError):
             self.send("Browser.close", timeout=10)
-        except (OSError, RuntimeError, TimeoutError, EOFError):
-            pass
         try:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:

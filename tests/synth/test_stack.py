@@ -1,0 +1,257 @@
+"""Template assertions for every construct of the stack, on the one session-wide synth."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+from aws_cdk import assertions
+
+from infra.dashboard import dashboard_metrics, slowest_download_query
+from infra.jobs import PROFILER_CONTAINER
+from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE
+from pipeline.submit import OUTPUT_KEYS
+from profiling.metrics import DEFAULT_NAMESPACE, STAGES
+from tests.synth.conftest import Synthesized
+from tuning.host import SYSCTL_CONF_PATH, HostTuning
+
+pytestmark = pytest.mark.synth
+
+
+def flatten(node: Any) -> str:
+    """A CloudFormation value as text, with Ref/GetAtt shown as <Name> (enough to parse JSON bodies)."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict) and "Fn::Join" in node:
+        sep, parts = node["Fn::Join"]
+        return sep.join(flatten(p) for p in parts)
+    if isinstance(node, dict) and "Ref" in node:
+        return f"<{node['Ref']}>"
+    if isinstance(node, dict) and "Fn::GetAtt" in node:
+        return "<{}.{}>".format(*node["Fn::GetAtt"])
+    raise AssertionError(f"cannot flatten {node!r}")
+
+
+def host_script(synthesized: Synthesized) -> str:
+    """The shell-script part of the launch template's MIME multipart user data."""
+    user_data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]["UserData"]
+    parts = user_data["Fn::Base64"]["Fn::Join"][1]
+    header = parts[0]
+    assert "multipart/mixed" in header and "text/x-shellscript" in header
+    scripts = [p["Fn::Base64"] for p in parts if isinstance(p, dict) and "Fn::Base64" in p]
+    assert len(scripts) == 1
+    return str(scripts[0])
+
+
+def statements(synthesized: Synthesized, role_prefix: str) -> list[dict[str, Any]]:
+    """Every policy statement attached to the role whose logical id starts with role_prefix."""
+    found: list[dict[str, Any]] = []
+    for policy in synthesized.resources("AWS::IAM::Policy").values():
+        roles = [r["Ref"] for r in policy["Properties"]["Roles"]]
+        if any(r.startswith(role_prefix) for r in roles):
+            found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return found
+
+
+def test_launch_template_has_an_encrypted_st1_scratch_volume_and_requires_imdsv2(synthesized: Synthesized) -> None:
+    data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    [mapping] = data["BlockDeviceMappings"]
+    assert mapping["DeviceName"] == "/dev/xvdb"
+    assert mapping["Ebs"] == {"DeleteOnTermination": True, "Encrypted": True, "VolumeSize": 500, "VolumeType": "st1"}
+
+
+def test_user_data_is_the_script_tuning_host_renders(synthesized: Synthesized) -> None:
+    script = host_script(synthesized)
+    tuning = HostTuning()
+    assert script == tuning.render_script()
+    assert "vm.dirty_ratio = 30\n" in script and "vm.dirty_background_ratio = 20\n" in script
+    assert "MOUNT_OPTIONS=noatime,nodiratime,logbufs=8,logbsize=256k,nofail\n" in script
+    assert SYSCTL_CONF_PATH in script
+    for removed in ("nobarrier", "osyncisdsync", "nobootwait"):
+        assert removed not in script
+
+
+def test_compute_environment_pins_the_launch_template_version(synthesized: Synthesized) -> None:
+    env = synthesized.only("AWS::Batch::ComputeEnvironment")["Properties"]
+    resources = env["ComputeResources"]
+    [lt_id] = synthesized.resources("AWS::EC2::LaunchTemplate")
+    assert resources["LaunchTemplate"] == {
+        "LaunchTemplateId": {"Ref": lt_id},
+        "Version": {"Fn::GetAtt": [lt_id, "LatestVersionNumber"]},
+    }
+    assert resources["Ec2Configuration"] == [{"ImageType": "ECS_AL2023"}]
+    assert resources["InstanceTypes"] == ["m6i", "c6i", "r6i"]
+    assert resources["AllocationStrategy"] == "BEST_FIT_PROGRESSIVE"
+    assert (resources["MinvCpus"], resources["MaxvCpus"]) == (0, 256)
+    assert env["Type"] == "MANAGED"
+
+
+def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: Synthesized) -> None:
+    props = synthesized.only("AWS::Batch::JobDefinition")["Properties"]
+    assert props["PlatformCapabilities"] == ["EC2"]
+    [task] = props["EcsProperties"]["TaskProperties"]
+    assert task["PidMode"] == "task"
+    assert task["Volumes"] == [{"Host": {"SourcePath": "/scratch"}, "Name": "scratch"}]
+    job, profiler = task["Containers"]
+    [job_log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("JobsLogs")]
+    assert (job["Name"], job["Command"], job["Essential"]) == ("job", ["iobatch", "job"], True)
+    assert (profiler["Name"], profiler["Command"], profiler["Essential"]) == ("profiler", ["iobatch", "sidecar"], False)
+    assert job["Image"] == profiler["Image"]
+    assert job["DependsOn"] == [{"Condition": "START", "ContainerName": PROFILER_CONTAINER}]
+    for container in (job, profiler):
+        assert container["MountPoints"] == [{"ContainerPath": "/scratch", "ReadOnly": False, "SourceVolume": "scratch"}]
+        logs = container["LogConfiguration"]
+        assert logs["LogDriver"] == "awslogs"
+        assert logs["Options"]["awslogs-group"] == {"Ref": job_log_group}
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert env["AWS_EMF_NAMESPACE"] == DEFAULT_NAMESPACE
+        assert env["IOBATCH_PIPELINE"] == "iobatch" and env["IOBATCH_VOLUME_TYPE"] == "st1"
+    resources = {r["Type"]: r["Value"] for r in job["ResourceRequirements"]}
+    profiler_memory = {r["Type"]: r["Value"] for r in profiler["ResourceRequirements"]}["MEMORY"]
+    assert resources["VCPU"] == "2"
+    assert int(resources["MEMORY"]) + int(profiler_memory) == 2 * 3584
+    assert props["Timeout"] == {"AttemptDurationSeconds": 120 * 60}
+
+
+def test_retry_strategy_keys_on_exit_codes_and_host_reclaim(synthesized: Synthesized) -> None:
+    strategy = synthesized.only("AWS::Batch::JobDefinition")["Properties"]["RetryStrategy"]
+    assert strategy["Attempts"] == 3
+    assert strategy["EvaluateOnExit"] == [
+        {"Action": "RETRY", "OnStatusReason": "Host EC2*"},
+        {"Action": "RETRY", "OnExitCode": str(EXIT_RETRYABLE)},
+        {"Action": "EXIT", "OnExitCode": str(EXIT_PERMANENT)},
+        {"Action": "EXIT", "OnExitCode": "64"},
+        {"Action": "EXIT", "OnReason": "*"},
+    ]
+
+
+def test_job_role_reads_only_the_input_prefix_and_writes_only_the_output_prefix(synthesized: Synthesized) -> None:
+    found = statements(synthesized, "JobsJobRole")
+    [input_bucket] = [k for k in synthesized.resources("AWS::S3::Bucket") if k.startswith("StorageInput")]
+    [output_bucket] = [k for k in synthesized.resources("AWS::S3::Bucket") if k.startswith("StorageOutput")]
+    by_sid = {s["Sid"]: s for s in found}
+    assert sorted(by_sid) == ["ListInputPrefix", "ListOutputPrefix", "ReadInputPrefix", "WriteOutputPrefix"]
+    assert by_sid["ReadInputPrefix"]["Action"] == "s3:GetObject"
+    assert flatten(by_sid["ReadInputPrefix"]["Resource"]) == f"<{input_bucket}.Arn>/images/*"
+    assert flatten(by_sid["WriteOutputPrefix"]["Resource"]) == f"<{output_bucket}.Arn>/shards/*"
+    assert "s3:DeleteObject" not in by_sid["WriteOutputPrefix"]["Action"]
+    assert by_sid["ListInputPrefix"]["Condition"] == {"StringLike": {"s3:prefix": ["images/*"]}}
+    assert by_sid["ListOutputPrefix"]["Condition"] == {"StringLike": {"s3:prefix": ["shards/*"]}}
+    for statement in found:
+        actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        assert all(a.startswith("s3:") and "*" not in a for a in actions), actions
+
+
+def test_execution_role_pulls_the_image_and_writes_logs_only(synthesized: Synthesized) -> None:
+    actions: set[str] = set()
+    for statement in statements(synthesized, "JobsExecutionRole"):
+        actions.update(statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]])
+    assert actions == {
+        "ecr:BatchCheckLayerAvailability", "ecr:GetDownloadUrlForLayer", "ecr:BatchGetImage",
+        "ecr:GetAuthorizationToken", "logs:CreateLogStream", "logs:PutLogEvents",
+    }
+
+
+def test_buckets_are_encrypted_private_tls_only_and_expire_incomplete_uploads(synthesized: Synthesized) -> None:
+    buckets = synthesized.resources("AWS::S3::Bucket")
+    assert len(buckets) == 3
+    for bucket in buckets.values():
+        props = bucket["Properties"]
+        assert props["BucketEncryption"]["ServerSideEncryptionConfiguration"][0]["ServerSideEncryptionByDefault"] == {
+            "SSEAlgorithm": "AES256"
+        }
+        assert props["PublicAccessBlockConfiguration"] == {
+            "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True
+        }
+        rules = props["LifecycleConfiguration"]["Rules"]
+        assert any(r.get("AbortIncompleteMultipartUpload") == {"DaysAfterInitiation": 7} for r in rules)
+    for policy in synthesized.resources("AWS::S3::BucketPolicy").values():
+        denies = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Effect"] == "Deny"]
+        assert any(s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}} for s in denies)
+    assert len(synthesized.resources("AWS::S3::BucketPolicy")) == 3
+
+
+def test_network_has_private_subnets_a_flow_log_and_an_s3_gateway_endpoint(synthesized: Synthesized) -> None:
+    synthesized.assertions.resource_count_is("AWS::EC2::FlowLog", 1)
+    synthesized.assertions.has_resource_properties(
+        "AWS::EC2::VPCEndpoint",
+        {"VpcEndpointType": "Gateway", "ServiceName": assertions.Match.object_like({})},
+    )
+    subnets = synthesized.resources("AWS::EC2::Subnet")
+    private = [s for s in subnets.values() if not s["Properties"]["MapPublicIpOnLaunch"]]
+    assert len(private) == 2
+    env_subnets = synthesized.only("AWS::Batch::ComputeEnvironment")["Properties"]["ComputeResources"]["Subnets"]
+    assert all(s["Ref"].startswith("NetworkVpcprivate") for s in env_subnets)
+
+
+def dashboard_body(synthesized: Synthesized) -> dict[str, Any]:
+    body = synthesized.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"]
+    return dict(json.loads(flatten(body)))
+
+
+def test_dashboard_has_a_widget_for_every_stage_and_dashboard_metric(synthesized: Synthesized) -> None:
+    widgets = dashboard_body(synthesized)["widgets"]
+    graphed: set[tuple[str, str]] = set()
+    for widget in widgets:
+        for line in widget["properties"].get("metrics", []):
+            if line[0] == DEFAULT_NAMESPACE:
+                _, name, _, pipeline, _, stage = line[:6]
+                assert pipeline == "iobatch"
+                graphed.add((stage, name))
+    wanted = {(stage, spec.name) for stage in STAGES for spec in dashboard_metrics()}
+    assert graphed == wanted
+    assert {"StageDuration", "Throughput", "DeviceWriteLatency", "IoStallSome", "PeakDirtyBytes"} <= {
+        spec.name for spec in dashboard_metrics()
+    }
+    # One row per stage: each stage's widgets share a y coordinate no other stage uses.
+    rows = {stage: {w["y"] for w in widgets if w["properties"].get("title", "").startswith(f"{stage}:")}
+            for stage in STAGES}
+    assert all(len(ys) == 1 for ys in rows.values()) and len({next(iter(ys)) for ys in rows.values()}) == 3
+
+
+def test_dashboard_shows_ebs_burst_balance_queue_length_and_the_slowest_instances(synthesized: Synthesized) -> None:
+    widgets = dashboard_body(synthesized)["widgets"]
+    expressions = [m[0]["expression"] for w in widgets for m in w["properties"].get("metrics", [])
+                   if "expression" in m[0]]
+    assert any('MetricName="BurstBalance"' in e and "AWS/EBS" in e for e in expressions)
+    assert any('MetricName="VolumeQueueLength"' in e for e in expressions)
+    [logs] = [w for w in widgets if w["type"] == "log"]
+    query = logs["properties"]["query"]
+    assert query.startswith("SOURCE '<JobsLogs")
+    for line in slowest_download_query("iobatch").splitlines():
+        assert line in query
+
+
+def test_outputs_are_the_keys_iobatch_submit_reads(synthesized: Synthesized) -> None:
+    outputs = synthesized.template["Outputs"]
+    assert set(OUTPUT_KEYS.values()) <= set(outputs)
+    assert outputs["PipelineName"]["Value"] == "iobatch"
+    assert outputs["VolumeType"]["Value"] == "st1"
+    [definition] = synthesized.resources("AWS::Batch::JobDefinition")
+    assert outputs["JobDefinitionArn"]["Value"] == {"Ref": definition}
+
+
+def test_cdk_nag_passes_and_every_acknowledgement_gives_a_specific_reason(synthesized: Synthesized) -> None:
+    report = json.loads((synthesized.outdir / "validation-report.json").read_text())
+    [nag] = [r for r in report["pluginReports"] if r["pluginName"] == "AwsSolutions"]
+    assert (nag["conclusion"], nag["violations"]) == ("success", [])
+    metadata = json.loads((synthesized.outdir / f"{synthesized.stack_name}.metadata.json").read_text())
+    reasons = {
+        rule.removeprefix("AwsSolutions::"): reason
+        for entries in metadata.values()
+        for entry in entries
+        if entry["type"] == "aws:cdk:acknowledged-rules"
+        for rule, reason in entry["data"].items()
+        if rule.startswith("AwsSolutions::")
+    }
+    suppressed = {v["ruleName"] for v in nag["suppressedViolations"]}
+    assert suppressed == set(reasons)
+    assert len(reasons) == 4
+    assert {r for r in reasons if re.fullmatch(r"AwsSolutions-IAM5\[Resource::<Storage(Input|Output)\w+\.Arn>/"
+                                                r"(images|shards)/\*\]", r)}
+    for reason in reasons.values():
+        assert len(reason) >= 60, reason  # a sentence with the why, not "needed"

@@ -1,0 +1,176 @@
+"""Contracts: parsing (errors name line and field), evaluation per time frame, procfs fallback, EMF."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiling.contract import (
+    LATENCY_UNAVAILABLE,
+    ContractError,
+    contract_documents,
+    evaluate_stage,
+    format_results,
+    load_contract,
+    parse_contract,
+    rule_matches,
+)
+from profiling.metrics import StageProfile
+from profiling.probes.callstats import Stats, calls_dict
+
+pytestmark = pytest.mark.unit
+
+CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
+CASE_STUDY = """2,monitortimeframe,1000s
+mean_lat_write,/,write,all,mean-latency,1us
+num_write,/,write,all,count,1
+total_write,/,write,all,bandwidth,1B
+"""
+
+
+def test_case_study_contract_ships_exactly() -> None:
+    assert (CONTRACTS / "case-study.contract").read_text() == CASE_STUDY
+    contract = load_contract(CONTRACTS / "case-study.contract")
+    assert contract.timeframe_s == 1000
+    assert [(r.label, r.path, r.call, r.measurement, r.threshold, r.unit) for r in contract.rules] == [
+        ("mean_lat_write", "/", "write", "mean-latency", 1, "us"),
+        ("num_write", "/", "write", "count", 1, ""),
+        ("total_write", "/", "write", "bandwidth", 1, "B"),
+    ]
+
+
+@pytest.mark.parametrize("path", sorted(CONTRACTS.glob("*.contract")), ids=lambda p: p.name)
+def test_shipped_contracts_parse(path: Path) -> None:
+    assert load_contract(path).rules
+
+
+def test_units_and_ranges() -> None:
+    contract = parse_contract(
+        "# comment\n\n2,monitortimeframe,2m\n"
+        "a,/scratch,read,4kB-1MB,count,2k\n"
+        "b,/,fsync,all,max-latency,10ms\n"
+        "c,/,all,0-4kB,bandwidth,1MB\n"
+    )
+    a, b, c = contract.rules
+    assert contract.timeframe_s == 120
+    assert (a.size_low, a.size_high, a.threshold, a.unit) == (4096, 1 << 20, 2000, "")
+    assert (b.threshold, b.unit, b.emf_unit) == (10, "ms", "Milliseconds")
+    assert (c.size_low, c.size_high, c.emf_unit) == (0, 4096, "Megabytes")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "<contract>:1: header ''"),
+        ("3,monitortimeframe,1s\na,/,write,all,count,1", "<contract>:1: version '3'"),
+        ("2,timeframe,1s\na,/,write,all,count,1", "<contract>:1: header keyword 'timeframe'"),
+        ("2,monitortimeframe,10 parsecs\na,/,write,all,count,1", "<contract>:1: time frame '10 parsecs'"),
+        ("2,monitortimeframe,1s", "rules ''"),
+        ("2,monitortimeframe,1s\na,/,write,all,count", "<contract>:2: rule"),
+        ("2,monitortimeframe,1s\n1a,/,write,all,count,1", "<contract>:2: LABEL '1a'"),
+        ("2,monitortimeframe,1s\na,/,write,all,count,1\na,/,read,all,count,1", "<contract>:3: LABEL 'a'"),
+        ("2,monitortimeframe,1s\na,scratch,write,all,count,1", "<contract>:2: PATH 'scratch'"),
+        ("2,monitortimeframe,1s\na,/,mmap,all,count,1", "<contract>:2: CALLTYPE 'mmap'"),
+        ("2,monitortimeframe,1s\na,/,write,big,count,1", "<contract>:2: SIZERANGE 'big'"),
+        ("2,monitortimeframe,1s\na,/,write,1MB-4kB,count,1", "<contract>:2: SIZERANGE '1MB-4kB'"),
+        ("2,monitortimeframe,1s\na,/,write,all,median,1", "<contract>:2: MEASUREMENT 'median'"),
+        ("2,monitortimeframe,1s\na,/,write,all,mean-latency,1B", "<contract>:2: THRESHOLD '1B'"),
+        ("2,monitortimeframe,1s\na,/,write,all,bandwidth,1us", "<contract>:2: THRESHOLD '1us'"),
+        ("2,monitortimeframe,1s\na,/,write,all,count,1kB", "<contract>:2: THRESHOLD '1kB'"),
+    ],
+)
+def test_malformed_contract_names_line_and_field(text: str, message: str) -> None:
+    with pytest.raises(ContractError) as info:
+        parse_contract(text)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_rule_matching_by_path_and_size() -> None:
+    contract = parse_contract("2,monitortimeframe,1s\na,/scratch/in,write,4kB-1MB,count,1\nb,/,all,all,count,1\n")
+    a, b = contract.rules
+    assert rule_matches(a, "/scratch/in", "write", 13)  # [4096, 8192)
+    assert rule_matches(a, "/scratch/in/x", "write", 20)  # [512 KiB, 1 MiB)
+    assert not rule_matches(a, "/scratch/inbox", "write", 13)
+    assert not rule_matches(a, "/scratch/in", "write", 12)  # [2048, 4096)
+    assert not rule_matches(a, "/scratch/in", "write", 21)  # [1 MiB, 2 MiB)
+    assert not rule_matches(a, "/scratch/in", "read", 13)
+    assert rule_matches(b, "", "fsync", -1)  # "/" is every call, sockets included
+
+
+def profile_with(calls: dict[str, Any] | None, duration: float = 30.0, **counters: int) -> StageProfile:
+    return StageProfile(stage="download", outcome="ok", started_at=1_700_000_000.0, duration_s=duration,
+                        calls=calls, **counters)
+
+
+def writes(count: int, size_class: int, mean_ns: int, path: str = "/scratch/in") -> dict[tuple[str, str, int], Stats]:
+    nbytes = count * (1 << (size_class - 1))
+    return {(path, "write", size_class): Stats(count, nbytes, count * mean_ns, mean_ns // 2, mean_ns * 3,
+                                               {mean_ns.bit_length() - 1: count})}
+
+
+def test_case_study_from_probe_figures() -> None:
+    cells = writes(1000, 13, 5000)
+    calls = calls_dict("ebpf", cells, [(0.0, cells)], filter_text="t", duration_s=30, interval_s=1.0)
+    results = evaluate_stage(parse_contract(CASE_STUDY), profile_with(calls))
+    assert [(r["label"], r["value"], r["unit"], r["frame"], r["source"]) for r in results] == [
+        ("mean_lat_write", 5.0, "us", 0, "ebpf"),
+        ("num_write", 1000.0, "calls", 0, "ebpf"),
+        ("total_write", 4096000.0, "B", 0, "ebpf"),
+    ]
+    lines = format_results(results)
+    assert lines[0].startswith("mean_lat_write") and "5 us" in lines[0]
+
+
+def test_time_frames_and_threshold_filter() -> None:
+    busy = writes(3000, 13, 2000)
+    idle = writes(10, 13, 2000)
+    frames = [(0.0, busy), (1.0, idle), (2.5, busy)]  # interval frames; contract frames of 1 s
+    total: dict[tuple[str, str, int], Stats] = {}
+    for _t, cells in frames:
+        for key, stats in cells.items():
+            total.setdefault(key, Stats()).add(stats)
+    calls = calls_dict("interpose", total, frames, filter_text="t", duration_s=3.0, interval_s=0.5)
+    contract = parse_contract("2,monitortimeframe,1s\nmany,/,write,all,count,1k\n")
+    results = evaluate_stage(contract, profile_with(calls, duration=3.0))
+    assert [(r["frame"], r["value"], r["start_s"], r["end_s"]) for r in results] == [
+        (0, 3000.0, 0.0, 1.0),
+        (2, 3000.0, 2.0, 3.0),
+    ]  # frame 1 (10 writes) is below the 1k threshold: not reported
+
+
+def test_procfs_fallback_without_a_probe() -> None:
+    profile = profile_with(None, write_calls=1234, write_bytes=5_000_000, read_calls=7, read_bytes=70)
+    results = evaluate_stage(parse_contract(CASE_STUDY), profile)
+    by_label = {r["label"]: r for r in results}
+    assert by_label["num_write"]["value"] == 1234
+    assert by_label["total_write"]["value"] == 5_000_000
+    assert by_label["num_write"]["source"] == "procfs"
+    assert by_label["mean_lat_write"]["value"] is None
+    assert by_label["mean_lat_write"]["note"] == LATENCY_UNAVAILABLE
+    assert "unavailable (static binary, no eBPF)" in format_results(results)[0]
+
+
+def test_procfs_fallback_cannot_answer_paths_or_sizes() -> None:
+    contract = parse_contract("2,monitortimeframe,1s\na,/scratch,write,all,count,1\nb,/,fsync,all,count,1\n")
+    results = evaluate_stage(contract, profile_with(None, write_calls=5))
+    assert [r["value"] for r in results] == [None, None]
+    assert all("per-call probe" in r["note"] for r in results)
+
+
+def test_contract_values_as_emf_with_stage_dimension() -> None:
+    profile = profile_with(None, write_calls=1234, write_bytes=5_000_000)
+    results = evaluate_stage(parse_contract(CASE_STUDY), profile)
+    profile = StageProfile(**{**profile.__dict__, "contract": results})
+    (line,) = contract_documents(profile, namespace="IoBatchTest")
+    doc = json.loads(line)
+    directive = doc["_aws"]["CloudWatchMetrics"][0]
+    assert directive["Namespace"] == "IoBatchTest"
+    assert directive["Dimensions"] == [["Stage"]]
+    assert {m["Name"]: m["Unit"] for m in directive["Metrics"]} == {"num_write": "Count", "total_write": "Bytes"}
+    assert doc["Stage"] == "download"
+    assert doc["num_write"] == 1234.0 and doc["total_write"] == 5_000_000.0
+    assert contract_documents(profile_with(None)) == []

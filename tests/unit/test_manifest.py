@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import io
+
+import pytest
+
+from pipeline.errors import ManifestError, UsageError
+from pipeline.manifest import (
+    OFFSET,
+    FrozenManifestWriter,
+    ManifestEntry,
+    array_jobs,
+    children_for,
+    index_range,
+    is_image_key,
+    parse_index_range,
+    parse_line,
+    parse_manifest,
+    shard_bounds,
+)
+
+pytestmark = pytest.mark.unit
+
+
+def test_parse_key_and_uri_forms() -> None:
+    assert parse_line('{"key": "a/b.png"}', bucket="in", where="m line 1") == ManifestEntry("a/b.png")
+    assert parse_line('{"uri": "s3://in/a/c.png", "size": 7}', bucket="in", where="x") == ManifestEntry("a/c.png", 7)
+    assert parse_line("   \n", bucket="in", where="x") is None
+
+
+@pytest.mark.parametrize(
+    ("line", "fragment"),
+    [
+        ("not json", "m line 3 is not JSON"),
+        ("[1, 2]", "is not a JSON object"),
+        ('{"size": 3}', "names no object"),
+        ('{"key": ""}', "names no object"),
+        ('{"key": "dir/"}', "names no object"),
+        ('{"uri": "s3://other/a.png"}', "outside the input bucket in"),
+        ('{"uri": "http://x/a.png"}', "is not an s3:// URI"),
+        ('{"key": "a.png", "size": -1}', "is not a byte count"),
+        ('{"key": "a.png", "size": true}', "is not a byte count"),
+    ],
+)
+def test_bad_lines_name_the_line(line: str, fragment: str) -> None:
+    with pytest.raises(ManifestError) as caught:
+        parse_line(line, bucket="in", where="m line 3")
+    assert fragment in caught.value.headline
+    assert "\n" not in caught.value.headline
+
+
+def test_parse_manifest_counts_lines_from_one() -> None:
+    lines = ['{"key": "a"}\n', "\n", "oops\n"]
+    with pytest.raises(ManifestError, match="s3://b/m.jsonl line 3 is not JSON"):
+        list(parse_manifest(lines, bucket="b", source="s3://b/m.jsonl"))
+
+
+def test_image_keys_skip_markers_and_own_files() -> None:
+    assert is_image_key("img/a.png", "img/")
+    assert not is_image_key("img/", "img/")
+    assert not is_image_key("img/sub/", "img/")
+    assert not is_image_key("img/_batch/manifest.jsonl", "img/")
+    assert not is_image_key("img/_SUCCESS", "img/")
+
+
+def test_sharding_covers_every_entry_once() -> None:
+    total, per = 23, 5
+    children = children_for(total, per)
+    assert children == 5
+    covered = [i for c in range(children) for i in range(*shard_bounds(c, per, total))]
+    assert covered == list(range(total))
+    assert shard_bounds(7, per, total) == (23, 23)
+    with pytest.raises(UsageError):
+        children_for(10, 0)
+
+
+def test_array_jobs_respect_the_batch_limit() -> None:
+    assert array_jobs(1) == [(0, 1)]
+    assert array_jobs(10_000) == [(0, 10_000)]
+    assert array_jobs(25_001) == [(0, 10_000), (10_000, 10_000), (20_000, 5_001)]
+    assert sum(size for _, size in array_jobs(123_457)) == 123_457
+
+
+def test_frozen_index_gives_each_child_its_own_lines() -> None:
+    body, index = io.BytesIO(), io.BytesIO()
+    writer = FrozenManifestWriter(body, index, per_child=3)
+    entries = [ManifestEntry(f"k/{i}.png", i) for i in range(8)]
+    for entry in entries:
+        writer.add(entry)
+    assert writer.close() == 3
+    assert len(index.getvalue()) == 4 * OFFSET.size  # children + 1 offsets
+    for child in range(3):
+        start, end = index_range(child)
+        lo, hi = parse_index_range(index.getvalue()[start:end], child)
+        lines = body.getvalue()[lo:hi].splitlines()
+        got = [parse_line(line, bucket="b", where="t") for line in lines]
+        assert got == entries[child * 3:(child + 1) * 3]
+    start, end = index_range(3)
+    with pytest.raises(ManifestError, match="no entry for child 3"):
+        parse_index_range(index.getvalue()[start:end], 3)

@@ -1,0 +1,271 @@
+"""The HTML report: what it reads, what it finds, what it holds (rendering in a browser is functional)."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import plotly
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from profiling import emf, runfiles
+from profiling.metrics import METRICS, METRICS_BY_NAME, MIB, STAGES, StageProfile, TimelinePoint
+from profiling.report import (
+    STAGE_PLOTS,
+    DamagedInputError,
+    Entry,
+    ReportData,
+    ReportInputError,
+    downsample,
+    find_bad_apples,
+    load_run_dir,
+    parse_since,
+    profile_from_emf,
+    profiles_from_emf_lines,
+    render_html,
+    stage_figures,
+    write_report,
+)
+
+pytestmark = pytest.mark.unit
+
+# MiB/s per stage for the normal children: rates a st1-backed child sees.
+RATES = {"download": [240.0, 232.0, 251.0, 228.0, 245.0, 238.0], "process": [44.0, 46.0, 43.0, 45.0, 47.0, 44.5],
+         "upload": [91.0, 88.0, 95.0, 90.0, 86.0, 93.0]}
+MIB_MOVED = {"download": 125, "process": 125, "upload": 20}
+T0 = float(int(time.time()) - 3600)  # EMF refuses timestamps older than 14 days
+
+
+def profile(stage: str, child: int, rate_mib_s: float, *, instance: str = "i-0a", outcome: str = "ok",
+            device: bool = True, contract: list[dict[str, object]] | None = None) -> StageProfile:
+    duration = MIB_MOVED[stage] / rate_mib_s
+    steps = 5
+    return StageProfile(
+        stage=stage, outcome=outcome, started_at=T0 + child * 10 + STAGES.index(stage) * 3,
+        duration_s=duration, read_bytes=MIB_MOVED[stage] * MIB, write_bytes=MIB_MOVED[stage] * MIB // 2,
+        read_calls=1000, write_calls=800, items=5,
+        device="xvdb" if device else None,
+        device_write_latency_ms=4.0 if device else None, device_queue_depth=1.5 if device else None,
+        peak_dirty_bytes=300 * MIB, dirty_threshold_bytes=2400 * MIB, io_stall_some_ms=40.0,
+        properties={"JobId": f"job-1:{child}", "ArrayIndex": str(child), "InstanceId": instance, "Pipeline": "p"},
+        contract=contract or [],
+        timeline=[TimelinePoint(t=(i + 1) * duration / steps, read_bps=rate_mib_s * MIB, write_bps=0.0,
+                                device_write_bps=None, device_queue_depth=None, dirty_bytes=i * MIB,
+                                writeback_bytes=0, io_stall_some_ms=float(i)) for i in range(steps)],
+    )
+
+
+def write_run(run_dir: Path, slow: int | None = None, **kwargs: object) -> list[StageProfile]:
+    """Six children; child `slow` downloads at a fifth of the rate."""
+    (run_dir / runfiles.PROFILES).mkdir(parents=True)
+    written = []
+    for child in range(6):
+        lines = []
+        for stage in STAGES:
+            rate = RATES[stage][child] * (0.2 if child == slow and stage == "download" else 1)
+            p = profile(stage, child, rate, **kwargs)  # type: ignore[arg-type]
+            written.append(p)
+            lines.append(json.dumps(p.to_dict()))
+        runfiles.profile_path(run_dir, f"part-{child:05d}").write_text("\n".join(lines) + "\n")
+    return written
+
+
+def test_slow_child_is_the_only_bad_apple(tmp_path: Path) -> None:
+    write_run(tmp_path, slow=4)
+    apples = find_bad_apples(load_run_dir(tmp_path))
+    assert [(a.stage, a.scope, a.name) for a in apples] == [("download", "child", "child 4")]
+    # the median of 49, 228, 232, 238, 240, 251 MiB/s is 235
+    assert apples[0].outlier.ratio == pytest.approx(0.2 * 245 / 235)
+
+
+def test_no_bad_apple_in_an_even_run(tmp_path: Path) -> None:
+    write_run(tmp_path)
+    assert find_bad_apples(load_run_dir(tmp_path)) == []
+
+
+def test_a_slow_instance_is_found_across_its_children() -> None:
+    entries = []
+    for n in range(8):
+        instance = f"i-{n // 2}"  # two children per instance
+        rate = 240.0 + n if instance != "i-3" else 30.0 + n
+        entries.append(Entry(f"child {n}", profile("download", n, rate, instance=instance), instance))
+    apples = find_bad_apples(ReportData(entries=entries, source="test", has_timelines=True))
+    assert ("instance", "i-3") in [(a.scope, a.name) for a in apples]
+    assert {a.name for a in apples if a.scope == "child"} == {"child 6", "child 7"}
+
+
+def test_a_failed_stage_does_not_count_as_slow() -> None:
+    entries = [Entry(f"child {n}", profile("upload", n, 90.0 + n), None) for n in range(5)]
+    entries.append(Entry("child 5", profile("upload", 5, 1.0, outcome="failed"), None))
+    assert find_bad_apples(ReportData(entries=entries, source="test", has_timelines=True)) == []
+
+
+def test_html_is_self_contained_with_one_plotly_copy(tmp_path: Path) -> None:
+    write_run(tmp_path, slow=1)
+    out = write_report(tmp_path)
+    assert out == tmp_path / runfiles.REPORT
+    text = out.read_text(encoding="utf-8")
+    banner = plotly.offline.get_plotlyjs()[:200]
+    assert text.count(banner) == 1
+    assert re.search(r"<script[^>]+src=", text) is None
+    assert "<link" not in text
+    assert len(text) < 6_000_000  # one plotly.js (~4.8 MB) and the figures
+
+
+def test_html_has_every_stage_section_plot_and_timeline(tmp_path: Path) -> None:
+    write_run(tmp_path, slow=1)
+    text = write_report(tmp_path, tmp_path / "elsewhere" / "r.html").read_text(encoding="utf-8")
+    for stage in STAGES:
+        assert f"id='stage-{stage}'" in text
+        for plot_id, _, _ in STAGE_PLOTS:
+            assert f'id="plot-{stage}-{plot_id}"' in text
+    assert len(re.findall(r'id="timeline-\d+"', text)) == 6
+    assert "data-name='child 1'" in text  # the bad-apple row
+    assert text.index("<h3>child 1 <span class=flag>(bad apple)</span>") < text.index("<h3>child 0")
+
+
+def test_plots_take_labels_and_scales_from_metrics() -> None:
+    tput = METRICS_BY_NAME["Throughput"]
+    entries = [Entry(f"child {n}", profile("download", n, r), None) for n, r in enumerate(RATES["download"])]
+    figures = dict(stage_figures(entries, {"child 2"}))
+    fig = figures["throughput"]
+    assert fig.layout.yaxis.title.text == tput.label
+    assert tput.display_unit in fig.layout.title.text
+    assert list(fig.data[0].y) == pytest.approx(RATES["download"])  # bytes/s shown in MiB/s
+    assert fig.data[0].marker.color[2] == "#d62728" and fig.data[0].marker.color[0] != "#d62728"
+    dirty = figures["dirty"]
+    assert [t.name for t in dirty.data] == [METRICS_BY_NAME["PeakDirtyBytes"].label,
+                                            METRICS_BY_NAME["DirtyThresholdBytes"].label]
+    assert list(dirty.data[1].y) == [2400.0] * 6
+
+
+def test_a_metric_the_run_did_not_measure_gets_a_no_data_plot() -> None:
+    entries = [Entry(f"child {n}", profile("upload", n, 90.0, device=False), None) for n in range(3)]
+    figures = dict(stage_figures(entries, set()))
+    assert len(figures) == len(STAGE_PLOTS)
+    assert len(figures["write-latency"].data) == 0
+    assert figures["write-latency"].layout.annotations[0].text.startswith("no data")
+    assert len(figures["throughput"].data) == 1
+
+
+def test_emf_round_trip_keeps_every_metric() -> None:
+    original = profile("download", 3, 200.0)
+    (line,) = emf.serialize(original)
+    back = profile_from_emf(json.loads(line))
+    assert back is not None
+    for spec in METRICS:
+        assert back.value(spec) == pytest.approx(original.value(spec)), spec.name
+    assert back.properties["ArrayIndex"] == "3" and back.stage == "download" and back.device == "xvdb"
+    assert back.started_at == pytest.approx(original.started_at, abs=0.002)  # EMF timestamps are in ms
+    assert back.timeline == []
+
+
+def test_emf_lines_skip_other_output_and_name_a_broken_line() -> None:
+    line = emf.serialize(profile("upload", 0, 90.0))[0]
+    other_namespace = line.replace('"IoBatch"', '"Other"')
+    lines = ["starting job", line, '{"not": "emf"}', other_namespace]
+    assert [p.stage for p in profiles_from_emf_lines(lines, where="x")] == ["upload"]
+    with pytest.raises(DamagedInputError, match=r"^part\.emf:2: not an EMF document"):
+        profiles_from_emf_lines([line, '{"broken'], where="part.emf")
+
+
+def test_emf_only_run_says_there_are_no_timelines(tmp_path: Path) -> None:
+    (tmp_path / runfiles.EMF).mkdir()
+    for child in range(4):
+        lines = [emf.serialize(profile(stage, child, RATES[stage][child]))[0] for stage in STAGES]
+        runfiles.emf_path(tmp_path, f"part-{child:05d}").write_text("\n".join(lines) + "\n")
+    data = load_run_dir(tmp_path)
+    assert not data.has_timelines and len(data.entries) == 12
+    text = render_html(data)
+    assert "id=no-timelines" in text and 'id="timeline-' not in text
+    assert 'id="plot-upload-io-stall"' in text
+
+
+def test_contract_results_and_advice_are_rendered() -> None:
+    rules = [{"rule": "Throughput >= 100 MiB/s", "passed": False, "value": 42.0}]
+    entries = [Entry(f"child {n}", profile("download", n, 240.0, contract=rules if n == 1 else []), None)
+               for n in range(3)]
+    data = ReportData(entries=entries, source="test", has_timelines=True)
+
+    @dataclass
+    class Advice:
+        volume: str
+        settings: dict[str, int]
+
+    text = render_html(data, advice=Advice("gp3 <500 GiB>", {"vm.dirty_bytes": 1 << 30}))
+    assert "0 passed, <span class=flag>1 broken</span>" in text
+    assert "<tr class=bad><td class=l>child 1</td><td class=l>download</td>" in text
+    assert "gp3 &lt;500 GiB&gt;" in text and "vm.dirty_bytes" in text
+    assert "No recommendation was given" in render_html(data)
+
+
+def test_downsample_keeps_peaks() -> None:
+    points = [TimelinePoint(t=float(i), read_bps=float(i % 4), write_bps=0.0, device_write_bps=None,
+                            device_queue_depth=None, dirty_bytes=100 if i == 5 else 0, writeback_bytes=0,
+                            io_stall_some_ms=None) for i in range(10)]
+    small = downsample(points, 3)  # buckets of 4: [0-3] [4-7] [8-9]
+    assert [p.t for p in small] == [3.0, 7.0, 9.0]
+    assert [p.dirty_bytes for p in small] == [0, 100, 0]
+    assert [p.read_bps for p in small] == [3.0, 3.0, 1.0]
+    assert small[0].device_write_bps is None
+    assert downsample(points, 50) == points
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("90s", 90), ("30m", 1800), ("1h", 3600), ("2d", 172800),
+                                               ("45", 45), (" 1.5H ", 5400)])
+def test_parse_since(text: str, seconds: float) -> None:
+    assert parse_since(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "h", "0", "-1h", "1w", "nan"])
+def test_parse_since_rejects(text: str) -> None:
+    with pytest.raises(ReportInputError, match="is not a duration"):
+        parse_since(text)
+
+
+def test_a_missing_or_empty_run_dir_is_a_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(ReportInputError, match="does not exist"):
+        load_run_dir(tmp_path / "nope")
+    with pytest.raises(ReportInputError, match="holds no profiles/"):
+        load_run_dir(tmp_path)
+
+
+# ---- the command -------------------------------------------------------------------------------------
+
+runner = CliRunner()
+
+
+def test_cli_writes_the_report(tmp_path: Path) -> None:
+    write_run(tmp_path / "run", slow=0)
+    advice = tmp_path / "advice.json"
+    advice.write_text(json.dumps({"volume": "gp3", "why": "st1 credits ran out"}))
+    result = runner.invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html"),
+                                 "--advice", str(advice)])
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == f"report: {tmp_path / 'r.html'}"
+    assert "st1 credits ran out" in (tmp_path / "r.html").read_text(encoding="utf-8")
+
+
+def test_cli_bad_input_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
+    missing = runner.invoke(app, ["report", str(tmp_path / "nope")])
+    assert missing.exit_code == 64
+    assert missing.output.count("\n") == 1 and missing.output.startswith("error: run directory")
+
+    both = runner.invoke(app, ["report", str(tmp_path), "--from-cloudwatch", "g"])
+    assert both.exit_code == 64 and "not both" in both.output
+
+    since = runner.invoke(app, ["report", "--from-cloudwatch", "g", "--since", "soon"])
+    assert since.exit_code == 64 and "--since 'soon' is not a duration" in since.output
+
+    written = write_run(tmp_path / "run")
+    damaged = runfiles.profile_path(tmp_path / "run", "part-00002")
+    damaged.write_text(json.dumps(replace(written[0], stage="download").to_dict()) + "\n{oops\n")
+    broken = runner.invoke(app, ["report", str(tmp_path / "run")])
+    assert broken.exit_code == 65
+    assert broken.output.startswith(f"error: {damaged}:2: not a profile")
+    assert "Traceback" not in broken.output

@@ -1,0 +1,53 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipeline.errors import UsageError
+from pipeline.settings import ENV, JobSettings, S3Uri, parse_train_size
+
+pytestmark = pytest.mark.unit
+
+BASE = {ENV.INPUT: "s3://in-bucket/images", ENV.OUTPUT: "s3://out-bucket/train/", ENV.IMAGES_PER_CHILD: "4"}
+
+
+def test_from_env_reads_the_batch_contract() -> None:
+    env = {**BASE, ENV.ARRAY_INDEX: "3", ENV.ARRAY_OFFSET: "10000", ENV.JOB_ID: "abc:3",
+           ENV.SCRATCH: "/mnt/s", ENV.TRAIN_SIZE: "64x48", ENV.FORCE: "1"}
+    s = JobSettings.from_env(env)
+    assert s.input == S3Uri("in-bucket", "images/")
+    assert s.array_index == 10003
+    assert s.child == "part-10003"
+    assert s.work_dir == Path("/mnt/s/part-10003")
+    assert s.socket_path == Path("/mnt/s/part-10003/profiler.sock")
+    assert s.train_size == (64, 48)
+    assert s.force and not s.skip_bad_images
+    assert str(s.child_output) == "s3://out-bucket/train/part-10003/"
+
+
+def test_to_env_round_trips() -> None:
+    s = JobSettings.from_env({**BASE, ENV.ARRAY_INDEX: "2", ENV.S3_ENDPOINT: "http://127.0.0.1:9"})
+    assert JobSettings.from_env(s.to_env()) == s
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        ({ENV.INPUT: ""}, "IOBATCH_INPUT is not set"),
+        ({ENV.INPUT: "bucket/prefix"}, "is not an S3 URI"),
+        ({ENV.IMAGES_PER_CHILD: "zero"}, "is not a whole number"),
+        ({ENV.IMAGES_PER_CHILD: "0"}, "is below 1"),
+        ({ENV.ARRAY_INDEX: "-1"}, "is below 0"),
+        ({ENV.TRAIN_SIZE: "big"}, "is not a size"),
+    ],
+)
+def test_bad_variables_name_the_variable(change: dict[str, str], fragment: str) -> None:
+    with pytest.raises(UsageError, match=fragment):
+        JobSettings.from_env({**BASE, **change})
+
+
+def test_train_size_parses() -> None:
+    assert parse_train_size(" 640 x 480 ") == (640, 480)
+    with pytest.raises(UsageError):
+        parse_train_size("4x4")

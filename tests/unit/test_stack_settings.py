@@ -1,0 +1,52 @@
+"""infra.settings.StackSettings: CDK context in, validated settings out (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.settings import CONTEXT_KEYS, SettingsError, StackSettings
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults() -> None:
+    settings = StackSettings.from_context({})
+    assert settings == StackSettings()
+    assert (settings.volume_type, settings.volume_size_gib, settings.vcpus_per_job) == ("st1", 500, 2)
+    assert settings.memory_per_job_mib == 7168
+    assert settings.host.sysctls() == {"vm.dirty_ratio": "30", "vm.dirty_background_ratio": "20"}
+
+
+def test_round_trip_through_context() -> None:
+    settings = StackSettings.from_context({
+        "pipelineName": "camera-prep", "volumeType": "gp3", "volumeSizeGiB": 300, "volumeIops": 5000,
+        "volumeThroughput": 400, "instanceTypes": '["m7i", "c7i.4xlarge"]', "spot": True, "maxvCpus": "64",
+        "vcpusPerJob": "4", "dirtyBytes": "2147483648", "dirtyBackgroundBytes": "536870912",
+        "vpcId": "vpc-0123456789abcdef0",
+    })
+    assert settings.instance_types == ("m7i", "c7i.4xlarge")
+    assert settings.host.dirty_bytes == 2147483648
+    assert StackSettings.from_context(settings.to_context()) == settings
+    assert set(settings.to_context()) <= set(CONTEXT_KEYS)
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({"volumeType": "standard"}, "volumeType 'standard' is not one of"),
+    ({"volumeSizeGiB": "100"}, "outside 125-16384 for st1"),
+    ({"volumeIops": "3000"}, "volumeIops applies to gp3, io1 and io2, not st1"),
+    ({"volumeType": "io2", "volumeSizeGiB": 100}, "needs volumeIops"),
+    ({"volumeType": "gp3", "volumeThroughput": "2000"}, "outside 125-1000"),
+    ({"pipelineName": "My Pipeline"}, "pipelineName 'My Pipeline'"),
+    ({"vpcId": "default"}, "vpcId 'default' is not a VPC id"),
+    ({"minvCpus": 8, "maxvCpus": 4}, "minvCpus 8 / maxvCpus 4"),
+    ({"spot": "maybe"}, "spot='maybe' is not true or false"),
+    ({"maxvCpus": "lots"}, "maxvCpus='lots' is not a whole number"),
+    ({"instanceTypes": "[m6i"}, "not a JSON list"),
+    ({"inputPrefix": "images"}, "inputPrefix 'images' is not a key prefix"),
+    ({"retryAttempts": 11}, "retryAttempts 11 is outside 1-10"),
+    ({"mountOptions": "noatime"}, "lack 'nofail'"),
+    ({"dirtyRatio": 10, "dirtyBackgroundRatio": 20}, "not below dirty_ratio=10"),
+])
+def test_bad_context_names_the_key_and_the_fix(ctx: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        StackSettings.from_context(ctx)
