@@ -110,8 +110,9 @@ def main() -> None:
     print("| probe | runs | median s | vs baseline | target |")
     print("|---|---|---|---|---|")
     for name in ("baseline", "interposer", "ebpf", "strace -c -f", "strace -f -T"):
-        if name not in results:
-            print(f"| {name} | - | - | - | not run: {no_ebpf} |")
+        if not results.get(name):
+            reason = no_ebpf if name == "ebpf" and no_ebpf else "not run (--strace-rounds 0)"
+            print(f"| {name} | - | - | - | {reason} |")
             continue
         median = statistics.median(results[name])
         target_text = f"<= {TARGETS[name]:.2f}x" if name in TARGETS else ""

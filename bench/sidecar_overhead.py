@@ -8,7 +8,8 @@
 
     python bench/sidecar_overhead.py [--rounds 5] [--images 16] [--image-mib 8] [--cpu-seconds 30]
 
-Prints a side-by-side table (markdown) for BENCHMARKS.md. Run it on a quiet machine: the ratio is only
+Prints a side-by-side table (markdown) for BENCHMARKS.md; ratios are of medians, and "paired" is the
+median of the per-round ratios. Run it on a quiet machine: the ratio is only
 as good as the noise allows, which is why the runs alternate and the medians are compared.
 """
 
@@ -31,6 +32,12 @@ from profiling import protocol  # noqa: E402
 from profiling.probes.procfs import read_cpu_ticks  # noqa: E402
 
 BATCH_LINE = re.compile(r"children done, .* in ([0-9.]+) s")
+
+
+def paired_ratio(times: dict[bool, list[float]]) -> float:
+    """Median over rounds of (with / without) within the same round: robust to the machine's load drifting
+    between rounds, which moves both runs of a round together."""
+    return statistics.median(on / off for on, off in zip(times[True], times[False], strict=True))
 
 
 def run_demo(run_dir: Path, *, sidecar: bool, images: int, image_mib: float) -> tuple[float, float]:
@@ -102,15 +109,24 @@ reporter.close()
 """
 
 
-def run_writer(work: Path, *, sidecar: bool, mib: int) -> float:
-    """Seconds the writer job's three stages took, with a sidecar at 1 Hz beside it or none."""
+WRITER_VARIANTS = {
+    "none": None,
+    "kernel counters": ["--no-call-probes"],
+    "counters + per-call probes": [],
+}
+
+
+def run_writer(work: Path, *, sidecar_args: list[str] | None, mib: int) -> float:
+    """Seconds the writer job's three stages took, with a sidecar at 1 Hz beside it (extra flags) or none."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
     sock = work / "p.sock"
+    sidecar = sidecar_args is not None
     proc = None
-    if sidecar:
+    if sidecar_args is not None:
         proc = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "sidecar", "--socket", str(sock), "--emf", str(work / "o.emf"),
-             "--scratch-dir", str(work)], cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             "--scratch-dir", str(work), *sidecar_args], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE)
         while not sock.exists():
             if proc.poll() is not None:
                 raise SystemExit("sidecar failed to start")
@@ -124,6 +140,45 @@ def run_writer(work: Path, *, sidecar: bool, mib: int) -> float:
     return float(done.stdout.strip().splitlines()[-1])
 
 
+def stage_round_trip_ms(stages: int = 30) -> float:
+    """What announcing one stage costs the job: stage_start + stage_end, each waiting for its ack."""
+    from profiling.protocol import StageReporter
+
+    with tempfile.TemporaryDirectory(prefix="iobatch-bench-") as tmp:
+        sock = Path(tmp) / "p.sock"
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "pipeline.cli", "sidecar", "--socket", str(sock), "--emf", str(Path(tmp) / "o.emf"),
+             "--scratch-dir", tmp, "--no-call-probes"],
+            cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        reporter = StageReporter(sock, connect_timeout_s=30)
+        costs = []
+        for _ in range(stages):
+            started = time.perf_counter()
+            with reporter.stage("process"):
+                pass
+            costs.append((time.perf_counter() - started) * 1000)
+        reporter.close()
+        sidecar.wait(timeout=15)
+        if not reporter.active and len((Path(tmp) / "o.emf").read_text().splitlines()) != stages:
+            raise SystemExit("the sidecar did not record every stage")
+    return statistics.median(costs)
+
+
+def snapshot_cost_ms(scratch: Path) -> float:
+    """What one sample costs: taken at every stage boundary (the job waits for it) and every interval."""
+    from profiling.probes.procfs import device_of
+    from profiling.sidecar import take_snapshot
+
+    device, _ = device_of(scratch)
+    costs = []
+    for _ in range(50):
+        started = time.perf_counter()
+        take_snapshot(os.getpid(), device)
+        costs.append((time.perf_counter() - started) * 1000)
+    return statistics.median(costs)
+
+
 def sidecar_cpu(seconds: float, interval: float) -> tuple[float, float]:
     """(% of one core the sidecar used during a stage, stage wall seconds)."""
     ticks_per_s = os.sysconf("SC_CLK_TCK")
@@ -133,7 +188,7 @@ def sidecar_cpu(seconds: float, interval: float) -> tuple[float, float]:
         env = dict(os.environ, PYTHONPATH=str(REPO))
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "pipeline.cli", "sidecar", "--socket", str(sock), "--emf", str(work / "o.emf"),
-             "--scratch-dir", str(work), "--interval", str(interval)],
+             "--scratch-dir", str(work), "--interval", str(interval), "--no-call-probes"],
             cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         while not sock.exists():
             if sidecar.poll() is not None:
@@ -167,19 +222,23 @@ def main() -> None:
 
     rows: list[tuple[str, str, str, str]] = []
     if args.workload == "writer":
-        times: dict[bool, list[float]] = {True: [], False: []}
+        series: dict[str, list[float]] = {name: [] for name in WRITER_VARIANTS}
         with tempfile.TemporaryDirectory(prefix="iobatch-bench-", dir=os.environ.get("IOBATCH_BENCH_DIR")) as tmp:
-            run_writer(Path(tmp), sidecar=True, mib=args.writer_mib)  # warm-up
+            run_writer(Path(tmp), sidecar_args=[], mib=args.writer_mib)  # warm-up
+            names = list(WRITER_VARIANTS)
             for round_ in range(args.rounds):
-                order = (True, False) if round_ % 2 == 0 else (False, True)
-                for with_sidecar in order:
-                    seconds = run_writer(Path(tmp), sidecar=with_sidecar, mib=args.writer_mib)
-                    times[with_sidecar].append(seconds)
-                    print(f"round {round_ + 1}: sidecar={'on ' if with_sidecar else 'off'} {seconds:.2f} s",
-                          file=sys.stderr, flush=True)
-        on, off = statistics.median(times[True]), statistics.median(times[False])
-        rows.append((f"writer job, {args.writer_mib} MiB, 3 stages, s (median of {args.rounds})", f"{off:.3f}",
-                     f"{on:.3f}", f"{on / off:.3f}x"))
+                shift = round_ % len(names)
+                for name in names[shift:] + names[:shift]:  # rotate the order every round
+                    seconds = run_writer(Path(tmp), sidecar_args=WRITER_VARIANTS[name], mib=args.writer_mib)
+                    series[name].append(seconds)
+                    print(f"round {round_ + 1}: {name}: {seconds:.2f} s", file=sys.stderr, flush=True)
+        base = statistics.median(series["none"])
+        for name in names[1:]:
+            on = statistics.median(series[name])
+            pair = {True: series[name], False: series["none"]}
+            rows.append((f"writer job {args.writer_mib} MiB, 3 stages, s (median of {args.rounds}): sidecar with "
+                         f"{name}", f"{base:.3f}", f"{on:.3f}",
+                         f"{on / base:.3f}x (paired: {paired_ratio(pair):.3f}x)"))
     if args.workload == "demo":
         walls: dict[bool, list[float]] = {True: [], False: []}
         batches: dict[bool, list[float]] = {True: [], False: []}
@@ -196,7 +255,13 @@ def main() -> None:
                           f"batch {batch:.2f} s", file=sys.stderr, flush=True)
         for label, data in (("demo wall s", walls), ("batch s", batches)):
             on, off = statistics.median(data[True]), statistics.median(data[False])
-            rows.append((f"{label} (median of {args.rounds})", f"{off:.2f}", f"{on:.2f}", f"{on / off:.3f}x"))
+            rows.append((f"{label} (median of {args.rounds})", f"{off:.2f}", f"{on:.2f}",
+                         f"{on / off:.3f}x (paired: {paired_ratio(data):.3f}x)"))
+    rows.append(("stage announce cost to the job (start + end acks), ms, median of 30", "0",
+                 f"{stage_round_trip_ms():.2f}", "-"))
+    snapshot_ms = snapshot_cost_ms(Path(tempfile.gettempdir()))
+    rows.append(("one snapshot (tree + diskstats + vmstat + PSI), ms, median of 50", "-", f"{snapshot_ms:.2f}",
+                 "-"))
     cpu_pct, wall = sidecar_cpu(args.cpu_seconds, args.interval)
     rows.append((f"sidecar CPU, % of one core ({args.interval:g} s interval, {wall:.0f} s stage)", "-",
                  f"{cpu_pct:.2f} %", "-"))

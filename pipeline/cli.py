@@ -273,6 +273,8 @@ def sidecar(
                                                "its block device is sampled (default: the child's work dir)."),
     namespace: str = typer.Option("", "--namespace", help="EMF namespace (default $AWS_EMF_NAMESPACE or IoBatch)."),
     contract: Path | None = typer.Option(None, "--contract", help="Contract rules evaluated per stage."),
+    call_probes: bool = typer.Option(True, "--call-probes/--no-call-probes", help="Per-call latency probes "
+                                     "(eBPF when root, LD_PRELOAD records) beside the kernel counters."),
 ) -> None:
     """Profile the job beside it: one StageProfile and one EMF document per stage (container entrypoint).
 
@@ -302,6 +304,7 @@ def sidecar(
         namespace=namespace or os.environ.get("AWS_EMF_NAMESPACE") or DEFAULT_NAMESPACE,
         properties=properties,
         contract_path=contract,
+        call_probes=call_probes,
     )
     server = Sidecar(config)
     server.install_sigterm()
@@ -334,7 +337,10 @@ def profile(
 
     from rich.console import Console
 
+    from profiling.contract import format_results
     from profiling.emf import emit_profile, sink_for
+    from profiling.probes.callstats import with_calls
+    from profiling.probes.ebpf import start_command_probe
     from profiling.sidecar import CommandNotFound, load_contract_hook, profile_command
     from profiling.table import profile_row, render_stage_table
 
@@ -345,11 +351,15 @@ def profile(
         loaded, evaluate = load_contract_hook(contract)
     except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
+    # With a contract, per-call figures (latency) come from eBPF on the command's process tree when root.
+    call_probe = start_command_probe(_profile_notice) if evaluate is not None else None
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties)
     except CommandNotFound as exc:
         raise UsageError(str(exc)) from None
-    prof = result.profile
+    finally:
+        calls = call_probe.stop() if call_probe is not None else None
+    prof = with_calls(result.profile, "ebpf", calls)
     if evaluate is not None:
         prof = dataclasses.replace(prof, contract=list(evaluate(loaded, prof)))
     if json_out is not None:
@@ -359,7 +369,16 @@ def profile(
     title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {result.returncode}; device {prof.device or '-'})"
     console = Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160)
     console.print(render_stage_table({prof.stage: profile_row(prof)}, title))
+    if evaluate is not None:
+        console.print(f"contract {contract}: values at or above each rule's threshold, per time frame",
+                      highlight=False)
+        for line in format_results(prof.contract):
+            console.print(f"  {line}", highlight=False, markup=False)
     raise typer.Exit(result.returncode)
+
+
+def _profile_notice(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr, flush=True)
 
 
 # ---- submission: submit, status (pipeline/submit.py) ------------------------------------------------
@@ -374,7 +393,8 @@ def _print_json(body: Any) -> None:
 @app.command()
 @handles_errors
 def submit(
-    manifest: str | None = typer.Option(None, "--manifest", help="s3://bucket/key.jsonl: one image a line."),
+    manifest: str | None = typer.Option(None, "--manifest", help="s3://bucket/key.jsonl: one image a line; "
+                                        "keys are in the stack's input bucket (--local: the manifest's bucket)."),
     prefix: str | None = typer.Option(None, "--prefix", help="s3://bucket/images/: every image under it."),
     images_per_job: int | None = typer.Option(None, "--images-per-job", "-k", help="Images per array child."),
     stack: str | None = typer.Option(None, "--stack", help="Deployed stack: queue, job definition, buckets."),
@@ -573,8 +593,169 @@ def report(
 # ---- tuning: advise, lab (tuning/) ------------------------------------------------------------------
 
 
+def _need(value: Any, flag: str, example: str) -> Any:
+    if value is None:
+        raise UsageError(f"{flag} is missing: give it, e.g. {flag} {example}")
+    return value
+
+
+@app.command()
+@handles_errors
+def advise(
+    inputs: list[Path] = typer.Argument(None, help="Run directories, profile .jsonl files or EMF files "
+                                        "(local, or downloaded from CloudWatch Logs)."),
+    jobs_per_instance: int | None = typer.Option(None, help="Jobs running at once on one instance "
+                                                 "(vCPUs / vcpusPerJob)."),
+    memory_gib: float | None = typer.Option(None, help="The instance type's memory in GiB."),
+    jobs_per_day: int | None = typer.Option(None, help="Jobs per instance per day (each instance has its own "
+                                            "scratch volume)."),
+    instance_ebs_mibps: float | None = typer.Option(None, help="The instance type's EBS bandwidth cap in MiB/s."),
+    kernel: str | None = typer.Option(None, help="The hosts' `uname -r`, to validate mount options "
+                                      "(default: a current kernel)."),
+    candidate: list[str] = typer.Option([], "--candidate", "-C", help="A volume to compare, repeatable: "
+                                        "TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
+                                        "throughput=250. Default: st1, sc1, gp2 and gp3 sized for the data."),
+    cache_budget_pct: float = typer.Option(40.0, help="Share of instance memory the write cache may hold."),
+    io_size_kib: int | None = typer.Option(None, help="Block I/O size to assume instead of the measured one."),
+    as_json: bool = typer.Option(False, "--json", help="Print the advice as JSON."),
+) -> None:
+    """Recommend a scratch volume, write-cache settings and mount options from a run's profiles, and print
+    the CDK context that applies them."""
+    import json
+
+    from tuning.advise import AdviseError, Plan, load_profiles, parse_candidate, render
+    from tuning.advise import advise as make_advice
+    from tuning.ebs import VolumeError
+    from tuning.host import HostTuningError
+
+    try:
+        plan = Plan(
+            jobs_per_instance=_need(jobs_per_instance, "--jobs-per-instance", "4"),
+            memory_gib=_need(memory_gib, "--memory-gib", "16"),
+            jobs_per_day=_need(jobs_per_day, "--jobs-per-day", "500"),
+            instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel, cache_budget_pct=cache_budget_pct,
+            io_size_kib=io_size_kib)
+        volumes = [parse_candidate(text) for text in candidate]
+        profiles = load_profiles(list(inputs or []))
+        result = make_advice(profiles, plan, volumes or None)
+    except (AdviseError, VolumeError, HostTuningError) as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read the profiles ({exc}): give readable run directories or files") from None
+    if as_json:
+        print(json.dumps(result.to_json(), indent=1))
+    else:
+        print(render(result))
+
+
+@app.command()
+@handles_errors
+def lab(
+    volume: str = typer.Option("st1:500", help="The volume to emulate: TYPE:SIZE_GIB[:iops=N][:throughput=M]."),
+    memory_gib: float = typer.Option(4.0, help="Act like an instance with this much memory: the dirty limits "
+                                     "are set in bytes from it (dirty_bytes)."),
+    workload: str = typer.Option("pipeline", help="pipeline (the demo batch on the lab volume) or writer "
+                                 "(plain files, the same burst)."),
+    workers: int = typer.Option(2, min=1, help="Children at once (like one task per core)."),
+    images: int = typer.Option(40, min=1, help="Images in the batch."),
+    image_mib: float = typer.Option(25.0, min=0.01, help="Approximate size of each image in MiB."),
+    images_per_child: int = typer.Option(10, min=1, help="Images each child takes."),
+    rounds: int = typer.Option(1, min=1, help="Default/tuned pairs to run, alternating."),
+    dirty_ratio: int = typer.Option(30, help="Tuned vm.dirty_ratio (of the emulated memory)."),
+    dirty_background_ratio: int = typer.Option(20, help="Tuned vm.dirty_background_ratio."),
+    time_scale: float = typer.Option(1.0, min=1.0, help="Shrink the credit bucket by this factor, so hours "
+                                     "of credits last minutes."),
+    credits_gib: float | None = typer.Option(None, help="Credits at the start, at the real volume's scale "
+                                             "(default: a full bucket)."),
+    loop_size_mib: int = typer.Option(4096, help="Size of the lab file system (sparse)."),
+    lab_dir: Path = typer.Option(Path("/var/tmp/iobatch-lab"), help="Backing file and mount point."),
+    run_dir: Path = typer.Option(Path(".iobatch/lab"), help="Run directories (S3 data, profiles) per run; "
+                                 "not on the lab volume."),
+    recover_only: bool = typer.Option(False, "--recover", help="Only clean up after a lab that crashed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
+) -> None:
+    """Emulate an st1 volume here (loop device + XFS + root blkio throttle following the credit bucket) and
+    run a batch on it under the kernel's default and the tuned write cache. Root only; every setting it
+    changes is restored on exit, Ctrl-C, SIGTERM, or by the next run after a crash."""
+    import dataclasses
+    import json
+    import time
+
+    from tuning.advise import AdviseError, parse_candidate
+    from tuning.ebs import GIB
+    from tuning.host import KERNEL_DEFAULTS, HostTuning, HostTuningError
+    from tuning.lab import Lab, LabConfig, LabError, LabInterrupted, LabRun, recover, render_comparison, write_files
+
+    if recover_only:
+        try:
+            found = recover()
+        except LabError as exc:
+            raise UsageError(str(exc)) from None
+        print("lab: cleaned up" if found else "lab: nothing to clean up")
+        return
+    if workload not in ("pipeline", "writer"):
+        raise UsageError(f"--workload {workload!r} is not pipeline or writer")
+    try:
+        tuned = HostTuning(dirty_ratio=dirty_ratio, dirty_background_ratio=dirty_background_ratio)
+        tuned.validate()
+        config = LabConfig(volume=parse_candidate(volume), lab_dir=lab_dir, loop_size_mib=loop_size_mib,
+                           time_scale=time_scale,
+                           initial_credits_mib=None if credits_gib is None else credits_gib * 1024)
+        config.validate()
+    except (AdviseError, HostTuningError, LabError) as exc:
+        raise UsageError(str(exc)) from None
+    def say(message: str) -> None:
+        # With --json, stdout carries only the JSON.
+        print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    memory = int(memory_gib * GIB)
+    children = -(-images // images_per_child)
+    burst_files = min(workers, children) * images_per_child
+    runs: list[LabRun] = []
+    try:
+        with Lab(config, say=say) as the_lab:
+            say(f"lab: emulating {memory_gib:g} GiB of memory; {workers} children at once, {images} images of "
+                  f"~{image_mib:g} MiB, {images_per_child} per child ({children} children)")
+            settings = [("default", KERNEL_DEFAULTS), ("tuned", tuned)] * rounds
+            for number, (name, tuning) in enumerate(settings, 1):
+                the_lab.drain()
+                sysctls = the_lab.apply_cache(tuning, memory)
+                before = the_lab.credits_gib
+                start = time.monotonic()
+                stages: dict[str, dict[str, float | None]] = {}
+                writer = None
+                if workload == "pipeline":
+                    from pipeline.local.demo import DemoOptions, run_demo
+
+                    scratch = the_lab.mount / f"run-{number}"
+                    scratch.mkdir()
+                    result = run_demo(DemoOptions(images=images, image_mib=image_mib,
+                                                  images_per_child=images_per_child, workers=workers,
+                                                  run_dir=run_dir / f"run-{number}-{name}", scratch_root=scratch,
+                                                  report=False), progress=False, say=lambda _: None)
+                    stages = result.summary
+                    if result.batch.failed:
+                        raise UsageError(f"lab run {number} ({name}): {len(result.batch.failed)} children failed: "
+                                         f"{result.batch.failed[0][2]}")
+                writer = write_files(the_lab, files=burst_files, file_mib=image_mib, threads=min(workers, 8),
+                                     subdir=f"writer-{number}")
+                the_lab.check()
+                runs.append(LabRun(name, sysctls, stages, time.monotonic() - start, before, the_lab.credits_gib,
+                                   the_lab.limit_mibps, writer))
+                say(f"lab: run {number} ({name}, {', '.join(f'{k}={v}' for k, v in sysctls.items())}) done in "
+                      f"{time.monotonic() - start:.1f} s; credits {before:,.1f} -> {the_lab.credits_gib:,.1f} GiB")
+    except LabError as exc:
+        raise UsageError(str(exc)) from None
+    except LabInterrupted:
+        raise KeyboardInterrupt from None
+    if as_json:
+        print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1, default=str))
+    else:
+        print(render_comparison(runs))
+
+
 def main() -> None:
-    app()
+    app(prog_name="iobatch")
 
 
 if __name__ == "__main__":

@@ -7,13 +7,19 @@ Promises:
 - A child whose `_SUCCESS` marker exists is skipped (unless IOBATCH_FORCE is set).
 - `_SUCCESS` is written last, after every output object, so no marker exists without complete outputs;
   a child killed half-way leaves none, and a rerun redoes it from the start.
-- Scratch is cleaned before the child starts and after it succeeds.
+- Scratch is cleaned before the child starts, after it succeeds, and when scratch runs full.
+- Every download is checked against the frozen manifest (size, and MD5 == ETag for single-part objects):
+  an object whose bytes changed after the batch was frozen fails the child as permanent, naming the key.
+- Outputs are uploaded with CRC32C checksums that S3 verifies; multipart uploads a killed run left under
+  the child's output prefix are aborted before the upload stage.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
+import os
 import shutil
 import signal
 import sys
@@ -24,12 +30,15 @@ from types import FrameType
 from typing import Any
 
 from pipeline import s3 as s3io
-from pipeline.errors import Interrupted, IobatchError, ScratchError
+from pipeline.errors import IntegrityError, Interrupted, IobatchError, ScratchError
 from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
 from pipeline.manifest import ManifestEntry, shard_bounds
 from pipeline.settings import JobSettings
 from pipeline.transfer import Copy, run_copies
 from profiling.protocol import StageReporter
+
+# s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
+S5CMD_RETRIES_ENV = "IOBATCH_S5CMD_RETRIES"
 
 
 def log(event: str, **fields: Any) -> None:
@@ -98,6 +107,27 @@ def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
     return listing[start:stop]
 
 
+def verify_download(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
+    """The downloaded file is the object the batch was frozen with: same size, and for a single-part
+    object (an ETag without '-') the same MD5. Raises IntegrityError (permanent) naming the key."""
+    uri = f"s3://{bucket}/{entry.key}"
+    fix = "the object changed after the batch was frozen: restore it, or submit the batch again to refreeze it"
+    size = path.stat().st_size
+    if entry.size is not None and size != entry.size:
+        raise IntegrityError(f"{uri} is {size} bytes, the batch listed {entry.size}: {fix}")
+    etag = entry.etag
+    if etag and "-" not in etag and len(etag) == 32:
+        with path.open("rb") as stream:
+            md5 = hashlib.file_digest(stream, "md5").hexdigest()
+        if md5 != etag.lower():
+            raise IntegrityError(f"{uri} has MD5 {md5}, the batch listed ETag {etag}: {fix}")
+
+
+def _s5cmd_retries() -> int | None:
+    raw = os.environ.get(S5CMD_RETRIES_ENV, "").strip()
+    return int(raw) if raw.isdigit() else None
+
+
 def local_name(key: str, position: int) -> str:
     """A flat, unique file name on scratch for an object key."""
     return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
@@ -118,18 +148,24 @@ def run_child(settings: JobSettings) -> ChildResult:
         profiled=reporter.active, scratch=str(settings.work_dir))
     outcome = "failed"
     try:
+        log("stage_start", stage="download")
         with reporter.stage("download") as stage:
             copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(incoming / local_name(e.key, i)))
                       for i, e in enumerate(entries)]
             try:
                 results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
-                                     endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers)
+                                     endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
+                                     retries=_s5cmd_retries())
             except ScratchError:
+                _clean_scratch(settings)
                 raise scratch_full(settings, "downloading") from None
+            for i, entry in enumerate(entries):
+                verify_download(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
             bytes_in = sum(r.size or 0 for r in results)
             stage.items = len(entries)
         log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
 
+        log("stage_start", stage="process")
         with reporter.stage("process") as stage:
             items = [(e.key, incoming / local_name(e.key, i)) for i, e in enumerate(entries)]
             try:
@@ -137,6 +173,7 @@ def run_child(settings: JobSettings) -> ChildResult:
                                     skip_bad_images=settings.skip_bad_images, child=settings.child)
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
+                    _clean_scratch(settings)
                     raise scratch_full(settings, "writing the shard") from None
                 raise
             stage.items = shard.images
@@ -145,15 +182,20 @@ def run_child(settings: JobSettings) -> ChildResult:
         log("stage_end", stage="process", images=shard.images, bad_images=len(shard.skipped),
             bytes=shard.shard_bytes)
 
+        log("stage_start", stage="upload")
         with reporter.stage("upload") as stage:
             out = settings.child_output
-            run_copies([Copy(str(outgoing / SHARD_NAME), str(out.join(SHARD_NAME))),
-                        Copy(str(outgoing / INDEX_NAME), str(out.join(INDEX_NAME)))],
-                       command_file=settings.work_dir / "upload.cmds",
-                       endpoint=settings.s3_endpoint, workers=2)
+            # A run killed mid-upload may have left multipart uploads behind: they cost storage until aborted.
+            orphans = s3io.abort_multipart_uploads(s3, out)
+            if orphans:
+                log("aborted_multipart_uploads", keys=orphans)
+            # boto3 rather than s5cmd here: two files, and s5cmd 2.3 cannot send CRC32C checksums.
+            checksums = {name: s3io.upload_verified(s3, str(outgoing / name), out.join(name))
+                         for name in (SHARD_NAME, INDEX_NAME)}
             # The marker goes last: its presence means every output above is complete.
             marker = {"child": settings.child, "job_id": settings.job_id, "images": shard.images,
-                      "bad_images": len(shard.skipped), "shard_bytes": shard.shard_bytes}
+                      "bad_images": len(shard.skipped), "shard_bytes": shard.shard_bytes,
+                      "crc32c": checksums}
             s3io.put_bytes(s3, success, json.dumps(marker, sort_keys=True).encode())
             stage.items = shard.images
         log("stage_end", stage="upload", images=shard.images, bytes=shard.shard_bytes + shard.index_bytes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from pipeline.errors import ManifestError, UsageError
@@ -35,11 +35,16 @@ FROZEN_INDEX = "_batch/manifest.idx"
 class ManifestEntry:
     key: str
     size: int | None = None
+    # The object's ETag (unquoted) when the batch was frozen from a listing: a download is checked
+    # against it (MD5 for single-part objects). Not part of equality: it describes the bytes, not the entry.
+    etag: str | None = field(default=None, compare=False)
 
     def to_line(self) -> bytes:
         body: dict[str, object] = {"key": self.key}
         if self.size is not None:
             body["size"] = self.size
+        if self.etag is not None:
+            body["etag"] = self.etag
         return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
@@ -71,7 +76,11 @@ def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry |
     size = body.get("size")
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
         raise ManifestError(f"{where}: size {size!r} is not a byte count")
-    return ManifestEntry(key, size)
+    etag = body.get("etag")
+    if etag is not None and (not isinstance(etag, str) or not etag.strip('"')):
+        raise ManifestError(f"{where}: etag {etag!r} is not an ETag: give the object's ETag as a string "
+                            "or leave it out")
+    return ManifestEntry(key, size, etag.strip('"') if isinstance(etag, str) else None)
 
 
 def parse_manifest(lines: Iterable[str | bytes], *, bucket: str, source: str) -> Iterator[ManifestEntry]:

@@ -6,6 +6,7 @@ pipeline.errors so that callers see one line that names the bucket or key.
 
 from __future__ import annotations
 
+import base64
 import io
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -13,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
+from awscrt import checksums
+from boto3.exceptions import S3UploadFailedError
+from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -27,6 +31,7 @@ from pipeline.errors import (
     MissingObjectError,
     PermanentError,
     RetryableError,
+    TransferError,
     UsageError,
 )
 from pipeline.manifest import (
@@ -86,6 +91,17 @@ def translate(exc: Exception, *, what: str) -> Exception:
         if code in _RETRYABLE_CODES:
             return RetryableError(f"S3 answered {code} for {what}: retry later")
         return PermanentError(f"S3 answered {code} for {what}: {exc.response.get('Error', {}).get('Message', '')}")
+    if isinstance(exc, S3UploadFailedError):
+        # boto3 wraps the last ClientError's text; permanent codes stay permanent.
+        text = str(exc)
+        for code in _CREDENTIAL_CODES:
+            if f"({code})" in text:
+                return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
+        if "(NoSuchBucket)" in text:
+            return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
+        if "(BadDigest)" in text or "(InvalidDigest)" in text:
+            return TransferError(f"S3 rejected the upload of {what} as corrupt in transit (BadDigest): retry")
+        return TransferError(f"uploading {what} failed: {text[:200]}")
     if isinstance(exc, BotoCoreError):
         return RetryableError(f"S3 request for {what} failed: {exc}")
     return exc
@@ -128,7 +144,8 @@ def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:
         for page in paginator.paginate(Bucket=prefix.bucket, Prefix=prefix.key):
             for item in page.get("Contents", []):
                 if is_image_key(item["Key"], prefix.key):
-                    yield ManifestEntry(item["Key"], int(item["Size"]))
+                    etag = str(item.get("ETag") or "").strip('"') or None
+                    yield ManifestEntry(item["Key"], int(item["Size"]), etag)
     except (ClientError, BotoCoreError) as exc:
         raise translate(exc, what=str(prefix)) from None
 
@@ -190,3 +207,48 @@ def read_child_entries(s3: Any, manifest: S3Uri, child: int, *, bucket: str) -> 
         return [entry for entry in found if entry is not None]
     raise MissingObjectError(f"{index_uri} does not exist: submit the batch with `iobatch submit`/`run`, "
                              "which freezes the manifest and its index")
+
+
+UPLOAD_CONFIG = TransferConfig(multipart_threshold=64 << 20, multipart_chunksize=64 << 20, max_concurrency=4)
+
+
+def file_crc32c(path: str) -> str:
+    """The base64 CRC32C of a file, as S3 reports it in ChecksumCRC32C."""
+    crc = 0
+    with open(path, "rb") as stream:
+        while block := stream.read(1 << 20):
+            crc = checksums.crc32c(block, crc)
+    return base64.b64encode(crc.to_bytes(4, "big")).decode()
+
+
+def upload_verified(s3: Any, path: str, uri: S3Uri, *, config: TransferConfig = UPLOAD_CONFIG) -> str:
+    """Upload a file with a CRC32C additional checksum; return the checksum.
+
+    S3 verifies the checksum of every request body (BadDigest when bytes change in transit). Afterwards
+    the stored whole-object CRC32C is compared with the local one; a multipart object carries a
+    composite checksum of its parts instead (each part already verified by S3), so it is not compared.
+    """
+    local = file_crc32c(path)
+    try:
+        s3.upload_file(path, uri.bucket, uri.key, ExtraArgs={"ChecksumAlgorithm": "CRC32C"}, Config=config)
+        head = s3.head_object(Bucket=uri.bucket, Key=uri.key, ChecksumMode="ENABLED")
+    except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
+        raise translate(exc, what=str(uri)) from None
+    stored = str(head.get("ChecksumCRC32C") or "")
+    if stored and "-" not in stored and stored != local:
+        raise TransferError(f"{uri} was stored with CRC32C {stored}, the file has {local}: it will be uploaded again")
+    # An endpoint that keeps no additional checksums (some S3 look-alikes) still verified the body in transit.
+    return local
+
+
+def abort_multipart_uploads(s3: Any, prefix: S3Uri) -> list[str]:
+    """Abort every unfinished multipart upload under `prefix` (left by a killed run); return their keys."""
+    aborted: list[str] = []
+    try:
+        for page in s3.get_paginator("list_multipart_uploads").paginate(Bucket=prefix.bucket, Prefix=prefix.key):
+            for upload in page.get("Uploads", []) or []:
+                s3.abort_multipart_upload(Bucket=prefix.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted.append(str(upload["Key"]))
+    except (ClientError, BotoCoreError) as exc:
+        raise translate(exc, what=str(prefix)) from None
+    return aborted

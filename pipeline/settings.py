@@ -52,6 +52,10 @@ class S3Uri:
     def parse(cls, text: str, *, what: str) -> S3Uri:
         match = _S3_URI.match(text.strip())
         if not match:
+            if text.strip().startswith("s3://"):
+                bucket = text.strip()[len("s3://"):].split("/", 1)[0]
+                raise UsageError(f"{what} {text!r}: bucket name {bucket!r} is not valid (3-63 lowercase letters, "
+                                 "digits, dots and hyphens)")
             raise UsageError(f"{what} {text!r} is not an S3 URI: write it as s3://bucket/prefix/")
         return cls(match["bucket"], match["key"] or "")
 

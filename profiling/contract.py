@@ -34,15 +34,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aws_embedded_metrics.logger.metrics_context import MetricsContext
-from aws_embedded_metrics.serializers.log_serializer import LogSerializer
-
-from profiling.metrics import DEFAULT_NAMESPACE, StageProfile
+from profiling.metrics import METRICS_BY_NAME, StageProfile
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, cells_from_list
 
 CONTRACT_VERSION = "2"
 CALL_TYPES: tuple[str, ...] = (*CALLS, "all")
 MEASUREMENTS: tuple[str, ...] = ("count", "bandwidth", "mean-latency", "max-latency", "min-latency", "total-latency")
+PATHS_UNAVAILABLE = "unavailable: the {probe} probe does not attribute calls to paths (the interposer does)"
 LATENCY_UNAVAILABLE = "latency unavailable (static binary, no eBPF): counts and bytes are from procfs"
 
 TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
@@ -143,6 +141,8 @@ def _parse_rule(fields: list[str], line: str, source: str, number: int, labels: 
                             "expected a name of letters, digits, '_', '.', '-' starting with a letter")
     if label in labels:
         raise ContractError(source, number, "LABEL", label, "expected a label not used by an earlier rule")
+    if label in METRICS_BY_NAME:
+        raise ContractError(source, number, "LABEL", label, "expected a name that is not one of iobatch's metrics")
     labels.add(label)
     if not path.startswith("/"):
         raise ContractError(source, number, "PATH", path, "expected an absolute path prefix such as / or /scratch")
@@ -262,6 +262,9 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
             if value is None or value >= rule.threshold:
                 results.append(_row(rule, value, 0, 0.0, duration, source, note))
             continue
+        if rule.path != "/" and calls is not None and not calls.get("path_attribution", True):
+            results.append(_row(rule, None, 0, 0.0, duration, source, PATHS_UNAVAILABLE.format(probe=source)))
+            continue
         for index, cells in enumerate(frames):
             value = measure(rule, _select(rule, cells))
             if value is not None and value >= rule.threshold:
@@ -305,33 +308,12 @@ def _procfs_value(rule: Rule, profile: StageProfile) -> tuple[float | None, str 
 
 
 def contract_metrics(results: Iterable[Mapping[str, Any]]) -> list[tuple[str, float, str]]:
-    """(label, value, CloudWatch unit) for every reported value, frame by frame."""
-    return [(str(r["label"]), float(r["value"]), str(r["emf_unit"])) for r in results if r.get("value") is not None]
+    """(label, value, CloudWatch unit) for every reported value, frame by frame.
 
-
-def contract_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> MetricsContext | None:
-    """An EMF context with each rule value as a metric named by its label, dimension Stage.
-
-    A rule reported for several time frames gives one metric with several values. None when the stage
-    has no contract values.
+    profiling/emf.py puts these in the stage's EMF document: one metric per label (several values
+    when several time frames reported), dimensions Pipeline and Stage, rows in the "Contract" property.
     """
-    metrics = contract_metrics(profile.contract)
-    if not metrics:
-        return None
-    context = MetricsContext(namespace=namespace)
-    context.set_dimensions([{"Stage": profile.stage}], use_default=False)
-    for name, value, unit in metrics:
-        context.put_metric(name, value, unit)
-    for key in ("JobId", "ArrayIndex", "Pipeline"):
-        if key in profile.properties:
-            context.set_property(key, profile.properties[key])
-    return context
-
-
-def contract_documents(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-    """The EMF JSON lines for a stage's contract values ([] when it has none)."""
-    context = contract_context(profile, namespace=namespace)
-    return [] if context is None else LogSerializer.serialize(context)
+    return [(str(r["label"]), float(r["value"]), str(r["emf_unit"])) for r in results if r.get("value") is not None]
 
 
 def format_results(results: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -18,6 +18,7 @@ from typing import Protocol, TextIO
 from aws_embedded_metrics.logger.metrics_context import MetricsContext
 from aws_embedded_metrics.serializers.log_serializer import LogSerializer
 
+from profiling.contract import contract_metrics
 from profiling.metrics import DEFAULT_NAMESPACE, PROPERTY_KEYS, StageProfile, to_metrics
 
 
@@ -28,6 +29,11 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) 
                            use_default=False)
     for name, value, unit in to_metrics(profile):
         context.put_metric(name, value, unit)
+    # Contract rule values (profiling/contract.py): a metric named by each rule's label, and the rows.
+    for name, value, unit in contract_metrics(profile.contract):
+        context.put_metric(name, value, unit)
+    if profile.contract:
+        context.set_property("Contract", profile.contract)
     for key in PROPERTY_KEYS:
         if key in profile.properties:
             context.set_property(key, profile.properties[key])

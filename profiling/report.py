@@ -400,7 +400,8 @@ def _axis_title(spec: MetricSpec) -> str:
 
 
 def _shown(spec: MetricSpec, value: float | None) -> float | None:
-    return None if value is None else value / spec.scale
+    """The value in the spec's display unit, to 5 significant digits (the HTML carries every sample)."""
+    return None if value is None else float(f"{value / spec.scale:.5g}")
 
 
 def _base_layout(fig: go.Figure, title: str, height: int = 320) -> go.Figure:
@@ -535,49 +536,69 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
     fig.update_annotations(font={"size": 12})  # the subplot titles; stage labels come after
     ordered = sorted(entries, key=lambda e: e.profile.started_at)
     origin = ordered[0].profile.started_at if ordered else 0.0
-    first = True
-    for entry in ordered:
+    # Traces, shapes and labels are collected and added at once: plotly validates on every add, and
+    # one call per trace costs seconds on a large run.
+    traces: list[go.Scatter] = []
+    rows: list[int] = []
+    shapes: list[dict[str, Any]] = []
+    labels: list[dict[str, Any]] = []
+    job_peak = 0.0
+    device_peak = 0.0
+    for n, entry in enumerate(ordered):
         p = entry.profile
+        begin = p.started_at - origin
         points = downsample(p.timeline, MAX_TIMELINE_POINTS)
-        xs = [p.started_at - origin + q.t for q in points]
-        legend = {"showlegend": first}
+        xs = [round(begin + q.t, 3) for q in points]
+        first = n == 0
 
         def line(values: list[float | None], name: str, color: str, row: int, dash: str = "solid",
-                 legend: dict[str, Any] = legend, xs: list[float] = xs) -> None:
-            fig.add_trace(go.Scatter(x=xs, y=values, name=name, mode="lines",
-                                     line={"color": color, "dash": dash, "width": 1.6}, **legend),
-                          row=row, col=1)
+                 xs: list[float] = xs, first: bool = first) -> None:
+            traces.append(go.Scatter(x=xs, y=values, name=name, mode="lines", showlegend=first,
+                                     line={"color": color, "dash": dash, "width": 1.6}))
+            rows.append(row)
 
         line([_shown(tput, q.read_bps) for q in points], "read", "#1f77b4", 1)
         line([_shown(tput, q.write_bps) for q in points], "written", "#ff7f0e", 1)
+        job_peak = max([job_peak, *(max(q.read_bps, q.write_bps) for q in points)])
         if any(q.device_write_bps is not None for q in points):
-            line([_shown(tput, q.device_write_bps) for q in points], "device write", "#2ca02c", 1, "dot")
+            line([_shown(tput, q.device_write_bps) for q in points], "device write (all writers)", "#2ca02c", 1,
+                 "dot")
+            device_peak = max([device_peak, *(q.device_write_bps or 0.0 for q in points)])
         line([_shown(dirty, q.dirty_bytes) for q in points], "dirty", "#d62728", 2)
         line([_shown(wback, q.writeback_bytes) for q in points], "writeback", "#9467bd", 2)
         if p.dirty_threshold_bytes is not None:
-            end = p.started_at - origin + p.duration_s
-            fig.add_trace(go.Scatter(
-                x=[p.started_at - origin, end], y=[_shown(limit, p.dirty_threshold_bytes)] * 2,
-                name=limit.label, mode="lines", line={"color": COLORS["threshold"], "dash": "dash"},
-                **legend), row=2, col=1)
+            threshold = _shown(limit, p.dirty_threshold_bytes)
+            line([threshold, threshold], limit.label, COLORS["threshold"], 2, "dash",
+                 xs=[round(begin, 3), round(begin + p.duration_s, 3)])
         if any(q.io_stall_some_ms is not None for q in points):
             line([_shown(stall, q.io_stall_some_ms) for q in points], "io stall some", "#e377c2", 3)
-        first = False
-        fig.add_vrect(
-            x0=p.started_at - origin, x1=p.started_at - origin + p.duration_s, row="all", col=1,
-            fillcolor=STAGE_COLORS.get(p.stage, "#7f7f7f"), opacity=0.08, line_width=0,
-        )
-        fig.add_annotation(
-            x=p.started_at - origin + p.duration_s / 2, y=1.07, xref="x", yref="paper", yanchor="bottom",
-            text=f"{p.stage}" + ("" if p.outcome == "ok" else f" ({p.outcome})"), showarrow=False,
-            font={"size": 11, "color": STAGE_COLORS.get(p.stage, "#444")},
-        )
-    _base_layout(fig, "", height=520)
-    fig.update_layout(margin={"t": 80}, hovermode="x unified", legend={"y": -0.16})
-    fig.update_xaxes(title_text="seconds since the child's first stage", row=3, col=1)
-    fig.update_yaxes(title_text=tput.display_unit, rangemode="tozero", row=1, col=1)
-    fig.update_yaxes(title_text=dirty.display_unit, rangemode="tozero", row=2, col=1)
-    fig.update_yaxes(title_text=stall.display_unit, rangemode="tozero", row=3, col=1)
+        # The x axes are shared, so one band from the bottom of the figure to the top marks all rows.
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": begin, "x1": begin + p.duration_s,
+                       "y0": 0, "y1": 1, "fillcolor": STAGE_COLORS.get(p.stage, "#7f7f7f"), "opacity": 0.08,
+                       "line": {"width": 0}, "layer": "below"})
+        labels.append({
+            # staggered, so the names of two short stages side by side do not overprint
+            "x": begin + p.duration_s / 2, "y": 1.05 + 0.04 * (n % 2), "xref": "x", "yref": "paper",
+            "yanchor": "bottom", "showarrow": False,
+            "text": p.stage + ("" if p.outcome == "ok" else f" ({p.outcome})"),
+            "font": {"size": 11, "color": STAGE_COLORS.get(p.stage, "#444")},
+        })
+    fig.add_traces(traces, rows=rows, cols=[1] * len(rows))
+    top_axis: dict[str, Any] = {"title_text": tput.display_unit, "rangemode": "tozero"}
+    if job_peak > 0 and device_peak > 3 * job_peak:
+        # The device is host-wide: other writers (or a short sample's burst) would flatten the job's own
+        # lines to zero. Scale to the job; zooming out shows the rest.
+        top_axis["range"] = [0, _shown(tput, job_peak * 1.25)]
+    # One layout update: each update_* call re-validates the whole layout.
+    fig.update_layout(
+        template="plotly_white", height=520, hovermode="x unified",
+        margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"orientation": "h", "y": -0.16},
+        shapes=shapes, annotations=[*fig.layout.annotations, *labels],
+        yaxis=top_axis,
+        yaxis2={"title_text": dirty.display_unit, "rangemode": "tozero"},
+        yaxis3={"title_text": stall.display_unit, "rangemode": "tozero"},
+        xaxis3={"title_text": "seconds since the child's first stage"},
+    )
     return fig
 
 

@@ -242,6 +242,7 @@ class StageSampler:
         self.base_io = base_io
         self.started_at = time.time()
         self._snapshots: list[Snapshot] = []
+        self._closing: Snapshot | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"sampler-{stage}", daemon=True)
@@ -262,14 +263,22 @@ class StageSampler:
             if next_at < time.monotonic():  # fell behind (suspended VM): do not burst to catch up
                 next_at = time.monotonic() + self.interval_s
 
-    def finish(self, *, outcome: str, items: int | None = None, final: Snapshot | None = None,
-               properties: Mapping[str, str] | None = None) -> StageProfile:
-        """Stop sampling and build the profile. `final` replaces the closing snapshot (a command the
-        profiler waited for is read while still a zombie, before it is reaped)."""
+    def close(self, final: Snapshot | None = None) -> None:
+        """Stop sampling and take the closing snapshot (or use `final`: a command the profiler waited
+        for is read while still a zombie, before it is reaped). Cheap: the job may go on after this."""
+        if self._closing is not None:
+            return
         with self._lock:
             self._stop.set()
         self._thread.join(timeout=5)
-        snapshots = [*self._snapshots, final or take_snapshot(self.pid, self.device)]
+        self._closing = final or take_snapshot(self.pid, self.device)
+
+    def finish(self, *, outcome: str, items: int | None = None, final: Snapshot | None = None,
+               properties: Mapping[str, str] | None = None) -> StageProfile:
+        """Close (if not yet closed) and build the profile."""
+        self.close(final)
+        assert self._closing is not None
+        snapshots = [*self._snapshots, self._closing]
         return build_profile(stage=self.stage, outcome=outcome, started_at=self.started_at,
                              snapshots=snapshots, device=self.device, base_io=self.base_io, items=items,
                              properties=properties)
@@ -316,6 +325,7 @@ class SidecarConfig:
     namespace: str = "IoBatch"
     properties: dict[str, str] = field(default_factory=dict)  # Pipeline, JobId, ArrayIndex, ...
     contract_path: Path | None = None
+    call_probes: bool = True  # False: kernel counters only (no eBPF / interposer per-call probes)
 
 
 def load_contract_hook(path: Path | None, warn: Warn = _warn) -> tuple[Any, Callable[..., Any] | None]:
@@ -352,6 +362,7 @@ class Sidecar:
         self.profiles: list[StageProfile] = []
         self._sampler: StageSampler | None = None
         self._probes: list[CallProbe] = []
+        self._running_probes: list[CallProbe] = []
         self._stop = threading.Event()
         self._server: socket.socket | None = None
         try:
@@ -361,7 +372,7 @@ class Sidecar:
             self._contract, self._evaluate = None, None
         if probes is not None:
             self._probes = probes
-        elif config.scratch_dir is not None:
+        elif config.scratch_dir is not None and config.call_probes:
             try:
                 self._probes = list(call_probes_for(config.scratch_dir))
             except Exception as exc:  # a probe must never stop the sidecar
@@ -461,7 +472,17 @@ class Sidecar:
         if kind == "stage_start":
             error = self._start_stage(message["stage"], message["pid"])
         elif kind == "stage_end":
-            error = self._finish_message(message)
+            error = self._check_end(message)
+            if error is None and self._sampler is not None:
+                # The closing snapshot and the probes' stop follow the stage's last byte; then the job
+                # may go on while the profile is built and emitted (before the next message is read).
+                calls = self._close_stage()
+                self._reply(conn, {"type": "ack", "stage": message["stage"]})
+                items = message.get("items")
+                outcome = message.get("outcome")
+                self._end_stage(outcome if outcome in ("ok", "failed", "interrupted") else "failed",
+                                items if isinstance(items, int) else None, calls)
+                return False
         else:
             error = f"the job does not send {kind!r} messages"
         if error:
@@ -471,14 +492,11 @@ class Sidecar:
             self._reply(conn, {"type": "ack", "stage": message["stage"]})
         return False
 
-    def _finish_message(self, message: dict[str, Any]) -> str | None:
+    def _check_end(self, message: dict[str, Any]) -> str | None:
         stage = message["stage"]
         if self._sampler is None or self._sampler.stage != stage:
             running = self._sampler.stage if self._sampler else "none"
             return f"stage_end for {stage!r}, but the running stage is {running}"
-        outcome = message.get("outcome") if message.get("outcome") in ("ok", "failed", "interrupted") else "failed"
-        items = message.get("items")
-        self._end_stage(str(outcome), items if isinstance(items, int) else None)
         return None
 
     # -- stages
@@ -491,24 +509,48 @@ class Sidecar:
         if pid <= 0 or not pid_exists(pid):
             return (f"pid {pid} of stage {stage} does not exist (or exited before the first sample); "
                     "the stage is not profiled")
+        # Probes first (bpftrace takes a while to attach), so the baseline and the stage's clock
+        # start only when everything is ready and the job is about to begin.
+        self._running_probes = []
+        for probe in self._probes:
+            try:
+                probe.start(pid)
+                self._running_probes.append(probe)
+            except Exception as exc:  # a probe must never stop the sidecar
+                self.warn(f"probe {probe.name} did not start ({exc})")
         sampler = StageSampler(stage=stage, pid=pid, device=self.config.device,
                                interval_s=self.config.interval_s)
         sampler.start()
         self._sampler = sampler
-        for probe in self._probes:
-            try:
-                probe.start(pid)
-            except Exception as exc:  # a probe must never stop the sidecar
-                self.warn(f"probe {probe.name} did not start ({exc})")
         return None
 
-    def _end_stage(self, outcome: str, items: int | None) -> None:
+    def _close_stage(self) -> tuple[dict[str, Any] | None, str | None]:
+        """Take the closing snapshot and stop the probes: (per-call figures, probe name)."""
+        if self._sampler is not None:
+            self._sampler.close()
+        calls: dict[str, Any] | None = None
+        name: str | None = None
+        running, self._running_probes = self._running_probes, []
+        for probe in running:
+            try:
+                result = probe.stop()
+            except Exception as exc:
+                self.warn(f"probe {probe.name} failed ({exc})")
+                continue
+            if result and calls is None:
+                calls, name = result, probe.name
+        return calls, name
+
+    def _end_stage(self, outcome: str, items: int | None,
+                   calls: tuple[dict[str, Any] | None, str | None] | None = None) -> None:
+        if calls is None:
+            calls = self._close_stage()
         sampler, self._sampler = self._sampler, None
         if sampler is None:
             return
         try:
             profile = sampler.finish(outcome=outcome, items=items, properties=self.config.properties)
-            profile = self._add_probes(profile)
+            profile = self._add_calls(profile, *calls)
             if self._evaluate is not None:
                 try:
                     profile = dataclasses.replace(profile, contract=list(self._evaluate(self._contract, profile)))
@@ -521,19 +563,14 @@ class Sidecar:
         except Exception as exc:  # the profiler never fails the job: one warning, and go on
             self.warn(f"stage {sampler.stage} was not recorded ({type(exc).__name__}: {exc})")
 
-    def _add_probes(self, profile: StageProfile) -> StageProfile:
-        calls: dict[str, Any] | None = None
-        sources = dict(profile.sources)
-        for probe in self._probes:
-            try:
-                result = probe.stop()
-            except Exception as exc:
-                self.warn(f"probe {probe.name} failed ({exc})")
-                continue
-            if result and calls is None:
-                calls, sources["calls"] = result, probe.name
-        if calls is None:
+    @staticmethod
+    def _add_calls(profile: StageProfile, calls: dict[str, Any] | None, name: str | None) -> StageProfile:
+        if calls is None or name is None:
             return profile
+        sources = {**profile.sources, "calls": name}
+        throttle = calls.get("dirty_throttle_ms")  # eBPF: pauses in balance_dirty_pages
+        if throttle is not None:
+            profile = dataclasses.replace(profile, dirty_throttle_ms=float(throttle))
         return dataclasses.replace(profile, calls=calls, sources=sources)
 
 

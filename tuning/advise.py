@@ -333,7 +333,8 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
     if not fits:
         tradeoff += (
             f" Absorbing the burst ({burst / GIB:.2f} GiB) needs a {want / GIB:.2f} GiB limit, more than the "
-            f"{plan.cache_budget_pct:.0f}% memory budget ({budget / GIB:.2f} GiB): past {limit * 3 // 4 / GIB:.2f} GiB downloads run at volume speed; "
+            f"{plan.cache_budget_pct:.0f}% memory budget ({budget / GIB:.2f} GiB): past "
+            f"{limit * 3 // 4 / GIB:.2f} GiB downloads run at volume speed; "
             "fewer jobs per instance or a larger instance would let it fit."
         )
     return CacheAdvice(tuning, burst, budget, fits, default.freerun_bytes, tradeoff)

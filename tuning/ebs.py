@@ -530,12 +530,21 @@ def _run_stage(stage: StageLoad, r: _Rates, concurrency: int, cache: WriteCache,
     w_rate = total_w / floor if floor > 0 else math.inf
     r_rate = total_r / floor if floor > 0 else math.inf
     limit = start + 30 * 86400
+    last_rate = 0.0
     while (done_w < total_w - 0.5 or done_r < total_r - 0.5) and state.t < limit:
-        read, accepted = _tick(state, r, dt=dt, read_want=min(total_r - done_r, r_rate * dt),
-                               write_want=min(total_w - done_w, w_rate * dt), cache=cache,
+        # Long stages take longer steps (1/10 of the time so far), so a day at baseline needs thousands,
+        # not millions, of steps; the last step is cut to what the remaining bytes need at the rate the
+        # previous step achieved, so a stage does not overshoot its end.
+        step = max(dt, (state.t - start) / 10)
+        if last_rate > 0:
+            need = max(total_w - done_w, total_r - done_r) / last_rate
+            step = min(step, max(dt, need))
+        read, accepted = _tick(state, r, dt=step, read_want=min(total_r - done_r, r_rate * step),
+                               write_want=min(total_w - done_w, w_rate * step), cache=cache,
                                sample_every_s=sample_every_s)
         done_r += read
         done_w += accepted
+        last_rate = max(read, accepted) / step
     if state.t - start < floor:
         # All bytes are in; the job still runs (network, CPU) while writeback goes on.
         _idle(floor - (state.t - start), cache, state, sample_every_s, flush=False)

@@ -45,7 +45,8 @@ DEFAULT_STATE_DIR = Path("/run/iobatch-lab")
 DEFAULT_LAB_DIR = Path("/var/tmp/iobatch-lab")
 STATE_NAME = "state.json"
 BLKIO_ROOT = Path("/sys/fs/cgroup/blkio")
-THROTTLE_FILES = ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device")
+THROTTLE_FILES = ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device",
+                  "blkio.throttle.write_iops_device", "blkio.throttle.read_iops_device")
 # Every page-cache sysctl the lab may write; all are recorded before the first write.
 DIRTY_SYSCTLS: tuple[str, ...] = (
     "vm.dirty_ratio", "vm.dirty_background_ratio", "vm.dirty_bytes", "vm.dirty_background_bytes",
@@ -442,6 +443,7 @@ class Lab:
         self._state: dict[str, Any] = {}
         self._old_handlers: dict[int, Any] = {}
         self._closed = False
+        self._burst_bps = 0
 
     # -- setup --
 
@@ -502,6 +504,7 @@ class Lab:
         volume = self.config.volume
         initial = volume.credit_capacity if self.config.initial_credits_mib is None \
             else self.config.initial_credits_mib
+        self._burst_bps = int(volume.throughput_bps(io_size=HDD_IO_UNIT, bursting=True))
         self.controller = CreditController(
             volume=volume, device_name=Path(self.device).name, set_limit=self._set_limit,
             time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s)
@@ -519,8 +522,12 @@ class Lab:
         return 0
 
     def _set_limit(self, bps: int) -> None:
+        # Bytes per second, and I/Os per second as the volume counts them: on HDD an I/O of up to 1 MiB
+        # costs 1 MiB, so at most bps / 1 MiB I/Os per second; small I/O then gets st1's small throughput.
+        iops = max(1, round(self.config.volume.spend_limit(bps >= self._burst_bps)))
         for name in THROTTLE_FILES:
-            (BLKIO_ROOT / name).write_text(f"{self.devno} {bps}\n", encoding="ascii")
+            value = iops if "iops" in name else bps
+            (BLKIO_ROOT / name).write_text(f"{self.devno} {value}\n", encoding="ascii")
 
     def _save(self) -> None:
         _write_state(self.config.state_dir, self._state)
@@ -574,6 +581,18 @@ class Lab:
         self.sync()
         with contextlib.suppress(OSError):
             Path("/proc/sys/vm/drop_caches").write_text("1\n", encoding="ascii")
+
+    @property
+    def credits_gib(self) -> float:
+        """Credits left, at the real volume's scale (GiB of 1 MiB I/O)."""
+        if self.controller is None:
+            return 0.0
+        return self.controller.credits * self.controller.time_scale / 1024
+
+    @property
+    def limit_mibps(self) -> float:
+        """The throughput limit in force now."""
+        return 0.0 if self.controller is None else self.controller.current_limit() / MIB
 
     def check(self) -> None:
         """Raise if the controller thread died."""
@@ -648,18 +667,99 @@ def write_files(lab: Lab, *, files: int, file_mib: float, threads: int = 2, subd
     for thread in pool:
         thread.join()
     written = time.monotonic()
+    at_written = read_host_sample(written)
     lab.sync()
     durable = time.monotonic()
     host1 = read_host_sample(durable)
     after = read_diskstats(device)
     points = lab.controller.window(start, durable) if lab.controller else []
-    peak = max((p.host.dirty_bytes for p in points), default=0)
+    peak = max([p.host.dirty_bytes for p in points] + [at_written.dirty_bytes])
     threshold = max((p.host.dirty_threshold_bytes for p in points), default=host1.dirty_threshold_bytes)
     for path in names:
         path.unlink()
     return WriterResult(files, file_mib, written - start, durable - start, peak, threshold,
                         (host1.io_some_us - host0.io_some_us) / 1000,
                         (after.write_bytes - before.write_bytes) / MIB)
+
+
+# ---- comparing runs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LabRun:
+    """One workload run under one write-cache setting, as the lab comparison shows it."""
+
+    setting: str  # "default" or "tuned"
+    sysctls: dict[str, str]
+    stages: dict[str, dict[str, float | None]]  # per stage: metric name -> value (profiling summarize)
+    elapsed_s: float
+    credits_before_gib: float
+    credits_after_gib: float
+    limit_mibps_after: float
+    writer: WriterResult | None = None
+
+
+# The columns of the comparison: (metric name, heading, divisor).
+COMPARE_COLUMNS: tuple[tuple[str, str, float], ...] = (
+    ("StageDuration", "median s", 1.0),
+    ("PeakDirtyBytes", "peak dirty MiB", MIB),
+    ("DirtyThresholdBytes", "dirty limit MiB", MIB),
+    ("IoStallSome", "io stall ms", 1.0),
+    ("DirtyThrottle", "dirty pause ms", 1.0),
+)
+
+
+def render_comparison(runs: list[LabRun], stages: tuple[str, ...] = ("download", "process", "upload")) -> str:
+    """Per-stage figures of each run side by side, and the download ratio of default over tuned."""
+    lines: list[str] = []
+    header = ["run", "setting", "credits GiB", "limit MiB/s", "stage"] + [h for _, h, _ in COMPARE_COLUMNS]
+    rows: list[list[str]] = []
+    for number, run in enumerate(runs, 1):
+        for stage in stages:
+            row = run.stages.get(stage)
+            if row is None:
+                continue
+            cells = [str(number), run.setting, f"{run.credits_before_gib:,.1f}", f"{run.limit_mibps_after:,.1f}",
+                     stage]
+            for name, _, scale in COMPARE_COLUMNS:
+                value = row.get(name)
+                cells.append("-" if value is None else f"{value / scale:,.1f}")
+            rows.append(cells)
+    if rows:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
+        lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    writers = [r for r in runs if r.writer is not None]
+    if writers:
+        lines.append("")
+        lines.append("plain writer, same burst: setting  all written s  durable s  peak dirty MiB  dirty limit MiB"
+                     "  io stall ms")
+        for run in writers:
+            w = run.writer
+            assert w is not None
+            lines.append(f"  {run.setting:<8} {w.files} x {w.file_mib:g} MiB: {w.written_s:8.2f}  {w.durable_s:9.2f}"
+                         f"  {w.peak_dirty_bytes / MIB:14,.0f}  {w.dirty_threshold_bytes / MIB:15,.0f}"
+                         f"  {w.io_stall_ms:11,.0f}")
+    ratio = download_ratio(runs)
+    if ratio is not None:
+        lines.append("")
+        lines.append(f"download stage, median over runs: default / tuned = {ratio:.2f}x")
+    return "\n".join(lines)
+
+
+def download_ratio(runs: list[LabRun]) -> float | None:
+    """Median default download time over median tuned download time (None without both)."""
+    def med(setting: str) -> float | None:
+        values = sorted(v for r in runs if r.setting == setting
+                        for v in [r.stages.get("download", {}).get("StageDuration")] if v is not None)
+        if not values:
+            return None
+        mid = len(values) // 2
+        return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    default, tuned = med("default"), med("tuned")
+    if default is None or tuned is None or tuned <= 0:
+        return None
+    return default / tuned
 
 
 # ---- the guard process ---------------------------------------------------------------------------------

@@ -81,7 +81,8 @@ def render_png(spec: DatasetSpec, index: int) -> bytes:
 def _write_one(args: tuple[DatasetSpec, int, str]) -> int:
     spec, index, target = args
     data = render_png(spec, index)
-    tmp = Path(target + ".partial")
+    # Unique per process: two demos may fill the same cache at once; the rename makes either one's file whole.
+    tmp = Path(f"{target}.{os.getpid()}.partial")
     tmp.parent.mkdir(parents=True, exist_ok=True)
     tmp.write_bytes(data)
     os.replace(tmp, target)

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline import s3 as s3io
 from pipeline.errors import UsageError
@@ -134,6 +137,29 @@ def dataset_cache(spec: DatasetSpec) -> Path:
     return root / f"dataset-{spec.fingerprint}"
 
 
+def _generate_with_progress(spec: DatasetSpec, cache: Path, progress: bool | None,
+                            say: Callable[[str], None]) -> None:
+    """Generate what the cache lacks, with a bar on a terminal and a line every 10 images otherwise."""
+    missing = sum(1 for i in range(spec.images) if not (cache / spec.key(i)).exists())
+    if not missing:
+        return
+    started = time.monotonic()
+    if progress if progress is not None else sys.stdout.isatty():
+        with Progress(TextColumn("generating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()) as bar:
+            task = bar.add_task("images", total=missing)
+            generate(spec, cache, on_image=lambda _: bar.advance(task))
+    else:
+        done = 0
+
+        def tick(_: int) -> None:
+            nonlocal done
+            done += 1
+            if done % 10 == 0 or done == missing:
+                say(f"  generated {done}/{missing} images ({time.monotonic() - started:.0f} s)")
+
+        generate(spec, cache, on_image=tick)
+
+
 def upload_dataset(spec: DatasetSpec, source: Path, prefix: S3Uri, endpoint: str | None, work: Path,
                    env: Mapping[str, str]) -> None:
     copies = [Copy(str(source / spec.key(i)), str(prefix.join(spec.key(i)))) for i in range(spec.images)]
@@ -163,7 +189,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
     width, height = spec.dimensions()
     say(f"dataset: {spec.images} synthetic camera images of {width}x{height} (~{spec.image_mib:g} MiB each) "
         f"in {cache}")
-    generate(spec, cache)
+    _generate_with_progress(spec, cache, progress, say)
 
     def with_server(endpoint: str | None, env: Mapping[str, str], output_dir: Path | None) -> DemoResult:
         s3 = s3io.client(endpoint, env)

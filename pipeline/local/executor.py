@@ -29,6 +29,7 @@ from pipeline.settings import ENV, JobSettings, child_name
 from profiling import runfiles
 
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
+INTERPOSE_ENV = "IOBATCH_INTERPOSE"  # 1: preload the per-call interposer into the job (profiling/interpose)
 SIDECAR_EXIT_WAIT_S = 10.0
 
 
@@ -198,7 +199,12 @@ class _Runner:
                     env, stdout=log, stderr=subprocess.STDOUT)
             else:
                 env[ENV.PROFILER_SOCKET] = ""
-            job = self._spawn([*python, "job"], env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            job_env = dict(env)
+            if use_sidecar and env.get(INTERPOSE_ENV, "") in ("1", "true"):
+                from profiling.probes.interpose import preload_env
+
+                job_env.update(preload_env(settings.work_dir))
+            job = self._spawn([*python, "job"], job_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             headline, skipped, images = None, False, 0
             assert job.stdout is not None
             for line in job.stdout:

@@ -186,6 +186,7 @@ class FaultProxy:
         self.plan = plan
         self.port = 0
         self.counts: Counter[str] = Counter()  # decision -> how many times it was applied
+        self.connections = 0  # client connections accepted: keep-alive shows as fewer than requests
         self._seen: Counter[tuple[str, str]] = Counter()
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -215,6 +216,8 @@ class FaultProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        with self._lock:
+            self.connections += 1
         try:
             while True:
                 head = await _read_head(reader)
@@ -251,8 +254,13 @@ class FaultProxy:
                 up_reader, up_writer = upstream
                 up_writer.write(head.encode(drop=("expect",)) + body)
                 await up_writer.drain()
-                keep = await self._relay_response(up_reader, writer, method, cut=decision == RESET_MID_BODY)
-                if not keep:
+                client_keep, upstream_keep = await self._relay_response(up_reader, writer, method,
+                                                                        cut=decision == RESET_MID_BODY)
+                if not upstream_keep:
+                    # Connection is hop-by-hop: the client's connection outlives the upstream's.
+                    upstream[1].close()
+                    upstream = None
+                if not client_keep:
                     return
                 if (head.get("connection") or "").lower() == "close":
                     return
@@ -260,7 +268,8 @@ class FaultProxy:
             with contextlib.suppress(Exception):
                 writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError,
+                asyncio.CancelledError):
             pass
         finally:
             with contextlib.suppress(Exception):
@@ -270,8 +279,11 @@ class FaultProxy:
                     upstream[1].close()
 
     async def _relay_response(self, up: asyncio.StreamReader, client: asyncio.StreamWriter, method: str, *,
-                              cut: bool) -> bool:
-        """Copy one response upstream -> client; False when the connection must close afterwards."""
+                              cut: bool) -> tuple[bool, bool]:
+        """Copy one response upstream -> client; return whether (client, upstream) connections stay open.
+
+        `Connection` is a hop-by-hop header: the client is told keep-alive whenever the body's length is
+        known, whatever the upstream does with its own connection."""
         while True:
             head = await _read_head(up)
             if head is None:
@@ -279,20 +291,23 @@ class FaultProxy:
             status = int(head.start.split(" ")[1])
             if status != 100:
                 break
-        client.write(head.encode())
         length = head.get("content-length")
         chunked = (head.get("transfer-encoding") or "").lower().endswith("chunked")
-        keep = (head.get("connection") or "").lower() != "close"
+        upstream_keep = (head.get("connection") or "").lower() != "close"
+        framed = chunked or length is not None or method == "HEAD" or status in (204, 304)
+        head.headers = [(k, v) for k, v in head.headers if k not in ("connection", "keep-alive")]
+        head.headers.append(("connection", "keep-alive" if framed else "close"))
+        client.write(head.encode())
         if method == "HEAD" or status in (204, 304):
             await client.drain()
-            return keep
+            return True, upstream_keep
         if chunked:
             body = await _read_body(up, head)
             if cut:
                 client.write(body[: len(body) // 2])
                 await client.drain()
                 _abort(client)
-                return False
+                return False, False
             client.write(body)
         elif length is not None:
             remaining = int(length)
@@ -306,7 +321,7 @@ class FaultProxy:
                     client.write(data[: max(0, half - sent)])
                     await client.drain()
                     _abort(client)
-                    return False
+                    return False, False
                 client.write(data)
                 sent += len(data)
                 remaining -= len(data)
@@ -314,9 +329,10 @@ class FaultProxy:
         else:
             while data := await up.read(CHUNK):
                 client.write(data)
-            keep = False
+            await client.drain()
+            return False, False
         await client.drain()
-        return keep
+        return True, upstream_keep
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -330,10 +346,11 @@ class FaultProxy:
         loop.run_until_complete(start())
         loop.run_forever()
         # Let open handlers see their connections closed before the loop goes away.
-        for task in asyncio.all_tasks(loop):
+        tasks = list(asyncio.all_tasks(loop))
+        for task in tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            loop.run_until_complete(asyncio.sleep(0))
+        with contextlib.suppress(BaseException):
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         loop.close()
 
     def __enter__(self) -> FaultProxy:

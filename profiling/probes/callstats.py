@@ -11,6 +11,7 @@ probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from c
       "calls":   {CALL: STATS},                       # per call type
       "by_size": {CALL: {SIZE_LABEL: STATS}},         # per size class, read and write only
       "by_path": {PATH: {CALL: STATS}},               # per path prefix ("" = not a file opened while watched)
+      "path_attribution": true,       # false when the probe cannot tell paths (eBPF): all under ""
       "cells":   [{"path": P, "call": C, "size": K, **STATS}],  # the full cross product, for contracts
       "frames":  [{"t": 0.0, "cells": [...]}],        # per interval since start; idle intervals left out
       "dirty_throttle_ms": 0.0,       # eBPF only: pauses in balance_dirty_pages
@@ -27,9 +28,13 @@ Size class K of a read or write is the bit length of the bytes it moved: 0 for n
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import dataclasses
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from profiling.metrics import StageProfile
 
 CALLS: tuple[str, ...] = ("read", "write", "open", "close", "fsync")
 NO_SIZE = -1
@@ -171,6 +176,7 @@ def calls_dict(
     interval_s: float,
     notes: Iterable[str] = (),
     dirty_throttle_ms: float | None = None,
+    path_attribution: bool = True,
 ) -> dict[str, Any]:
     """The dict a call probe returns (see the module docstring)."""
     by_call: dict[str, Stats] = {}
@@ -192,7 +198,40 @@ def calls_dict(
         "cells": cells_to_list(cells),
         "frames": [{"t": round(t, 3), "cells": cells_to_list(fc)} for t, fc in frames if fc],
         "notes": list(notes),
+        "path_attribution": path_attribution,
     }
     if dirty_throttle_ms is not None:
         out["dirty_throttle_ms"] = dirty_throttle_ms
     return out
+
+
+def with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any] | None) -> StageProfile:
+    """`profile` with a call probe's result: calls, the probe as source, and dirty throttling (eBPF)."""
+    if not calls:
+        return profile
+    sources = {**profile.sources, "calls": name}
+    throttle = calls.get("dirty_throttle_ms")
+    return dataclasses.replace(
+        profile,
+        calls=dict(calls),
+        sources=sources,
+        dirty_throttle_ms=profile.dirty_throttle_ms if throttle is None else float(throttle),
+    )
+
+
+def available_call_probes(scratch_dir: Path | None, *, warn: Callable[[str], None] | None = None) -> list[Any]:
+    """The call probes that can run here, best first: eBPF (any binary), then the interposer's records.
+
+    A probe that cannot run is left out with one notice through `warn`; nothing here raises.
+    """
+    from profiling.probes import ebpf, interpose  # late: both modules import this one
+
+    probes: list[Any] = []
+    reason = ebpf.available()
+    if reason is None:
+        probes.append(ebpf.EbpfProbe())
+    elif warn is not None:
+        warn(f"{reason}; per-call latency only for programs run with the LD_PRELOAD interposer")
+    if scratch_dir is not None and interpose.library_path() is not None:
+        probes.append(interpose.InterposeProbe(interpose.record_dir(scratch_dir)))
+    return probes

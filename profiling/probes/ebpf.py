@@ -10,9 +10,9 @@ Pids are those of the host's pid namespace, as bpftrace sees them.
 Needs root, bpftrace and tracefs; `available()` says what is missing (and mounts tracefs at
 /sys/kernel/tracing when it is not, which is the one change it makes: it is left mounted, as the
 kernel does by default on most distributions). kprobes and kfuncs are not used: they are missing on
-some kernels where tracepoints work. Path attribution keeps the first 32 bytes of the name each fd
-was opened with while the probe ran ("" for sockets, pipes and fds opened earlier); relative names
-stay relative.
+some kernels where tracepoints work. No path attribution: every call is under path "" and the result
+says "path_attribution": false (contract rules on a path prefix need the interposer); keeping paths in
+the maps cost more than the probe itself and grew with every file opened.
 """
 
 from __future__ import annotations
@@ -24,16 +24,16 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
 
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, calls_dict, cells_since
 
 NAME = "ebpf"
+ENV_OFF = "IOBATCH_NO_EBPF"  # "1": never run the eBPF probe (as if not root)
 TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
-PATH_BYTES = 32
 READY_TIMEOUT_S = 30.0
 
 # syscall tracepoint names per call type; the ones a kernel lacks are left out of the script
@@ -59,17 +59,21 @@ def tracepoint_exists(syscall: str, direction: str = "enter") -> bool:
     return (TRACEFS / "events" / "syscalls" / f"sys_{direction}_{syscall}").is_dir()
 
 
-def build_script(pids: Iterable[int], interval_s: float, syscalls: dict[str, tuple[str, ...]] | None = None) -> str:
-    """The bpftrace program. Maps: @n[call, size, lat_bucket, path] = count, @b/@t[call, size, path] =
-    bytes / total ns, @mn/@mx = min / max ns; @dt = ms paused in balance_dirty_pages."""
+def build_script(pids: Iterable[int], interval_s: float, syscalls: dict[str, tuple[str, ...]] | None = None,
+                 follow_only: Iterable[int] = ()) -> str:
+    """The bpftrace program. Maps: @n[call, size, lat_bucket] = count, @b/@t[call, size] = bytes /
+    total ns, @mn/@mx = min / max ns; @dt = ms paused in balance_dirty_pages. Keys are small integers
+    only: a string key (a path) per call made the probe several times dearer, and grows without bound."""
     table = syscalls if syscalls is not None else SYSCALLS
-    track = " ".join(f"@track[{pid}] = 1;" for pid in sorted(set(pids)))
+    # 1: counted; 2: only its new children are (the CLI that runs the command it profiles)
+    marks = {pid: 1 for pid in pids} | {pid: 2 for pid in follow_only}
+    track = " ".join(f"@track[{pid}] = {mark};" for pid, mark in sorted(marks.items()))
     interval_ms = max(100, int(interval_s * 1000))
     parts = [
         f'BEGIN {{ {track} printf("ready %llu\\n", nsecs); }}',
         "tracepoint:sched:sched_process_fork /@track[pid]/ { @track[args->child_pid] = 1; }",
         "tracepoint:sched:sched_process_exit /@track[pid] && pid == tid/ { delete(@track[pid]); }",
-        "tracepoint:writeback:balance_dirty_pages /@track[pid] && args->pause > 0/ { @dt = sum(args->pause); }",
+        "tracepoint:writeback:balance_dirty_pages /@track[pid] == 1 && args->pause > 0/ { @dt = sum(args->pause); }",
     ]
     for index, call in enumerate(CALLS):
         names = table.get(call, ())
@@ -77,41 +81,33 @@ def build_script(pids: Iterable[int], interval_s: float, syscalls: dict[str, tup
             continue
         enter = ", ".join(f"tracepoint:syscalls:sys_enter_{n}" for n in names)
         leave = ", ".join(f"tracepoint:syscalls:sys_exit_{n}" for n in names)
-        if call == "open":
-            parts.append(f"{enter} /@track[pid]/ {{ @ts[tid] = nsecs; @fn[tid] = str(args->filename, {PATH_BYTES}); }}")
-            body = (
-                "$p = @fn[tid]; delete(@fn[tid]); $k = -1;\n"
-                "    if (args->ret >= 0) { @fdp[pid, (uint64)args->ret] = $p; }"
+        parts.append(f"{enter} /@track[pid] == 1/ {{ @ts[tid] = nsecs; }}")
+        if call in ("read", "write"):
+            size = (
+                "$r = args->ret > 0 ? (uint64)args->ret : (uint64)0;\n    "
+                + _bit_length("$r", "$k")
+                + f"\n    @b[{index}, $k] = sum($r);"
             )
         else:
-            parts.append(f"{enter} /@track[pid]/ {{ @ts[tid] = nsecs; @fd[tid] = (uint64)args->fd; }}")
-            body = "$fd = @fd[tid]; delete(@fd[tid]); $p = @fdp[pid, $fd];"
-            if call in ("read", "write"):
-                body += (
-                    "\n    $r = args->ret > 0 ? (uint64)args->ret : (uint64)0;\n    "
-                    + _bit_length("$r", "$k")
-                    + f"\n    @b[{index}, $k, $p] = sum($r);"
-                )
-            else:
-                body += " $k = -1;"
-            if call == "close":
-                body += " delete(@fdp[pid, $fd]);"
+            size = "$k = -1;"
+        # Exact extremes only for the rarer calls: on reads and writes two more map updates per call
+        # cost ~10 % of a 4 KiB write; their extremes come from the histogram's bucket bounds instead.
+        extremes = "" if call in ("read", "write") else f"@mn[{index}, $k] = min($lat); @mx[{index}, $k] = max($lat);"
         parts.append(
             f"{leave} /@ts[tid]/ {{\n"
             f"    $lat = nsecs - @ts[tid]; delete(@ts[tid]);\n"
-            f"    {body}\n"
+            f"    {size}\n"
             f"    {_bit_length('$lat', '$h')}\n"
             f"    $h = $h > 0 ? $h - 1 : 0;\n"
-            f"    @n[{index}, $k, $h, $p] = count(); @t[{index}, $k, $p] = sum($lat);\n"
-            f"    @mn[{index}, $k, $p] = min($lat); @mx[{index}, $k, $p] = max($lat);\n"
+            f"    @n[{index}, $k, $h] = count(); @t[{index}, $k] = sum($lat);\n"
+            f"    {extremes}\n"
             f"}}"
         )
     dump = 'printf("frame %llu\\n", nsecs); print(@n); print(@b); print(@t); print(@mn); print(@mx); print(@dt);'
     parts.append(f"interval:ms:{interval_ms} {{ {dump} }}")
     parts.append(
         f"END {{ {dump.replace('frame', 'final')} "
-        "clear(@n); clear(@b); clear(@t); clear(@mn); clear(@mx); clear(@dt); clear(@ts); clear(@fd); "
-        "clear(@fn); clear(@fdp); clear(@track); }"
+        "clear(@n); clear(@b); clear(@t); clear(@mn); clear(@mx); clear(@dt); clear(@ts); clear(@track); }"
     )
     return "\n".join(parts) + "\n"
 
@@ -139,6 +135,8 @@ def process_tree(root: int) -> set[int]:
 
 def available() -> str | None:
     """None when the probe can run here, else a one-line reason it cannot."""
+    if os.environ.get(ENV_OFF) == "1":
+        return f"eBPF probe turned off ({ENV_OFF}=1)"
     if os.geteuid() != 0:
         return "eBPF probe needs root"
     if shutil.which("bpftrace") is None:
@@ -195,14 +193,19 @@ def _cells(maps: dict[str, dict[str, Any]]) -> Cells:
         return cells.setdefault((path, CALLS[int(call)], NO_SIZE if int(k) < 0 else int(k)), Stats())
 
     for key, n in maps.get("@n", {}).items():
-        call, k, h, path = key.split(",", 3)
-        stats = cell(call, k, path)
+        call, k, h = key.split(",")
+        stats = cell(call, k, "")
         stats.count += int(n)
         stats.hist[int(h)] = stats.hist.get(int(h), 0) + int(n)
     for name, attr in (("@b", "bytes"), ("@t", "total_ns"), ("@mn", "min_ns"), ("@mx", "max_ns")):
         for key, value in maps.get(name, {}).items():
-            call, k, path = key.split(",", 2)
-            setattr(cell(call, k, path), attr, int(value))
+            call, k = key.split(",")
+            setattr(cell(call, k, ""), attr, int(value))
+    for stats in cells.values():
+        if stats.hist and stats.min_ns is None:
+            stats.min_ns = 1 << min(stats.hist) if min(stats.hist) else 0
+        if stats.hist and stats.max_ns is None:
+            stats.max_ns = (1 << (max(stats.hist) + 1)) - 1
     return {key: s for key, s in cells.items() if s.count}
 
 
@@ -224,8 +227,11 @@ class EbpfProbe:
 
     name = NAME
 
-    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, count_root: bool = True) -> None:
+        """count_root=False: the root's own calls are not counted, only those of processes it starts
+        after start() (how `iobatch profile` watches the command it is about to run)."""
         self.interval_s = interval_s
+        self.count_root = count_root
         self._proc: subprocess.Popen[str] | None = None
         self._lines: list[str] = []
         self._reader: threading.Thread | None = None
@@ -238,8 +244,11 @@ class EbpfProbe:
         if reason is not None:
             raise RuntimeError(reason)
         table = {c: tuple(n for n in names if tracepoint_exists(n)) for c, names in SYSCALLS.items()}
-        script = build_script(process_tree(pid), self.interval_s, table)
-        env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536", "BPFTRACE_STRLEN": str(PATH_BYTES + 8)}
+        if self.count_root:
+            script = build_script(process_tree(pid), self.interval_s, table)
+        else:
+            script = build_script((), self.interval_s, table, follow_only=[pid])
+        env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"}
         self._root = pid
         self._lines = []
         self._ready.clear()
@@ -299,8 +308,26 @@ class EbpfProbe:
             NAME,
             total,
             per_frame,
-            filter_text=f"process tree of pid {self._root} (followed through fork), host pid namespace",
+            filter_text=(f"process tree of pid {self._root} (followed through fork), host pid namespace"
+                         + ("" if self.count_root else f"; pid {self._root} itself not counted")),
             duration_s=stop - self._start,
             interval_s=self.interval_s,
             dirty_throttle_ms=throttle_ms,
+            path_attribution=False,
         )
+
+
+def start_command_probe(warn: Callable[[str], None]) -> EbpfProbe | None:
+    """An eBPF probe on the processes this process starts from now on (not on itself), started; or
+    None with one notice through `warn` when eBPF cannot run here. For `iobatch profile -- CMD`."""
+    reason = available()
+    if reason is not None:
+        warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
+        return None
+    probe = EbpfProbe(count_root=False)
+    try:
+        probe.start(os.getpid())
+    except RuntimeError as exc:
+        warn(f"eBPF probe did not start ({exc}): no per-call latency; counts and bytes come from procfs")
+        return None
+    return probe

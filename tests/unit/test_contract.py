@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -11,13 +13,14 @@ import pytest
 from profiling.contract import (
     LATENCY_UNAVAILABLE,
     ContractError,
-    contract_documents,
+    contract_metrics,
     evaluate_stage,
     format_results,
     load_contract,
     parse_contract,
     rule_matches,
 )
+from profiling.emf import serialize
 from profiling.metrics import StageProfile
 from profiling.probes.callstats import Stats, calls_dict
 
@@ -101,9 +104,11 @@ def test_rule_matching_by_path_and_size() -> None:
     assert rule_matches(b, "", "fsync", -1)  # "/" is every call, sockets included
 
 
-def profile_with(calls: dict[str, Any] | None, duration: float = 30.0, **counters: int) -> StageProfile:
-    return StageProfile(stage="download", outcome="ok", started_at=1_700_000_000.0, duration_s=duration,
-                        calls=calls, **counters)
+def profile_with(calls: dict[str, Any] | None, duration: float = 30.0, *, write_calls: int = 0,
+                 write_bytes: int = 0, read_calls: int = 0, read_bytes: int = 0) -> StageProfile:
+    return StageProfile(stage="download", outcome="ok", started_at=time.time() - duration, duration_s=duration,
+                        calls=calls, write_calls=write_calls, write_bytes=write_bytes, read_calls=read_calls,
+                        read_bytes=read_bytes)
 
 
 def writes(count: int, size_class: int, mean_ns: int, path: str = "/scratch/in") -> dict[tuple[str, str, int], Stats]:
@@ -161,16 +166,24 @@ def test_procfs_fallback_cannot_answer_paths_or_sizes() -> None:
     assert all("per-call probe" in r["note"] for r in results)
 
 
-def test_contract_values_as_emf_with_stage_dimension() -> None:
+def test_contract_values_in_the_stage_emf_document() -> None:
     profile = profile_with(None, write_calls=1234, write_bytes=5_000_000)
     results = evaluate_stage(parse_contract(CASE_STUDY), profile)
-    profile = StageProfile(**{**profile.__dict__, "contract": results})
-    (line,) = contract_documents(profile, namespace="IoBatchTest")
+    profile = dataclasses.replace(profile, contract=results)
+    (line,) = serialize(profile, namespace="IoBatchTest")
     doc = json.loads(line)
     directive = doc["_aws"]["CloudWatchMetrics"][0]
     assert directive["Namespace"] == "IoBatchTest"
-    assert directive["Dimensions"] == [["Stage"]]
-    assert {m["Name"]: m["Unit"] for m in directive["Metrics"]} == {"num_write": "Count", "total_write": "Bytes"}
+    assert directive["Dimensions"] == [["Pipeline", "Stage"]]
+    units = {m["Name"]: m["Unit"] for m in directive["Metrics"]}
+    assert units["num_write"] == "Count" and units["total_write"] == "Bytes"
+    assert "mean_lat_write" not in units  # no value without a probe: not a metric, only a row
     assert doc["Stage"] == "download"
     assert doc["num_write"] == 1234.0 and doc["total_write"] == 5_000_000.0
-    assert contract_documents(profile_with(None)) == []
+    assert [row["label"] for row in doc["Contract"]] == ["mean_lat_write", "num_write", "total_write"]
+    assert contract_metrics(results) == [("num_write", 1234.0, "Count"), ("total_write", 5_000_000.0, "Bytes")]
+
+
+def test_label_may_not_shadow_a_stage_metric() -> None:
+    with pytest.raises(ContractError, match="LABEL 'WriteBytes'"):
+        parse_contract("2,monitortimeframe,1s\nWriteBytes,/,write,all,count,1\n")

@@ -29,6 +29,7 @@ from profiling.report import (
     profiles_from_emf_lines,
     render_html,
     stage_figures,
+    timeline_figure,
     write_report,
 )
 
@@ -269,3 +270,16 @@ def test_cli_bad_input_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
     assert broken.exit_code == 65
     assert broken.output.startswith(f"error: {damaged}:2: not a profile")
     assert "Traceback" not in broken.output
+
+
+def test_timeline_puts_a_childs_stages_on_one_axis() -> None:
+    entries = [Entry("child 0", profile(stage, 0, RATES[stage][0]), None) for stage in STAGES]
+    fig = timeline_figure("child 0", entries)
+    bands = [(round(s.x0, 3), round(s.x1, 3)) for s in fig.layout.shapes]
+    starts = [e.profile.started_at - entries[0].profile.started_at for e in entries]
+    assert bands == [(round(b, 3), round(b + e.profile.duration_s, 3)) for b, e in zip(starts, entries, strict=True)]
+    assert [a.text for a in fig.layout.annotations][-3:] == list(STAGES)
+    read = [t for t in fig.data if t.name == "read"]
+    assert len(read) == 3 and read[1].x[0] == pytest.approx(starts[1] + entries[1].profile.timeline[0].t, abs=1e-3)
+    assert read[0].y[0] == pytest.approx(RATES["download"][0], rel=1e-4)  # MiB/s, from the Throughput spec
+    assert [t.showlegend for t in read] == [True, False, False]

@@ -36,6 +36,7 @@ def test_to_env_round_trips() -> None:
     [
         ({ENV.INPUT: ""}, "IOBATCH_INPUT is not set"),
         ({ENV.INPUT: "bucket/prefix"}, "is not an S3 URI"),
+        ({ENV.INPUT: "s3://B_ad/prefix"}, "bucket name 'B_ad' is not valid"),
         ({ENV.IMAGES_PER_CHILD: "zero"}, "is not a whole number"),
         ({ENV.IMAGES_PER_CHILD: "0"}, "is below 1"),
         ({ENV.ARRAY_INDEX: "-1"}, "is below 0"),

@@ -1,0 +1,119 @@
+"""The commands as a person meets them: help, one-line errors with documented exit codes, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline.local.s3server import EmbeddedS3, free_port
+from pipeline.settings import ENV
+
+pytestmark = pytest.mark.functional
+
+CLI = [sys.executable, "-m", "pipeline.cli"]
+
+
+def iobatch(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert result.returncode == code, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in errors[0]
+
+
+def test_job_help_names_every_variable() -> None:
+    result = iobatch("job", "--help", env={"COLUMNS": "200"})
+    assert result.returncode == 0
+    names = [v for k, v in vars(ENV).items() if k.isupper()]
+    missing = [name for name in names if name not in result.stdout and name != ENV.QUEUE]
+    assert missing == []
+    for command in ("demo", "run", "sidecar", "profile"):
+        assert iobatch(command, "--help").returncode == 0
+
+
+def test_job_without_settings_is_a_usage_error() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("IOBATCH_")}
+    result = subprocess.run([*CLI, "job"], capture_output=True, text=True, env=env, timeout=60)
+    assert_one_line_error(result, 64, "IOBATCH_INPUT is not set")
+
+
+def test_bad_uri_is_a_usage_error(tmp_path: Path) -> None:
+    result = iobatch("run", "--input", "my-bucket/images", "--output", "s3://out/x/", "--run-dir", str(tmp_path))
+    assert_one_line_error(result, 64, "--input 'my-bucket/images' is not an S3 URI")
+
+
+def test_missing_bucket_is_permanent(s3_server: EmbeddedS3, tmp_path: Path) -> None:
+    result = iobatch("run", "--input", "s3://no-such-bucket-y/images/", "--output", "s3://no-such-bucket-y/o/",
+                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path), env=s3_server.env())
+    assert_one_line_error(result, 65, "no-such-bucket-y", "does not exist")
+
+
+def test_empty_prefix_is_permanent(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
+    result = iobatch("run", "--input", f"s3://{bucket}/nothing/", "--output", f"s3://{bucket}/o/",
+                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path), env=s3_server.env())
+    assert_one_line_error(result, 65, f"s3://{bucket}/nothing/ holds no images")
+
+
+def test_unreachable_endpoint_is_retryable(s3_server: EmbeddedS3, tmp_path: Path) -> None:
+    result = iobatch("run", "--input", "s3://bkt/images/", "--output", "s3://bkt/o/", "--s3-endpoint",
+                     f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path), env=s3_server.env())
+    assert_one_line_error(result, 75, "S3 endpoint does not answer")
+
+
+def test_unwritable_scratch_names_the_directory(s3_server: EmbeddedS3, s3: Any, bucket: str, tmp_path: Path) -> None:
+    s3.put_object(Bucket=bucket, Key="images/a.png", Body=b"x")
+    env = {**s3_server.env(), ENV.INPUT: f"s3://{bucket}/images/", ENV.OUTPUT: f"s3://{bucket}/o/",
+           ENV.IMAGES_PER_CHILD: "1", ENV.SCRATCH: str(tmp_path / "absent"), ENV.S3_ENDPOINT: s3_server.endpoint}
+    result = iobatch("job", env=env)
+    assert_one_line_error(result, 65, f"scratch directory {tmp_path / 'absent'} does not exist")
+
+
+def _processes_mentioning(text: str) -> list[str]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{entry.name}: {cmdline[:120]}")
+    return found
+
+
+@pytest.mark.e2e
+def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    run_dir = tmp_path / "demo"
+    proc = subprocess.Popen([*CLI, "demo", "--images", "8", "--image-mib", "2", "--images-per-child", "1",
+                             "--run-dir", str(run_dir), "--no-report", "--no-progress"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "IOBATCH_CACHE": str(tmp_path / "cache")})
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("batch "):
+            break
+    time.sleep(1.0)  # children are running now
+    assert _processes_mentioning(str(run_dir)), "expected the server and children to be running"
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    proc.wait(timeout=60)
+    assert proc.returncode == 75, rest
+    assert "error: interrupted" in rest
+    deadline = time.monotonic() + 10
+    while _processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_mentioning(str(run_dir)) == []

@@ -1,0 +1,175 @@
+"""The lab restores every kernel setting it changed, however it ends: exception, SIGINT, SIGTERM, SIGKILL.
+
+Root only: it attaches a small loop device, mounts XFS, sets the root blkio throttle and the dirty
+sysctls. The dirty limits written are large (3 GiB) so that other work on the machine is not slowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tuning.ebs import Volume
+from tuning.host import HostTuning
+from tuning.lab import BLKIO_ROOT, DIRTY_SYSCTLS, Lab, LabConfig, read_state, read_sysctl, recover
+
+pytestmark = [pytest.mark.functional, pytest.mark.root]
+
+ROOT_OK = os.geteuid() == 0
+TOOLS_OK = all(shutil.which(t) for t in ("losetup", "mkfs.xfs", "mount", "umount"))
+BLKIO_OK = (BLKIO_ROOT / "blkio.throttle.write_bps_device").exists()
+if not (ROOT_OK and TOOLS_OK and BLKIO_OK):
+    pytest.skip("needs root, util-linux, xfsprogs and the cgroup v1 blkio controller", allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1024**3
+CACHE = HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=3 * GIB,
+                   dirty_background_bytes=GIB + GIB // 2)
+
+CHILD = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from tuning.ebs import Volume
+    from tuning.host import HostTuning
+    from tuning.lab import Lab, LabConfig
+
+    lab_dir, state_dir, guard = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3] == "1"
+    config = LabConfig(volume=Volume("st1", 500), lab_dir=lab_dir, state_dir=state_dir, loop_size_mib=320,
+                       guard=guard, tick_s=0.05)
+    with Lab(config, say=lambda _: None) as lab:
+        lab.apply_cache(HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=3 * 1024**3,
+                                   dirty_background_bytes=3 * 1024**3 // 2))
+        time.sleep(0.3)  # let the controller set the throttle
+        print(json.dumps({"device": lab.device, "devno": lab.devno, "mount": str(lab.mount)}), flush=True)
+        with open(lab.mount / "data", "wb") as out:
+            while True:  # keep the volume busy until killed
+                out.write(b"x" * 1024 * 1024)
+                out.flush()
+                time.sleep(0.01)
+""")
+
+
+def snapshot() -> dict[str, str]:
+    return {key: read_sysctl(key) for key in DIRTY_SYSCTLS}
+
+
+def throttle_rules(devno: str) -> list[str]:
+    rules = []
+    for name in ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device"):
+        for line in (BLKIO_ROOT / name).read_text().splitlines():
+            if line.split() and line.split()[0] == devno:
+                rules.append(f"{name}: {line}")
+    return rules
+
+
+def mounted(path: str) -> bool:
+    with open("/proc/self/mounts") as mounts:
+        return any(line.split()[1] == path for line in mounts)
+
+
+def attached(backing: Path) -> str:
+    return subprocess.run(["losetup", "-j", str(backing)], capture_output=True, text=True).stdout.strip()
+
+
+def assert_restored(before: dict[str, str], info: dict[str, str], lab_dir: Path, state_dir: Path) -> None:
+    assert snapshot() == before
+    assert throttle_rules(info["devno"]) == []
+    assert not mounted(info["mount"])
+    assert attached(lab_dir / "volume.img") == ""
+    assert not (lab_dir / "volume.img").exists()
+    assert read_state(state_dir) is None
+
+
+def start_child(tmp_path: Path, guard: bool) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "lab"), str(tmp_path / "state"),
+                             "1" if guard else "0"], stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=10)
+        pytest.fail(f"the lab did not start (exit {proc.returncode})")
+    info = json.loads(line)
+    return proc, info
+
+
+def wait_for(predicate: object, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_restores_everything(tmp_path: Path, sig: signal.Signals) -> None:
+    before = snapshot()
+    proc, info = start_child(tmp_path, guard=False)
+    try:
+        # While running: the sysctls, the throttle and the mount are in place.
+        assert read_sysctl("vm.dirty_bytes") == str(3 * GIB)
+        assert throttle_rules(info["devno"]) != []
+        assert mounted(info["mount"])
+        proc.send_signal(sig)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        recover(tmp_path / "state", say=lambda _: None)
+    assert_restored(before, info, tmp_path / "lab", tmp_path / "state")
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_is_restored_by_the_guard(tmp_path: Path) -> None:
+    before = snapshot()
+    proc, info = start_child(tmp_path, guard=True)
+    try:
+        assert read_sysctl("vm.dirty_bytes") == str(3 * GIB)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_for(lambda: read_state(tmp_path / "state") is None, 30), "the guard did not restore"
+    finally:
+        recover(tmp_path / "state", say=lambda _: None)
+    assert_restored(before, info, tmp_path / "lab", tmp_path / "state")
+
+
+@pytest.mark.timeout(60)
+def test_sigkill_without_guard_is_cleaned_up_by_the_next_run(tmp_path: Path) -> None:
+    before = snapshot()
+    proc, info = start_child(tmp_path, guard=False)
+    proc.kill()
+    proc.wait(timeout=10)
+    # Left behind: the state file names what to undo.
+    state = read_state(tmp_path / "state")
+    assert state is not None and state["device"] == info["device"]
+    assert read_sysctl("vm.dirty_bytes") == str(3 * GIB)
+    messages: list[str] = []
+    assert recover(tmp_path / "state", say=messages.append) is True
+    assert "earlier lab run" in messages[0]
+    assert_restored(before, info, tmp_path / "lab", tmp_path / "state")
+
+
+@pytest.mark.timeout(60)
+def test_exception_inside_the_lab_restores(tmp_path: Path) -> None:
+    before = snapshot()
+    config = LabConfig(volume=Volume("st1", 500), lab_dir=tmp_path / "lab", state_dir=tmp_path / "state",
+                       loop_size_mib=320, guard=False, tick_s=0.05)
+    info: dict[str, str] = {}
+    with pytest.raises(RuntimeError, match="boom"), Lab(config, say=lambda _: None) as lab:
+        lab.apply_cache(CACHE)
+        info = {"device": lab.device, "devno": lab.devno, "mount": str(lab.mount)}
+        assert read_sysctl("vm.dirty_background_bytes") == str(GIB + GIB // 2)
+        raise RuntimeError("boom")
+    assert_restored(before, info, tmp_path / "lab", tmp_path / "state")

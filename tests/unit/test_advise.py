@@ -1,0 +1,205 @@
+"""The advisor: profiles + plan -> volume, write cache, mount options and CDK context."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profiling.metrics import StageProfile
+from tuning.advise import (
+    PRICES_AS_OF,
+    PRICES_REGION,
+    AdviseError,
+    Plan,
+    advise,
+    advise_cache,
+    load_profiles,
+    monthly_cost,
+    parse_candidate,
+    profiles_from_emf,
+    render,
+    workload_from_profiles,
+)
+from tuning.ebs import GIB, MIB, Volume
+from tuning.host import HostTuning
+
+pytestmark = pytest.mark.unit
+
+
+def case_study_profiles(children: int = 4, image_mib: int = 64, images: int = 5,
+                        download_s: float = 12.0) -> list[StageProfile]:
+    """Children that each download `images` images, process them and upload a small shard."""
+    size = images * image_mib * MIB
+    out: list[StageProfile] = []
+    for i in range(children):
+        props = {"ArrayIndex": str(i)}
+        out += [
+            StageProfile("download", "ok", 0.0, download_s, read_bytes=size, write_bytes=size, storage_write_bytes=size,
+                         device_write_bytes=size, device_write_ops=size // MIB, io_stall_some_ms=2000.0,
+                         properties=props),
+            StageProfile("process", "ok", 12.0, 20.0, read_bytes=size, write_bytes=size // 8,
+                         storage_write_bytes=size // 8, properties=props),
+            StageProfile("upload", "ok", 32.0, 3.0, read_bytes=size // 8, write_bytes=size // 8, properties=props),
+        ]
+    return out
+
+
+def test_workload_takes_median_child_and_subtracts_io_stall() -> None:
+    workload = workload_from_profiles(case_study_profiles())
+    download = workload.stage("download")
+    assert download is not None
+    assert download.write_bytes == 320 * MIB
+    assert download.io_size == MIB
+    assert download.floor_s == pytest.approx(10.0)  # 12 s minus 2 s of io stall
+    upload = workload.stage("upload")
+    assert upload is not None and upload.write_bytes == 0  # wchar of upload is the network
+    assert workload.children == 4
+    assert any("process" in n for n in workload.notes)  # no device figures: 1 MiB assumed
+
+
+def test_no_successful_profiles_is_a_clear_error() -> None:
+    failed = [StageProfile("download", "failed", 0.0, 1.0)]
+    with pytest.raises(AdviseError, match="no successful stage profiles"):
+        workload_from_profiles(failed)
+
+
+def test_monthly_cost_uses_documented_prices() -> None:
+    assert PRICES_REGION == "us-east-1" and PRICES_AS_OF
+    assert monthly_cost(Volume("st1", 500)) == pytest.approx(22.50)
+    assert monthly_cost(Volume("sc1", 500)) == pytest.approx(7.50)
+    assert monthly_cost(Volume("gp2", 100)) == pytest.approx(10.00)
+    # gp3: 100 GiB + 1000 IOPS and 125 MiB/s above the free baseline.
+    assert monthly_cost(Volume("gp3", 100, iops=4000, throughput_mibps=250)) == pytest.approx(8 + 5 + 5)
+    # io2: tiered IOPS.
+    assert monthly_cost(Volume("io2", 100, iops=40_000)) == pytest.approx(12.5 + 32_000 * 0.065 + 8_000 * 0.0455)
+
+
+def test_cache_is_sized_from_the_burst_and_memory() -> None:
+    workload = workload_from_profiles(case_study_profiles())
+    plan = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=100)
+    cache = advise_cache(workload, plan)
+    burst = 4 * 320 * MIB
+    assert cache.burst_bytes == burst
+    limit = cache.tuning.dirty_bytes
+    background = cache.tuning.dirty_background_bytes
+    assert limit is not None and background is not None
+    # Writers run free up to (limit + background) / 2, which must hold the burst with room to spare.
+    assert (limit + background) // 2 >= burst * 1.1
+    assert cache.fits
+    assert cache.tuning.dirty_ratio is None  # bytes form only
+    assert "Spot" in cache.tradeoff and "memory" in cache.tradeoff
+
+
+def test_cache_capped_by_memory_budget_says_so() -> None:
+    workload = workload_from_profiles(case_study_profiles(image_mib=256))
+    plan = Plan(jobs_per_instance=4, memory_gib=4, jobs_per_day=100, cache_budget_pct=40)
+    cache = advise_cache(workload, plan)
+    assert not cache.fits
+    assert cache.tuning.dirty_bytes is not None
+    assert cache.tuning.dirty_bytes <= int(4 * GIB * 0.4) + MIB
+    assert "memory budget" in cache.tradeoff
+
+
+def test_advice_recommends_and_prints_cdk_context() -> None:
+    plan = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=400, kernel_release="6.1.0-18-amd64")
+    candidates = [Volume("st1", 125), Volume("st1", 500), Volume("gp3", 200)]
+    advice = advise(case_study_profiles(), plan, candidates)
+    assert advice.recommended.volume in candidates
+    ctx = advice.context
+    assert ctx["volumeType"] == advice.recommended.volume.kind
+    assert ctx["volumeSizeGiB"] == str(advice.recommended.volume.size_gib)
+    assert ctx["dirtyBytes"] == str(advice.cache.tuning.dirty_bytes)
+    assert ctx["dirtyRatio"] == "none"
+    # The context round-trips through the stack's reader.
+    assert HostTuning.from_context(ctx) == advice.cache.tuning
+    assert advice.cdk_args.startswith("-c volumeType=")
+    body = advice.to_json()
+    json.dumps(body)
+    assert body["prices"] == {"region": "us-east-1", "as_of": PRICES_AS_OF}
+    text = render(advice)
+    assert "Recommended volume" in text and "cdk deploy -c" in text and "Durability" in text
+
+
+def test_small_st1_runs_out_of_credits_under_heavy_load() -> None:
+    # 4 jobs x 320 MiB every ~35 s is ~36 MiB/s: far above a 125 GiB st1's 4.9 MiB/s baseline.
+    plan = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=4 * 2400)
+    advice = advise(case_study_profiles(), plan, [Volume("st1", 125), Volume("st1", 2048)])
+    small, big = advice.candidates
+    assert small.credits_run_out_h is not None and small.credits_run_out_h < 24
+    assert small.steady_download_s > small.download_s * 2
+    assert big.credits_run_out_h is None
+    assert advice.recommended is big
+    assert "runs dry" in render(advice) or "never runs dry" in render(advice)
+
+
+def test_default_cache_is_slower_than_tuned_for_a_big_burst() -> None:
+    # 4 x 500 MiB burst on a 8 GiB instance, arriving at 1,000 MiB/s (2 s without the io stall).
+    profiles = case_study_profiles(image_mib=100, download_s=4.0)
+    plan = Plan(jobs_per_instance=4, memory_gib=8, jobs_per_day=100)
+    advice = advise(profiles, plan, [Volume("st1", 500)])
+    assert advice.untuned_download_s > advice.recommended.download_s * 2
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("st1", "TYPE:SIZE_GIB"), ("st1:big", "not a whole number"), ("gp3:100:speed=3", "iops=N"),
+     ("st1:50", "outside 125")],
+)
+def test_bad_candidates(text: str, message: str) -> None:
+    with pytest.raises(AdviseError, match=message):
+        parse_candidate(text)
+
+
+def test_parse_candidate() -> None:
+    assert parse_candidate("gp3:200:iops=4000:throughput=250") == Volume("gp3", 200, 4000, 250.0)
+
+
+@pytest.mark.parametrize(
+    ("plan", "message"),
+    [(Plan(0, 16, 10), "jobs per instance"), (Plan(1, 0, 10), "memory"), (Plan(1, 16, 0), "jobs per day")],
+)
+def test_bad_plans(plan: Plan, message: str) -> None:
+    with pytest.raises(AdviseError, match=message):
+        advise(case_study_profiles(), plan)
+
+
+def test_bad_kernel_release_is_refused() -> None:
+    from tuning.host import HostTuningError
+
+    with pytest.raises(HostTuningError):
+        advise(case_study_profiles(), Plan(1, 16, 10, kernel_release="banana"))
+
+
+def test_emf_documents_become_profiles() -> None:
+    doc = {"_aws": {"Timestamp": 1_700_000_000_000, "CloudWatchMetrics": []}, "Pipeline": "iobatch",
+           "Stage": "download", "StageDuration": 12.5, "WriteBytes": 1000, "StorageWriteBytes": 900,
+           "PeakDirtyBytes": [5000], "IoStallSome": 100.0, "JobId": "j"}
+    (profile,) = profiles_from_emf([doc, {"not": "emf"}])
+    assert profile.stage == "download" and profile.duration_s == 12.5
+    assert profile.storage_write_bytes == 900 and isinstance(profile.storage_write_bytes, int)
+    assert profile.peak_dirty_bytes == 5000
+    assert profile.started_at == 1_700_000_000.0
+
+
+def test_load_profiles_from_run_dir_jsonl_and_emf(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / "profiles").mkdir(parents=True)
+    lines = [json.dumps(p.to_dict()) for p in case_study_profiles(children=1)]
+    (run / "profiles" / "part-00000.jsonl").write_text("\n".join(lines) + "\n")
+    assert len(load_profiles([run])) == 3
+    emf = tmp_path / "x.emf"
+    emf.write_text("some log line\n" + json.dumps({"_aws": {}, "Stage": "upload", "StageDuration": 1}) + "\n")
+    assert [p.stage for p in load_profiles([emf])] == ["upload"]
+    with pytest.raises(AdviseError, match="does not exist"):
+        load_profiles([tmp_path / "missing"])
+    with pytest.raises(AdviseError, match="no profiles"):
+        load_profiles([])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises((AdviseError, ValueError)):
+        load_profiles([bad])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AdviseError, match="run directory"):
+        load_profiles([tmp_path / "empty"])
