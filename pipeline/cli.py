@@ -84,11 +84,13 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
 
 
 def _write_report(run_dir: Path) -> Path | None:
+    from profiling.report import ReportInputError, write_report
+
     try:
-        from profiling.report import write_report
-    except ImportError:
+        return write_report(run_dir)
+    except ReportInputError as exc:
+        print(f"report:   not written ({exc})")
         return None
-    return write_report(run_dir)
 
 
 @app.command()
@@ -104,7 +106,7 @@ def demo(
     s3_endpoint: str | None = typer.Option(None, help="Use this S3 endpoint (e.g. LocalStack, or AWS with "
                                            "https://s3.REGION.amazonaws.com) instead of the embedded server; "
                                            "credentials from the usual AWS_* variables."),
-    slow_child: int | None = typer.Option(None, min=0, help="Throttle this child's S3 traffic (16 MiB/s) to show "
+    slow_child: int | None = typer.Option(None, min=0, help="Throttle this child's S3 traffic (4 MiB/s) to show "
                                           "bad-apple detection in the report."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write RUN_DIR/report.html at the end."),
     seed: int = typer.Option(0, help="Seed of the synthetic images."),

@@ -92,8 +92,9 @@ def _clean_scratch(settings: JobSettings) -> None:
 
 def scratch_full(settings: JobSettings, what: str) -> ScratchError:
     usage = shutil.disk_usage(settings.scratch_root)
+    size = f"{usage.total / 2**30:.1f} GiB" if usage.total >= 2**30 else f"{usage.total / 2**20:.1f} MiB"
     return ScratchError(
-        f"scratch volume {settings.scratch_root} ({usage.total / 2**30:.1f} GiB) is full while {what}: "
+        f"scratch volume {settings.scratch_root} ({size}) is full while {what}: "
         "use a bigger volume (see `iobatch advise`) or fewer images per job"
     )
 

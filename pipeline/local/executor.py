@@ -8,6 +8,7 @@ child is reported with its headline and exit code; the others go on.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,7 +45,7 @@ class LocalBatch:
     env: Mapping[str, str] = field(default_factory=dict)  # credentials and the like, added to every child
     sidecar: bool = True
     slow_child: int | None = None  # this child's S3 traffic goes through a throttling proxy
-    slow_child_bps: float = 16 * 2**20
+    slow_child_bps: float = 4 * 2**20
     queue: str = "local"
 
 
@@ -244,13 +245,14 @@ def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: 
     started = time.monotonic()
     result = BatchResult(batch.run_dir, batch.children)
     show_bars = sys.stdout.isatty() if progress is None else progress
-    proxy: ThrottledProxy | None = None
-    if batch.slow_child is not None and batch.template.s3_endpoint:
-        upstream_port = int(batch.template.s3_endpoint.rsplit(":", 1)[1].split("/")[0])
-        proxy = ThrottledProxy(upstream_port, batch.slow_child_bps).__enter__()
-    if on_start:
-        on_start(batch)
-    with _Progress(batch.children, images_total, show_bars) as bars:
+    with contextlib.ExitStack() as stack:
+        proxy: ThrottledProxy | None = None
+        if batch.slow_child is not None and batch.template.s3_endpoint:
+            upstream_port = int(batch.template.s3_endpoint.rsplit(":", 1)[1].split("/")[0])
+            proxy = stack.enter_context(ThrottledProxy(upstream_port, batch.slow_child_bps))
+        if on_start:
+            on_start(batch)
+        bars = stack.enter_context(_Progress(batch.children, images_total, show_bars))
         runner = _Runner(batch, bars)
         pool = ThreadPoolExecutor(max_workers=max(1, batch.workers), thread_name_prefix="child")
         try:
@@ -269,7 +271,5 @@ def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: 
             raise
         finally:
             pool.shutdown(wait=True)
-            if proxy is not None:
-                proxy.__exit__(None, None, None)
     result.elapsed_s = time.monotonic() - started
     return result

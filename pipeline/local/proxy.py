@@ -1,8 +1,9 @@
 """A TCP proxy on loopback that can slow a connection down, to make one child a measurable bad apple.
 
 `ThrottledProxy(upstream_port, rate_bps)` forwards 127.0.0.1:<port> to 127.0.0.1:<upstream_port> and
-limits each direction of every connection to `rate_bps` bytes per second (a token bucket per
-direction). It runs in a daemon thread with its own asyncio loop, and stops with its `with` block.
+limits each direction to `rate_bps` bytes per second in all: one token bucket per direction, shared by
+every connection (s5cmd opens several at once; a per-connection limit would multiply the rate). It runs
+in a daemon thread with its own asyncio loop, and stops with its `with` block.
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ class ThrottledProxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
         self._ready = threading.Event()
+        self._buckets = {"up": TokenBucket(rate_bps), "down": TokenBucket(rate_bps)}
         self._thread = threading.Thread(target=self._run, name="throttled-proxy", daemon=True)
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        bucket = TokenBucket(self.rate_bps)
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucket: TokenBucket) -> None:
         try:
             while data := await reader.read(CHUNK):
                 delay = bucket.delay_for(len(data), time.monotonic())
@@ -69,7 +70,8 @@ class ThrottledProxy:
         except OSError:
             client_writer.close()
             return
-        await asyncio.gather(self._pipe(client_reader, up_writer), self._pipe(up_reader, client_writer))
+        await asyncio.gather(self._pipe(client_reader, up_writer, self._buckets["up"]),
+                             self._pipe(up_reader, client_writer, self._buckets["down"]))
 
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
@@ -90,10 +92,18 @@ class ThrottledProxy:
             raise RuntimeError("the throttling proxy did not start")
         return self
 
+    async def _shutdown(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         loop = self._loop
         if loop is not None:
-            if self._server is not None:
-                loop.call_soon_threadsafe(self._server.close)
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout=5)
             loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout=5)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -72,3 +73,20 @@ def test_freeze_refuses_bad_manifest_and_empty_prefix(s3_server: EmbeddedS3, s3:
 def test_missing_bucket_is_named(s3_server: EmbeddedS3, s3: Any) -> None:
     with pytest.raises(MissingObjectError, match="bucket of s3://no-such-bucket-x/images/ does not exist"):
         list(s3io.list_images(s3, S3Uri("no-such-bucket-x", "images/")))
+
+
+def test_throttled_proxy_limits_all_connections_together(
+    s3_server: EmbeddedS3, s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    from pipeline.local.proxy import ThrottledProxy
+
+    for i in range(4):
+        s3.put_object(Bucket=bucket, Key=f"slow/{i}", Body=os.urandom(512 * 1024))
+    copies = [Copy(f"s3://{bucket}/slow/{i}", str(tmp_path / f"{i}")) for i in range(4)]
+    with ThrottledProxy(s3_server.port, 1024 * 1024) as slow:
+        started = time.monotonic()
+        run_copies(copies, command_file=tmp_path / "cmds", endpoint=slow.endpoint, workers=4)
+        elapsed = time.monotonic() - started
+    # 2 MiB at 1 MiB/s shared by four parallel connections: ~2 s less the 0.1 s burst. A limit per
+    # connection would let the four finish in ~0.5 s. Load on the machine only makes it slower.
+    assert elapsed >= 1.5
