@@ -6,11 +6,13 @@ Four parts, each printed as a table:
 
 1. the model's worked examples (tuning.ebs): st1 500 GiB rates, burst time of a full bucket and of
    54 GiB of credits, and why credits / burst underestimates it;
-2. a plain writer (the download burst of one instance as files) under the kernel's default write cache
+2. a plain writer (the download burst of one instance as files), on the st1 at baseline (bucket held
+   empty, as after the credit cliff), under the kernel's default write cache
    (dirty_ratio 20 / background 10) and the case study's (30 / 20), both as bytes for the emulated memory,
    alternating: time until every write returned vs time until the data is durable;
-3. `iobatch lab`: the real pipeline (embedded S3, s5cmd, profiler sidecar) on the lab volume under both
-   settings, with the profiles' peak dirty, dirty limit, io stall and dirty-throttle pause;
+3. `iobatch lab --after-cliff`: the real pipeline (embedded S3, s5cmd, profiler sidecar) on the lab volume
+   under both settings, with the profiles' peak dirty, dirty limit, io stall and dirty-throttle pause
+   (and with --with-burst, the same with a full bucket);
 4. the credit cliff: rounds of write + sync on an st1 whose bucket is shrunk by a time scale, before and
    after it runs dry, next to the simulator's prediction.
 """
@@ -63,8 +65,9 @@ def part_models() -> None:
 def part_writer(args: argparse.Namespace, lab: Lab) -> None:
     memory = int(args.memory_gib * GIB)
     files = args.workers * args.images_per_child
+    bucket = "bucket held empty (baseline)" if lab.config.hold_empty else "full bucket"
     print(f"## 2. Plain writer: {files} x {args.image_mib:g} MiB by {args.workers} threads, emulated memory "
-          f"{args.memory_gib:g} GiB, {lab.config.volume.label}\n")
+          f"{args.memory_gib:g} GiB, {lab.config.volume.label}, {bucket}\n")
     rows = []
     results: dict[str, list[tuple[float, float]]] = {"default": [], "tuned": []}
     for round_ in range(args.rounds):
@@ -88,17 +91,19 @@ def part_writer(args: argparse.Namespace, lab: Lab) -> None:
           f"durable default {dd:.2f} s vs tuned {td:.2f} s = {dd / td:.2f}x\n")
 
 
-def part_pipeline(args: argparse.Namespace) -> None:
-    print(f"## 3. `iobatch lab`: the pipeline, {args.images} images of ~{args.image_mib:g} MiB, "
-          f"{args.images_per_child} per child, {args.workers} children at once, emulated memory "
-          f"{args.memory_gib:g} GiB, {args.volume}" + (f", credits {args.credits_gib:g} GiB" if args.credits_gib
-                                                      is not None else "") + "\n")
+def part_pipeline(args: argparse.Namespace, *, after_cliff: bool) -> None:
+    bucket = "bucket held empty (after the cliff: baseline)" if after_cliff else "full bucket (burst)"
+    print(f"## 3{'b' if after_cliff else 'a'}. `iobatch lab`: the pipeline, {args.images} images of "
+          f"~{args.image_mib:g} MiB, {args.images_per_child} per child, {args.workers} children at once, emulated "
+          f"memory {args.memory_gib:g} GiB, {args.volume}, {bucket}\n")
     command = [sys.executable, "-m", "pipeline.cli", "lab", "--json", "--volume", args.volume,
                "--memory-gib", str(args.memory_gib), "--workers", str(args.workers), "--images", str(args.images),
                "--image-mib", str(args.image_mib), "--images-per-child", str(args.images_per_child),
                "--rounds", str(args.rounds), "--run-dir", str(args.run_dir)]
     if args.credits_gib is not None:
         command += ["--credits-gib", str(args.credits_gib)]
+    if after_cliff:
+        command += ["--after-cliff"]
     print("command: " + " ".join(command[1:]) + "\n")
     started = time.monotonic()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
@@ -188,6 +193,7 @@ def main() -> None:
     parser.add_argument("--lab-dir", type=Path, default=Path("/var/tmp/iobatch-lab"))
     parser.add_argument("--run-dir", type=Path, default=Path(".iobatch/lab-bench"))
     parser.add_argument("--skip-pipeline", action="store_true")
+    parser.add_argument("--with-burst", action="store_true", help="also run the pipeline with a full bucket")
     parser.add_argument("--skip-cliff", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -198,11 +204,14 @@ def main() -> None:
     from tuning.advise import parse_candidate
 
     config = LabConfig(volume=parse_candidate(args.volume), lab_dir=args.lab_dir, loop_size_mib=args.loop_size_mib,
-                       initial_credits_mib=None if args.credits_gib is None else args.credits_gib * 1024)
+                       initial_credits_mib=None if args.credits_gib is None else args.credits_gib * 1024,
+                       hold_empty=True)
     with Lab(config, say=lambda _: None) as lab:
         part_writer(args, lab)
     if not args.skip_pipeline:
-        part_pipeline(args)
+        part_pipeline(args, after_cliff=True)
+        if args.with_burst:
+            part_pipeline(args, after_cliff=False)
     if not args.skip_cliff:
         part_cliff(args)
 

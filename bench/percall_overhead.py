@@ -68,12 +68,15 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=1_000_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--strace-rounds", type=int, default=1)
+    parser.add_argument("--dir", type=Path, default=None,
+                        help="Directory for the written file (default: tmpfs /dev/shm, else the temp dir). "
+                             "A disk-backed directory gives page-cache writes, ~2-3x dearer per call.")
     args = parser.parse_args()
 
     subprocess.run(["make", "-s", "-C", str(WRITEBENCH.parent)], check=True)
     if library_path() is None:
         raise SystemExit("the interposer is not built: run `make setup`")
-    tmp_root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    tmp_root = str(args.dir) if args.dir else ("/dev/shm" if os.path.isdir("/dev/shm") else None)
     work = Path(tempfile.mkdtemp(prefix="iobatch-percall-", dir=tmp_root))
     target = work / "out.bin"
     workload = [str(WRITEBENCH), str(target), str(args.count), "4096"]
@@ -104,19 +107,24 @@ def main() -> None:
         work.rmdir()
 
     base = statistics.median(results["baseline"])
-    print(f"{args.count:,} x 4 KiB write() to a tmpfs file, {datetime.now(UTC):%Y-%m-%d}, "
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(work.parent)], capture_output=True, text=True).stdout.strip()
+    print(f"{args.count:,} x 4 KiB write() to a file on {fs or 'unknown fs'}, {datetime.now(UTC):%Y-%m-%d}, "
           f"{os.cpu_count()} cores; median of the runs, same run, alternating")
     print()
-    print("| probe | runs | median s | vs baseline | target |")
-    print("|---|---|---|---|---|")
+    print("| probe | runs (s, in order) | median s | ratio of medians | median of per-round ratios | target |")
+    print("|---|---|---|---|---|---|")
     for name in ("baseline", "interposer", "ebpf", "strace -c -f", "strace -f -T"):
         if not results.get(name):
             reason = no_ebpf if name == "ebpf" and no_ebpf else "not run (--strace-rounds 0)"
-            print(f"| {name} | - | - | - | {reason} |")
+            print(f"| {name} | - | - | - | - | {reason} |")
             continue
         median = statistics.median(results[name])
         target_text = f"<= {TARGETS[name]:.2f}x" if name in TARGETS else ""
-        print(f"| {name} | {len(results[name])} | {median:.2f} | {median / base:.2f}x | {target_text} |")
+        runs = ", ".join(f"{v:.2f}" for v in results[name])
+        # Rounds alternate, so each run has a baseline run next to it: the paired ratio resists the
+        # machine's swings better than the ratio of medians.
+        paired = statistics.median(v / b for v, b in zip(results[name], results["baseline"], strict=False))
+        print(f"| {name} | {runs} | {median:.2f} | {median / base:.2f}x | {paired:.2f}x | {target_text} |")
 
 
 if __name__ == "__main__":

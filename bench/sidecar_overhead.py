@@ -1,16 +1,19 @@
 """What the profiler sidecar costs the job.
 
-1. Wall time of the local demo with and without a sidecar beside every child (IOBATCH_NO_SIDECAR=1,
-   honoured by the local executor), alternating in one run, median of N rounds. Two figures: the whole
-   command, and the batch alone (the executor's "in X s" line: no S3 server start, no dataset upload).
-2. The sidecar's own CPU: one sidecar at the given interval profiles one long stage of a job whose
+1. Wall time of a job with and without a sidecar beside it, alternating in one run, median of N rounds:
+   - `--workload writer` (default): a job of three announced stages of file I/O on tmpfs, with no
+     sidecar, a sidecar with the kernel counters only, and a sidecar with the per-call probes too;
+   - `--workload demo`: the local demo with and without IOBATCH_NO_SIDECAR=1 (honoured by the local
+     executor); the whole command and the batch alone (the executor's "in X s" line).
+2. What one stage boundary costs the job (two acks), and what one sample costs.
+3. The sidecar's own CPU: one sidecar at the given interval profiles one long stage of a job whose
    process tree keeps writing; utime + stime from /proc/<sidecar>/stat over the stage, as % of one core.
 
-    python bench/sidecar_overhead.py [--rounds 5] [--images 16] [--image-mib 8] [--cpu-seconds 30]
+    python -m bench.sidecar_overhead [--workload writer|demo|none] [--rounds 7] [--cpu-seconds 30]
 
 Prints a side-by-side table (markdown) for BENCHMARKS.md; ratios are of medians, and "paired" is the
-median of the per-round ratios. Run it on a quiet machine: the ratio is only
-as good as the noise allows, which is why the runs alternate and the medians are compared.
+median of the per-round ratios. Run it on a quiet machine: the ratio is only as good as the noise allows,
+which is why the runs alternate and the medians are compared.
 """
 
 from __future__ import annotations
@@ -209,21 +212,24 @@ def sidecar_cpu(seconds: float, interval: float) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--images", type=int, default=16)
     parser.add_argument("--image-mib", type=float, default=8.0)
     parser.add_argument("--cpu-seconds", type=float, default=30.0)
     parser.add_argument("--interval", type=float, default=1.0)
-    parser.add_argument("--workload", choices=("demo", "writer", "none"), default="demo",
-                        help="demo: the local demo; writer: three stages of file I/O (no S3); none: CPU only")
-    parser.add_argument("--writer-mib", type=int, default=512)
+    parser.add_argument("--workload", choices=("demo", "writer", "none"), default="writer",
+                        help="writer: three stages of file I/O on tmpfs (default); demo: the local demo with "
+                        "and without IOBATCH_NO_SIDECAR=1; none: only the per-stage and CPU figures")
+    parser.add_argument("--writer-mib", type=int, default=1024)
     args = parser.parse_args()
     assert protocol.MAX_SOCKET_PATH  # the protocol module is importable from here
 
     rows: list[tuple[str, str, str, str]] = []
     if args.workload == "writer":
         series: dict[str, list[float]] = {name: [] for name in WRITER_VARIANTS}
-        with tempfile.TemporaryDirectory(prefix="iobatch-bench-", dir=os.environ.get("IOBATCH_BENCH_DIR")) as tmp:
+        # tmpfs by default: other processes' disk traffic would drown a few-percent difference
+        bench_dir = os.environ.get("IOBATCH_BENCH_DIR") or ("/dev/shm" if Path("/dev/shm").is_dir() else None)
+        with tempfile.TemporaryDirectory(prefix="iobatch-bench-", dir=bench_dir) as tmp:
             run_writer(Path(tmp), sidecar_args=[], mib=args.writer_mib)  # warm-up
             names = list(WRITER_VARIANTS)
             for round_ in range(args.rounds):

@@ -70,6 +70,8 @@ class Jobs(Construct):
             "IOBATCH_PIPELINE": settings.pipeline_name,
             "IOBATCH_SCRATCH": "/scratch",
             "IOBATCH_VOLUME_TYPE": settings.volume_type,
+            # s5cmd and boto3 find the buckets' region without a lookup.
+            "AWS_REGION": Aws.REGION,
             # EMF goes to stdout, which awslogs ships and CloudWatch turns into metrics (no agent).
             "AWS_EMF_ENVIRONMENT": "Local",
             "AWS_EMF_NAMESPACE": DEFAULT_NAMESPACE,

@@ -6,10 +6,12 @@ errors (pipeline.errors) into one line on stderr and a documented exit code.
 
 from __future__ import annotations
 
+import signal
 import sys
 from collections.abc import Callable
 from functools import wraps
 from pathlib import Path
+from types import FrameType
 from typing import Any, TypeVar
 
 import typer
@@ -41,11 +43,19 @@ def fail(headline: str, code: int) -> None:
     raise typer.Exit(code)
 
 
+def _sigterm_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
 def handles_errors(func: F) -> F:
-    """Known errors become one line and their exit code; anything else keeps its traceback."""
+    """Known errors become one line and their exit code; anything else keeps its traceback.
+
+    SIGTERM is treated as Ctrl-C, so every `with` block (the S3 server, the children) cleans up.
+    """
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         try:
             return func(*args, **kwargs)
         except IobatchError as exc:
@@ -185,7 +195,7 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.SKIP_BAD_IMAGES:<26} 1: record undecodable images in the index instead of failing
   {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
   {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
-  {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/profiler.sock)
+  {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/profiler.sock); off: none
   {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
   {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)
 
@@ -669,6 +679,8 @@ def lab(
                                      "of credits last minutes."),
     credits_gib: float | None = typer.Option(None, help="Credits at the start, at the real volume's scale "
                                              "(default: a full bucket)."),
+    after_cliff: bool = typer.Option(False, "--after-cliff", help="Hold the credit bucket empty: the volume "
+                                     "runs at baseline, as after the credit cliff under sustained load."),
     loop_size_mib: int = typer.Option(4096, help="Size of the lab file system (sparse)."),
     lab_dir: Path = typer.Option(Path("/var/tmp/iobatch-lab"), help="Backing file and mount point."),
     run_dir: Path = typer.Option(Path(".iobatch/lab"), help="Run directories (S3 data, profiles) per run; "
@@ -702,7 +714,8 @@ def lab(
         tuned.validate()
         config = LabConfig(volume=parse_candidate(volume), lab_dir=lab_dir, loop_size_mib=loop_size_mib,
                            time_scale=time_scale,
-                           initial_credits_mib=None if credits_gib is None else credits_gib * 1024)
+                           initial_credits_mib=None if credits_gib is None else credits_gib * 1024,
+                           hold_empty=after_cliff)
         config.validate()
     except (AdviseError, HostTuningError, LabError) as exc:
         raise UsageError(str(exc)) from None

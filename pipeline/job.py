@@ -187,7 +187,15 @@ def run_child(settings: JobSettings) -> ChildResult:
         with reporter.stage("upload") as stage:
             out = settings.child_output
             # A run killed mid-upload may have left multipart uploads behind: they cost storage until aborted.
-            orphans = s3io.abort_multipart_uploads(s3, out)
+            try:
+                orphans = s3io.abort_multipart_uploads(s3, out)
+            except IobatchError as exc:
+                if exc.retryable:
+                    raise
+                # Not allowed to list them (s3:ListBucketMultipartUploads): the bucket's lifecycle
+                # rule still aborts incomplete uploads, so this is no reason to fail the child.
+                log("warning", error=f"could not clean up multipart uploads under {out}: {exc.headline}")
+                orphans = []
             if orphans:
                 log("aborted_multipart_uploads", keys=orphans)
             # boto3 rather than s5cmd here: two files, and s5cmd 2.3 cannot send CRC32C checksums.

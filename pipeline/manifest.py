@@ -48,6 +48,11 @@ class ManifestEntry:
         return (json.dumps(body, separators=(",", ":")) + "\n").encode()
 
 
+def _shown(text: str) -> str:
+    """Text as it can stand in a one-line error: as is when printable, else its repr."""
+    return text if text.isprintable() else repr(text)
+
+
 def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry | None:
     """One manifest line -> entry (None for a blank line). `where` names the file and line for errors."""
     text = line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
@@ -56,7 +61,7 @@ def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry |
         return None
     try:
         body = json.loads(text)
-    except json.JSONDecodeError:
+    except (ValueError, RecursionError):  # also: nesting too deep, an integer of over 4300 digits
         raise ManifestError(f"{where} is not JSON: write one object a line, e.g. {{\"key\": \"images/a.png\"}}") \
             from None
     if not isinstance(body, dict):
@@ -69,7 +74,7 @@ def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry |
         uri_bucket, _, key = uri[len("s3://"):].partition("/")
         if uri_bucket != bucket:
             raise ManifestError(
-                f"{where}: {uri} is outside the input bucket {bucket}: copy it there or submit it separately"
+                f"{where}: {_shown(uri)} is outside the input bucket {bucket}: copy it there or submit it separately"
             )
     if not isinstance(key, str) or not key or key.endswith("/"):
         raise ManifestError(f"{where} names no object: give \"key\" (in bucket {bucket}) or \"uri\"")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import tempfile
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,7 +23,9 @@ from botocore.exceptions import (
     BotoCoreError,
     ClientError,
     EndpointConnectionError,
+    IncompleteReadError,
     NoCredentialsError,
+    ResponseStreamingError,
 )
 
 from pipeline.errors import (
@@ -48,6 +51,7 @@ from pipeline.manifest import (
 from pipeline.settings import S3Uri
 
 SUCCESS_MARKER = "_SUCCESS"
+_BODY_ATTEMPTS = 4
 _RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
                     "ServiceUnavailable", "503", "500", "RequestTimeTooSkewed"}
 _CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
@@ -130,11 +134,20 @@ def get_range(s3: Any, uri: S3Uri, start: int, end: int) -> bytes:
     """Bytes [start, end) of an object."""
     if end <= start:
         return b""
-    try:
-        response = s3.get_object(Bucket=uri.bucket, Key=uri.key, Range=f"bytes={start}-{end - 1}")
-        return bytes(response["Body"].read())
-    except (ClientError, BotoCoreError) as exc:
-        raise translate(exc, what=str(uri)) from None
+    # botocore retries a request that fails, but not a body cut off half-way: that is retried here.
+    for attempt in range(_BODY_ATTEMPTS):
+        try:
+            response = s3.get_object(Bucket=uri.bucket, Key=uri.key, Range=f"bytes={start}-{end - 1}")
+            data = bytes(response["Body"].read())
+            if len(data) == end - start or attempt == _BODY_ATTEMPTS - 1:
+                return data
+        except (ResponseStreamingError, IncompleteReadError) as exc:
+            if attempt == _BODY_ATTEMPTS - 1:
+                raise translate(exc, what=str(uri)) from None
+        except (ClientError, BotoCoreError) as exc:
+            raise translate(exc, what=str(uri)) from None
+        time.sleep(0.1 * 2**attempt)
+    raise AssertionError("unreachable")
 
 
 def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:

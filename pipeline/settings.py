@@ -29,7 +29,7 @@ class ENV:
     SKIP_BAD_IMAGES = "IOBATCH_SKIP_BAD_IMAGES"
     S5CMD_WORKERS = "IOBATCH_S5CMD_WORKERS"
     PIPELINE = "IOBATCH_PIPELINE"  # the Pipeline dimension of every metric
-    PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock
+    PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock; "off": no profiler
     VOLUME_TYPE = "IOBATCH_VOLUME_TYPE"  # reported as a property (st1, gp3, ...)
     FORCE = "IOBATCH_FORCE"  # 1: redo children whose _SUCCESS marker exists (`iobatch submit --force`)
     ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
@@ -38,6 +38,7 @@ class ENV:
 
 
 DEFAULT_SCRATCH = "/scratch"
+PROFILER_OFF = "off"
 DEFAULT_TRAIN_SIZE = (512, 384)
 DEFAULT_S5CMD_WORKERS = 16
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
@@ -128,6 +129,7 @@ class JobSettings:
     s5cmd_workers: int = DEFAULT_S5CMD_WORKERS
     pipeline: str = "iobatch"
     profiler_socket: Path | None = None
+    profiler_enabled: bool = True  # False when IOBATCH_PROFILER_SOCKET=off: stages are not announced
     volume_type: str = "unknown"
     force: bool = False  # redo a child even when its _SUCCESS marker exists
 
@@ -149,7 +151,8 @@ class JobSettings:
             skip_bad_images=env.get(ENV.SKIP_BAD_IMAGES, "").lower() in ("1", "true", "yes"),
             s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1),
             pipeline=env.get(ENV.PIPELINE) or "iobatch",
-            profiler_socket=Path(socket_raw) if socket_raw else None,
+            profiler_socket=Path(socket_raw) if socket_raw and socket_raw != PROFILER_OFF else None,
+            profiler_enabled=socket_raw != PROFILER_OFF,
             volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",
             force=env.get(ENV.FORCE, "").lower() in ("1", "true", "yes"),
         )
@@ -164,7 +167,10 @@ class JobSettings:
         return self.scratch_root / self.child
 
     @property
-    def socket_path(self) -> Path:
+    def socket_path(self) -> Path | None:
+        """The sidecar's socket, or None when the profiler is off."""
+        if not self.profiler_enabled:
+            return None
         return self.profiler_socket or (self.work_dir / "profiler.sock")
 
     @property
@@ -191,7 +197,9 @@ class JobSettings:
             env[ENV.S3_ENDPOINT] = self.s3_endpoint
         if self.skip_bad_images:
             env[ENV.SKIP_BAD_IMAGES] = "1"
-        if self.profiler_socket:
+        if not self.profiler_enabled:
+            env[ENV.PROFILER_SOCKET] = PROFILER_OFF
+        elif self.profiler_socket:
             env[ENV.PROFILER_SOCKET] = str(self.profiler_socket)
         if self.force:
             env[ENV.FORCE] = "1"

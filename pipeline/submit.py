@@ -48,6 +48,8 @@ OUTPUT_KEYS = {
     "dashboard": "DashboardName",
     "volume_type": "VolumeType",
 }
+#: Outputs read when present: the only prefixes the job role may read (input) and write (output) under.
+OPTIONAL_OUTPUT_KEYS = {"input_prefix": "InputPrefix", "output_prefix": "OutputPrefix"}
 
 #: Container names of the multi-container job definition (infra/jobs.py).
 JOB_CONTAINER = "job"
@@ -137,6 +139,8 @@ class StackOutputs:
     pipeline: str
     dashboard: str
     volume_type: str
+    input_prefix: str = ""
+    output_prefix: str = ""
 
     @classmethod
     def from_outputs(cls, stack_name: str, outputs: Iterable[Mapping[str, Any]]) -> StackOutputs:
@@ -146,7 +150,8 @@ class StackOutputs:
         if missing:
             raise UsageError(f"stack {stack_name} has no output {', '.join(missing)}: deploy the iobatch stack "
                              "(`cdk deploy`) or name the right one with --stack")
-        return cls(**{attr: found[key] for attr, key in OUTPUT_KEYS.items()})
+        optional = {attr: found.get(key, "") for attr, key in OPTIONAL_OUTPUT_KEYS.items()}
+        return cls(**{attr: found[key] for attr, key in OUTPUT_KEYS.items()}, **optional)
 
     @classmethod
     def from_stack(cls, cfn_client: Any, stack_name: str, backoff: Backoff | None = None) -> StackOutputs:
@@ -205,8 +210,14 @@ class SubmitRequest:
         input_bucket: str | None = None,
         output_bucket: str | None = None,
         force: bool = False,
+        input_prefix: str = "",
+        output_prefix: str = "",
     ) -> SubmitRequest:
-        """Validate the flags. `input_bucket`/`output_bucket` come from the stack (None: --local)."""
+        """Validate the flags.
+
+        `input_bucket`/`output_bucket` come from the stack (None: --local), and so do `input_prefix` and
+        `output_prefix`, the only places the job role may read and write.
+        """
         if images_per_child < 1:
             raise UsageError(f"--images-per-job is {images_per_child}: give 1 or more")
         if (manifest is None) == (prefix is None):
@@ -224,15 +235,22 @@ class SubmitRequest:
             input_uri = S3Uri.parse(prefix, what="--prefix").as_prefix()
             if input_bucket is not None and input_uri.bucket != input_bucket:
                 raise UsageError(f"--prefix {prefix} is outside the stack's input bucket {input_bucket}: copy the "
-                                 f"images to s3://{input_bucket}/ or deploy with that bucket")
+                                 f"images to s3://{input_bucket}/{input_prefix} or deploy with that bucket")
+            if input_bucket is not None and not input_uri.key.startswith(input_prefix):
+                raise UsageError(f"--prefix {prefix} is outside s3://{input_bucket}/{input_prefix}, the only prefix "
+                                 "the job may read: put the images under it or redeploy with -c inputPrefix=...")
             source = input_uri
         name = batch_name(source, images_per_child)
         if output is not None:
             output_uri = S3Uri.parse(output, what="--output").as_prefix()
         elif output_bucket is not None:
-            output_uri = S3Uri(output_bucket, f"{name}/")
+            output_uri = S3Uri(output_bucket, f"{output_prefix}{name}/")
         else:
             output_uri = S3Uri(input_uri.bucket, f"iobatch-output/{name}/")
+        if output_bucket is not None and (output_uri.bucket != output_bucket or
+                                          not output_uri.key.startswith(output_prefix)):
+            raise UsageError(f"--output {output_uri} is outside s3://{output_bucket}/{output_prefix}, the only "
+                             "place the job may write: leave --output out or give a folder under it")
         if manifest_uri is None and output_uri.bucket == input_uri.bucket and \
                 output_uri.key.startswith(input_uri.key):
             raise UsageError(f"output {output_uri} is inside the input prefix {input_uri}: a later listing would "
@@ -713,7 +731,8 @@ def submit_to_stack(
     outputs = StackOutputs.from_stack(cfn, stack)
     request = SubmitRequest.build(manifest=manifest, prefix=prefix, images_per_child=images_per_child,
                                   output=output, input_bucket=outputs.input_bucket,
-                                  output_bucket=outputs.output_bucket, force=force)
+                                  output_bucket=outputs.output_bucket, force=force,
+                                  input_prefix=outputs.input_prefix, output_prefix=outputs.output_prefix)
     target = BatchTarget.resolve(batch, outputs.job_queue, outputs.job_definition)
     s3 = s3io.client(s3_endpoint)
     if dry_run:

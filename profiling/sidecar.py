@@ -13,8 +13,10 @@ Whatever goes wrong here is logged as one warning and never reaches the job: the
 Extension seams (kept tiny on purpose):
 
 - per-call probes: `profiling.probes.call_probes_for(scratch_dir)` returns CallProbe objects; each is
-  started with the stage's pid at stage_start and stopped at stage_end. The first non-empty result is
-  stored in StageProfile.calls and the probe's name in StageProfile.sources["calls"].
+  started with the stage's pid at stage_start (before the baseline, so attaching is not stage time) and
+  stopped at stage_end (before the ack, so the job's work after the stage is not counted). The first
+  non-empty result is stored in StageProfile.calls and the probe's name in StageProfile.sources["calls"].
+  `iobatch sidecar --no-call-probes` runs the kernel counters alone.
 - contracts: when a contract file is given and the module `profiling.contract` exists, the sidecar calls
   `profiling.contract.load_contract(path)` once and `profiling.contract.evaluate_stage(contract, profile)`
   at every stage end, storing the returned list of dicts in StageProfile.contract.
@@ -287,24 +289,25 @@ class StageSampler:
 # ---- per-job identity ----------------------------------------------------------------------------------
 
 
-def _imds_get(path: str, token: str) -> str:
-    request = urllib.request.Request(f"{IMDS_URL}/{path}", headers={"X-aws-ec2-metadata-token": token})
+def _imds_get(base_url: str, path: str, token: str) -> str:
+    request = urllib.request.Request(f"{base_url}/{path}", headers={"X-aws-ec2-metadata-token": token})
     with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
         return str(response.read().decode())
 
 
-def instance_identity(environ: Mapping[str, str]) -> tuple[str, str]:
+def instance_identity(environ: Mapping[str, str], *, base_url: str = IMDS_URL) -> tuple[str, str]:
     """(InstanceId, InstanceType). In an ECS/Batch container, from IMDSv2 with a short timeout (the
     launch template must allow a hop limit of 2 for bridge-mode containers); elsewhere the host name
     and "local"."""
     if not (environ.get("ECS_CONTAINER_METADATA_URI_V4") or environ.get("ECS_CONTAINER_METADATA_URI")):
         return socket.gethostname(), "local"
     try:
-        request = urllib.request.Request(f"{IMDS_URL}/api/token", method="PUT",
+        request = urllib.request.Request(f"{base_url}/api/token", method="PUT",
                                          headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
         with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
             token = response.read().decode()
-        return _imds_get("meta-data/instance-id", token), _imds_get("meta-data/instance-type", token)
+        return (_imds_get(base_url, "meta-data/instance-id", token),
+                _imds_get(base_url, "meta-data/instance-type", token))
     except (OSError, ValueError):
         return "unknown", "unknown"
 

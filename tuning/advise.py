@@ -569,7 +569,9 @@ def render(advice: Advice) -> str:
         f"({(cache.tuning.dirty_background_bytes or 0) / GIB:.2f} GiB), sized for a burst of "
         f"{cache.burst_bytes / GIB:.2f} GiB per instance. The kernel's defaults (dirty_ratio 20, "
         f"background 10) pause writers at {cache.default_freerun_bytes / GIB:.2f} GiB: a download takes "
-        f"{advice.untuned_download_s:,.1f} s untuned vs {rec.download_s:,.1f} s tuned on {rec.volume.label}.",
+        f"{advice.untuned_download_s:,.1f} s untuned vs {rec.download_s:,.1f} s tuned on {rec.volume.label}"
+        + (". The defaults already absorb the burst; the smaller limit keeps less data at risk and less "
+           "memory pinned." if cache.default_freerun_bytes >= cache.burst_bytes * CACHE_HEADROOM else "."),
         f"Durability: {cache.tradeoff}",
         f"Mount options (valid for kernel {plan.kernel_release or 'current'}): "
         f"{cache.tuning.mount_option_string()}",

@@ -82,6 +82,9 @@ class LabConfig:
     initial_credits_mib: float | None = None  # at the real volume's scale; default a full bucket
     tuning: HostTuning = field(default_factory=HostTuning)  # filesystem and mount options
     tick_s: float = 0.1
+    # Hold the bucket empty: the volume runs at baseline throughout, as after the credit cliff under
+    # sustained load (idle time in the lab, e.g. while the demo uploads its dataset, earns nothing).
+    hold_empty: bool = False
     guard: bool = True  # start the guard process that restores after SIGKILL
 
     def validate(self) -> None:
@@ -195,19 +198,23 @@ class CreditController(threading.Thread):
     """Follows the volume's credit bucket and sets the root blkio throttle to burst or baseline."""
 
     def __init__(self, *, volume: Volume, device_name: str, set_limit: Callable[[int], None],
-                 time_scale: float, initial_credits_mib: float, tick_s: float) -> None:
+                 time_scale: float, initial_credits_mib: float, tick_s: float, hold_empty: bool = False) -> None:
         super().__init__(name="iobatch-lab-credits", daemon=True)
         self.volume = volume
         self.device_name = device_name
         self.set_limit = set_limit
         self.time_scale = time_scale
         self.tick_s = tick_s
+        self.hold_empty = hold_empty
         # The lab's bucket: the real one divided by the time scale.
         self.capacity = volume.credit_capacity / time_scale
         self.credits = initial_credits_mib / time_scale
         self.burst_bps = int(volume.throughput_bps(io_size=HDD_IO_UNIT, bursting=True))
         self.base_bps = int(volume.throughput_bps(io_size=HDD_IO_UNIT, bursting=False))
         self.points: list[ControlPoint] = []
+        self._dry = self.credits <= 0
+        # One second of burst above baseline (at least two ticks).
+        self.resume_credits = (volume.spend_limit(True) - volume.earn_rate()) * max(1.0, 2 * tick_s)
         self.empty_at: float | None = None
         self._halt = threading.Event()
         self._lock = threading.Lock()
@@ -216,7 +223,13 @@ class CreditController(threading.Thread):
 
     @property
     def bursting(self) -> bool:
-        return self.volume.bursts and self.credits > 0
+        if not self.volume.bursts or self.hold_empty:
+            return False
+        if self._dry:
+            # Once empty, burst again only with enough credits for a while at burst: a bucket that
+            # flips between burst and baseline every tick would average the two instead of baseline.
+            return self.credits >= self.resume_credits
+        return self.credits > 0
 
     def current_limit(self) -> int:
         return self.burst_bps if self.bursting else self.base_bps
@@ -226,8 +239,8 @@ class CreditController(threading.Thread):
         cost = 0.0
         for ops, nbytes in ((after.read_ops - before.read_ops, after.read_bytes - before.read_bytes),
                             (after.write_ops - before.write_ops, after.write_bytes - before.write_bytes)):
-            if ops <= 0 and nbytes <= 0:
-                continue
+            if nbytes <= 0:
+                continue  # flushes and other zero-byte requests move no data
             per_byte = self.volume.cost_per_byte(nbytes / ops) if ops > 0 else 1 / MIB
             cost += nbytes * per_byte
         return cost
@@ -249,11 +262,15 @@ class CreditController(threading.Thread):
             dt = now - last_t
             moved = (counters.read_bytes - last.read_bytes) + (counters.write_bytes - last.write_bytes)
             with self._lock:
-                if self.volume.bursts:
+                if self.volume.bursts and not self.hold_empty:
                     self.credits += self.volume.earn_rate() * dt - self.charge(last, counters)
                     self.credits = min(max(self.credits, 0.0), self.capacity)
-                    if self.credits <= 0 and self.empty_at is None:
-                        self.empty_at = now - self.started_at
+                    if self.credits <= 0:
+                        self._dry = True
+                        if self.empty_at is None:
+                            self.empty_at = now - self.started_at
+                    elif self.credits >= self.resume_credits:
+                        self._dry = False
                 limit = self.current_limit()
                 self.points.append(ControlPoint(now - self.started_at, self.credits * self.time_scale, limit,
                                                 moved / dt if dt > 0 else 0.0, read_host_sample(now)))
@@ -504,14 +521,18 @@ class Lab:
         volume = self.config.volume
         initial = volume.credit_capacity if self.config.initial_credits_mib is None \
             else self.config.initial_credits_mib
+        if self.config.hold_empty:
+            initial = 0.0
         self._burst_bps = int(volume.throughput_bps(io_size=HDD_IO_UNIT, bursting=True))
         self.controller = CreditController(
             volume=volume, device_name=Path(self.device).name, set_limit=self._set_limit,
-            time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s)
+            time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s,
+            hold_empty=self.config.hold_empty)
         self.controller.start()
         self.say(f"lab: {volume.label} on {self.device} ({self.config.loop_size_mib} MiB XFS at {self.mount}, "
                  f"-o {options}); burst {volume.burst_mibps:.1f} MiB/s, baseline {volume.baseline_mibps:.1f} "
-                 f"MiB/s, credits {initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})")
+                 f"MiB/s, credits " + ("held empty (baseline only)" if self.config.hold_empty else
+                                        f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})"))
 
     def _current_rule(self, name: str) -> int:
         with contextlib.suppress(OSError):

@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pipeline.errors import EXIT_RETRYABLE
 from pipeline.local.proxy import ThrottledProxy
-from pipeline.settings import ENV, JobSettings, child_name
+from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name
 from profiling import runfiles
 
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
@@ -199,7 +199,7 @@ class _Runner:
                      "--scratch-dir", str(settings.work_dir)],
                     env, stdout=log, stderr=subprocess.STDOUT)
             else:
-                env[ENV.PROFILER_SOCKET] = ""
+                env[ENV.PROFILER_SOCKET] = PROFILER_OFF
             job_env = dict(env)
             if use_sidecar and env.get(INTERPOSE_ENV, "") in ("1", "true"):
                 from profiling.probes.interpose import preload_env

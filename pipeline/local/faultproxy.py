@@ -7,9 +7,9 @@ upstream S3 server, except that, as the plan says, it
 - resets the connection (TCP RST), either before answering or half-way through the response body,
 - answers slowly (sleeps before forwarding).
 
-Each decision is a pure function of (seed, method, path, how many times this method+path was seen),
-so a run is reproducible however requests interleave across connections, and a retried request
-draws a fresh decision (as a real transient fault would).
+Each decision is a pure function of (seed, method, request target, Range header, how many times that
+request was seen), so a run is reproducible however requests interleave across connections, and a
+retried request draws a fresh decision (as a real transient fault would).
 
 HTTP/1.1 is parsed well enough to keep connections alive: request bodies are read by Content-Length or
 chunked encoding, ``Expect: 100-continue`` is answered here, responses are relayed by Content-Length,
@@ -64,17 +64,18 @@ class FaultPlan:
         return self.error_rate + self.reset_rate + self.slow_rate
 
 
-def draw(seed: int, method: str, path: str, attempt: int) -> float:
+def draw(seed: int, method: str, request: str, attempt: int) -> float:
     """A uniform number in [0, 1) fixed by the seed, the request and its attempt number (pure)."""
-    digest = hashlib.blake2b(f"{seed}\0{method}\0{path}\0{attempt}".encode(), digest_size=8).digest()
+    digest = hashlib.blake2b(f"{seed}\0{method}\0{request}\0{attempt}".encode(), digest_size=8).digest()
     return struct.unpack(">Q", digest)[0] / 2**64
 
 
-def decide(plan: FaultPlan, method: str, path: str, attempt: int) -> str:
-    """The fault (or PASS) for the `attempt`-th time `method path` is seen (pure)."""
+def decide(plan: FaultPlan, method: str, path: str, attempt: int, request: str | None = None) -> str:
+    """The fault (or PASS) for the `attempt`-th time a request is seen (pure). `request` tells requests
+    to the same path apart (query, Range); `applies` sees the path."""
     if plan.applies is not None and not plan.applies(method, path):
         return PASS
-    u = draw(plan.seed, method, path, attempt)
+    u = draw(plan.seed, method, request or path, attempt)
     edge = plan.error_rate
     if u < edge:
         return SLOWDOWN if u < edge / 2 else INTERNAL
@@ -206,11 +207,11 @@ class FaultProxy:
     def injected(self) -> int:
         return self.requests - self.counts[PASS]
 
-    def _decide(self, method: str, path: str) -> str:
+    def _decide(self, method: str, path: str, request: str) -> str:
         with self._lock:
-            attempt = self._seen[(method, path)]
-            self._seen[(method, path)] += 1
-            decision = decide(self.plan, method, path, attempt)
+            attempt = self._seen[(method, request)]
+            self._seen[(method, request)] += 1
+            decision = decide(self.plan, method, path, attempt, request)
             self.counts[decision] += 1
         return decision
 
@@ -224,8 +225,10 @@ class FaultProxy:
                 if head is None:
                     return
                 method, _, rest = head.start.partition(" ")
-                path = rest.rpartition(" ")[0].split("?")[0]
-                decision = self._decide(method, path)
+                target = rest.rpartition(" ")[0]
+                path = target.split("?")[0]
+                # Ranged GETs of one object (children reading their slice of a manifest) are different requests.
+                decision = self._decide(method, path, f"{target} {head.get('range') or ''}")
                 expects = (head.get("expect") or "").lower() == "100-continue"
                 if decision in (SLOWDOWN, INTERNAL):
                     # Answer at once; the body (if any) is unread unless the client waits for 100-continue.

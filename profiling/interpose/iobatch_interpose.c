@@ -243,7 +243,18 @@ static int path_index(const char *prefix) {
         found = n;
     }
     pthread_mutex_unlock(&lock);
-    return found; /* 0 when the table is full: attributed to "unknown" */
+    if (!found) {
+        /* Table full: the longest known prefix of this path, else "unknown". */
+        size_t best = 0;
+        for (int i = 1; i < n; i++) {
+            size_t len = strlen(paths[i]);
+            if (len > best && strncmp(paths[i], prefix, len) == 0 && (prefix[len] == '/' || prefix[len] == 0)) {
+                best = len;
+                found = i;
+            }
+        }
+    }
+    return found;
 }
 
 /* Record which path prefix fd refers to. Relative paths are made absolute against the cwd (or dirfd). */
@@ -683,6 +694,8 @@ EXPORT int creat64(const char *path, mode_t mode) {
 EXPORT int close(int fd) {
     ENSURE(close);
     unsigned p = (fd >= 0 && fd < NFD) ? fd_path[fd] : 0;
+    /* Forget the path before the fd is free: once closed, another thread's open may reuse the number. */
+    if (p) fd_path[fd] = 0;
     uint64_t t0 = now_ns();
     int r = real.close(fd);
     uint64_t t1 = now_ns();
@@ -690,8 +703,6 @@ EXPORT int close(int fd) {
         int e = errno;
         struct block *b = thread_block();
         if (b) {
-            /* attribute to the path the fd had, then forget it */
-            if (fd >= 0 && fd < NFD) fd_path[fd] = 0;
             struct cell *c = &b->cells[p][SIZED_CELLS + 1];
             uint64_t ns = t1 - t0;
             if (c->count == 0 || ns < c->min_ns) c->min_ns = ns;

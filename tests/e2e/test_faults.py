@@ -6,6 +6,7 @@ test_faults_scratch.py; the helpers here are shared by both.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -233,8 +234,12 @@ def run_child(batch: Batch, child: int, run_dir: Path, **kw: Any) -> tuple[int, 
 
 
 @pytest.fixture
-def images(s3: Any, bucket: str, small_dataset: tuple[Any, Path]) -> tuple[str, list[str], Path]:
+def images(s3: Any, request: pytest.FixtureRequest, small_dataset: tuple[Any, Path]) -> tuple[str, list[str], Path]:
+    """The session's dataset in a bucket named after the test: the fault proxy's decisions hash the
+    request path, so a fixed name makes a seeded run repeat exactly."""
     _, source = small_dataset
+    bucket = "faults-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:12]
+    s3.create_bucket(Bucket=bucket)
     return bucket, upload_dir(s3, bucket, "images/", source), source
 
 
@@ -303,6 +308,7 @@ def test_low_error_rate_batch_completes_with_identical_outputs(
                                                          proxy.endpoint),
                                       children=frozen.children, workers=2, run_dir=tmp_path / "run",
                                       env=s3_server.env(), sidecar=False), progress=False)
+    print(f"faultproxy seed {plan.seed}: {proxy.requests} requests, {dict(proxy.counts)}")
     assert result.failed == [] and result.succeeded == 4
     assert proxy.injected >= 1, f"no fault was injected in {proxy.requests} requests: the test proves nothing"
     for child in range(4):
@@ -325,6 +331,8 @@ def test_faults_beyond_retries_fail_retryable_and_a_rerun_completes(
                                        children=frozen.children, workers=2, run_dir=tmp_path / "run1",
                                        env={**s3_server.env(), S5CMD_RETRIES_ENV: "1"}, sidecar=False),
                             progress=False)
+    print(f"faultproxy seed {plan.seed}: {proxy.requests} requests, {dict(proxy.counts)}; "
+          f"failed: {failing.failed}")
     assert [(i, code) for i, code, _ in failing.failed] == [(0, EXIT_RETRYABLE), (1, EXIT_RETRYABLE)]
     assert all("images/" in headline for _, _, headline in failing.failed), failing.failed
     assert objects(s3, bucket, "hard/part-") == {}

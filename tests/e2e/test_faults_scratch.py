@@ -18,8 +18,8 @@ import pytest
 
 from pipeline.errors import EXIT_PERMANENT
 from pipeline.local.s3server import EmbeddedS3
-from tests.e2e.test_faults import assert_child_complete, freeze, objects, reference_outputs, run_child
 from tests.conftest import upload_dir
+from tests.e2e.test_faults import assert_child_complete, freeze, objects, reference_outputs, run_child
 
 pytestmark = [pytest.mark.e2e, pytest.mark.faults, pytest.mark.root]
 

@@ -80,3 +80,12 @@ def test_submit_local_bad_manifest_runs_nothing(s3_server: EmbeddedS3, s3: Any, 
     assert result.stderr == (f"error: s3://{bucket}/m.jsonl line 2 is not JSON: write one object a line, "
                              "e.g. {\"key\": \"images/a.png\"}\n")
     assert _keys(s3, bucket, "iobatch-output/") == [] and not (tmp_path / "run" / "logs").exists()
+
+
+def test_submit_local_dry_run_writes_nothing(s3_server: EmbeddedS3, s3: Any, bucket: str, tmp_path: Path) -> None:
+    for i in range(5):
+        s3.put_object(Bucket=bucket, Key=f"images/{i}.png", Body=b"x")
+    body = _submit(["--prefix", f"s3://{bucket}/images/", "-k", "2", "--s3-endpoint", s3_server.endpoint,
+                    "--run-dir", str(tmp_path / "run"), "--dry-run"])
+    assert (body["children"], body["images"], body["dryRun"]) == (3, 5, True)
+    assert _keys(s3, bucket, "iobatch-output/") == [] and not (tmp_path / "run").exists()

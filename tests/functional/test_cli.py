@@ -96,7 +96,8 @@ def _processes_mentioning(text: str) -> list[str]:
 
 
 @pytest.mark.e2e
-def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_demo_stops_everything(tmp_path: Path, sig: int) -> None:
     run_dir = tmp_path / "demo"
     proc = subprocess.Popen([*CLI, "demo", "--images", "8", "--image-mib", "2", "--images-per-child", "1",
                              "--run-dir", str(run_dir), "--no-report", "--no-progress"],
@@ -108,7 +109,7 @@ def test_ctrl_c_stops_everything(tmp_path: Path) -> None:
             break
     time.sleep(1.0)  # children are running now
     assert _processes_mentioning(str(run_dir)), "expected the server and children to be running"
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     rest = proc.stdout.read()
     proc.wait(timeout=60)
     assert proc.returncode == 75, rest

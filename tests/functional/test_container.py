@@ -112,10 +112,13 @@ def buildah_run(container: str, *command: str, env: dict[str, str] | None = None
     return run(*args, container, "--", *command, timeout=300)
 
 
-def test_image_runs_the_job_entrypoint_help(container: str) -> None:
+def test_image_runs_both_entrypoints_as_an_unprivileged_user(container: str) -> None:
     result = buildah_run(container, "iobatch", "job", "--help")
     assert result.returncode == 0, result.stderr
     assert "IOBATCH_INPUT" in result.stdout
+    sidecar = buildah_run(container, "iobatch", "sidecar", "--help")
+    assert sidecar.returncode == 0, sidecar.stderr
+    assert "--emf" in sidecar.stdout
     user = buildah_run(container, "id", "-u")
     assert user.stdout.strip() == "1000"
 

@@ -62,7 +62,8 @@ def _start_sidecar(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], 
     sock = tmp_path / "p.sock"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "sidecar", "--socket", str(sock), "--emf", str(tmp_path / "out.emf"),
-         "--profile-out", str(tmp_path / "out.jsonl"), "--scratch-dir", str(tmp_path), "--interval", "0.2", *extra],
+         "--profile-out", str(tmp_path / "out.jsonl"), "--scratch-dir", str(tmp_path), "--interval", "0.2",
+         "--no-call-probes", *extra],
         cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 10
     while not sock.exists():

@@ -97,7 +97,7 @@ def aws(moto_url: str, monkeypatch: pytest.MonkeyPatch) -> Aws:
     outputs = {"InputBucketName": {"Ref": "Input"}, "OutputBucketName": {"Ref": "Output"},
                "JobQueueArn": queue["jobQueueArn"], "JobDefinitionArn": definition["jobDefinitionArn"],
                "LogGroupName": "/aws/batch/job", "PipelineName": "iobatch", "DashboardName": "iobatch",
-               "VolumeType": "st1"}
+               "VolumeType": "st1", "InputPrefix": "images/", "OutputPrefix": "shards/"}
     template = {
         "Resources": {"Input": {"Type": "AWS::S3::Bucket", "Properties": {"BucketName": INPUT_BUCKET}},
                       "Output": {"Type": "AWS::S3::Bucket", "Properties": {"BucketName": OUTPUT_BUCKET}}},
@@ -158,9 +158,9 @@ def test_prefix_submits_one_array_job_with_the_batch_in_its_environment(aws: Aws
 
     assert (result.images, result.children, len(result.jobs)) == (25, 7, 1)
     assert log.count()["SubmitJob"] == 1
-    assert result.request.output == submission.S3Uri(OUTPUT_BUCKET, "images-k4/")
+    assert result.request.output == submission.S3Uri(OUTPUT_BUCKET, "shards/images-k4/")
     frozen = boto3.session.Session().client("s3").get_object(Bucket=OUTPUT_BUCKET,
-                                                           Key="images-k4/_batch/manifest.jsonl")
+                                                           Key="shards/images-k4/_batch/manifest.jsonl")
     lines = frozen["Body"].read().decode().splitlines()
     assert len(lines) == 25 and json.loads(lines[0])["key"] == "images/cam0/000000.png"
 
@@ -169,8 +169,8 @@ def test_prefix_submits_one_array_job_with_the_batch_in_its_environment(aws: Aws
     assert parent["tags"][submission.TAG_IMAGES] == "25"
     env = _env(parent)
     assert env[ENV.INPUT] == f"s3://{INPUT_BUCKET}/images/"
-    assert env[ENV.OUTPUT] == f"s3://{OUTPUT_BUCKET}/images-k4/"
-    assert env[ENV.MANIFEST] == f"s3://{OUTPUT_BUCKET}/images-k4/_batch/manifest.jsonl"
+    assert env[ENV.OUTPUT] == f"s3://{OUTPUT_BUCKET}/shards/images-k4/"
+    assert env[ENV.MANIFEST] == f"s3://{OUTPUT_BUCKET}/shards/images-k4/_batch/manifest.jsonl"
     assert (env[ENV.IMAGES_PER_CHILD], env[ENV.ARRAY_OFFSET], env[ENV.FORCE]) == ("4", "0", "0")
     # No key rides in job parameters.
     assert not log.params("SubmitJob")[0].get("parameters")
@@ -274,9 +274,10 @@ def test_submitting_the_same_manifest_twice_targets_the_same_outputs(aws: Aws) -
     second = submission.submit_to_stack(stack=STACK, manifest=manifest, prefix=None, images_per_child=3,
                                         force=True)
     # Same output folder and frozen manifest: the job finds earlier children's _SUCCESS markers there.
-    assert first.request.output == second.request.output == submission.S3Uri(OUTPUT_BUCKET, "2026-11-22-k3/")
-    assert _objects(OUTPUT_BUCKET) == frozen == ["2026-11-22-k3/_batch/manifest.idx",
-                                                 "2026-11-22-k3/_batch/manifest.jsonl"]
+    assert first.request.output == second.request.output == submission.S3Uri(OUTPUT_BUCKET,
+                                                                                        "shards/2026-11-22-k3/")
+    assert _objects(OUTPUT_BUCKET) == frozen == ["shards/2026-11-22-k3/_batch/manifest.idx",
+                                                 "shards/2026-11-22-k3/_batch/manifest.jsonl"]
     envs = [_env(aws.client("batch").describe_jobs(jobs=[r.jobs[0].job_id])["jobs"][0]) for r in (first, second)]
     assert [e[ENV.FORCE] for e in envs] == ["0", "1"]
 
@@ -299,7 +300,12 @@ BAD_INPUTS = [
                  EXIT_PERMANENT, "outside the input bucket iobatch-input", id="key-outside-input-bucket"),
     pytest.param(["--prefix", "s3://elsewhere/images/"], EXIT_USAGE,
                  "outside the stack's input bucket iobatch-input", id="prefix-outside-input-bucket"),
-    pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/nothing-here/"], EXIT_PERMANENT,
+    pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/other/"], EXIT_USAGE,
+                 "is outside s3://iobatch-input/images/, the only prefix the job may read", id="outside-input-prefix"),
+    pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/", "--output", f"s3://{OUTPUT_BUCKET}/mine/"],
+                 EXIT_USAGE, "is outside s3://iobatch-output/shards/, the only place the job may write",
+                 id="output-outside-output-prefix"),
+    pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/nothing-here/"], EXIT_PERMANENT,
                  "holds no images", id="empty-prefix"),
     pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/", "-k", "0"], EXIT_USAGE,
                  "--images-per-job is 0: give 1 or more", id="k-below-one"),

@@ -43,6 +43,9 @@ READ_CHUNK = 64 * KIB
 # XFS writes its log and inode/extent metadata beside the data on fsync; on a fresh 512 MiB
 # file system this stays far below 4 MiB per 100 MiB of data.
 DEVICE_TOLERANCE_BYTES = 4 * MIB
+# /proc/<pid>/io write_bytes counts pages as they are dirtied, so a page redirtied after writeback
+# counts twice; the logical counters (wchar, syscw) have no such slack.
+STORAGE_SLACK_BYTES = 256 * KIB
 
 PY_PROGRAM = textwrap.dedent("""
     import os, sys
@@ -196,7 +199,9 @@ def test_small_writes_are_counted_exactly(programs: dict[str, list[str]], langua
     p = _run(cmd, "small", str(tmp_path / "small.bin"), str(SMALL_WRITES))
     assert p.write_calls == SMALL_WRITES
     assert p.write_bytes == SMALL_WRITES * 4 * KIB
-    assert p.storage_write_bytes == SMALL_WRITES * 4 * KIB  # fresh pages, each dirtied once
+    # Storage bytes are counted when a page turns dirty: a page that writeback cleans while the file is
+    # still being written can be dirtied, and counted, again. Seen: one extra page under load.
+    assert SMALL_WRITES * 4 * KIB <= p.storage_write_bytes <= SMALL_WRITES * 4 * KIB + STORAGE_SLACK_BYTES
     assert (p.read_calls, p.read_bytes) == (noop.read_calls, noop.read_bytes)
 
 
@@ -280,7 +285,7 @@ def test_big_file_with_fsync_reaches_the_device(programs: dict[str, list[str]], 
     p = _run(cmd, "big", str(target), str(BIG_MIB), device=block)
     target.unlink()
     assert (p.write_calls, p.write_bytes) == (BIG_MIB, BIG_MIB * MIB)
-    assert p.storage_write_bytes == BIG_MIB * MIB
+    assert BIG_MIB * MIB <= p.storage_write_bytes <= BIG_MIB * MIB + STORAGE_SLACK_BYTES
     assert p.device == block.name and p.device_write_bytes is not None
     # fsync returned, so every data byte is on the device; the rest is XFS log and metadata
     assert BIG_MIB * MIB <= p.device_write_bytes <= BIG_MIB * MIB + DEVICE_TOLERANCE_BYTES

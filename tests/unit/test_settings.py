@@ -26,6 +26,13 @@ def test_from_env_reads_the_batch_contract() -> None:
     assert str(s.child_output) == "s3://out-bucket/train/part-10003/"
 
 
+def test_profiler_can_be_switched_off() -> None:
+    off = JobSettings.from_env({**BASE, ENV.PROFILER_SOCKET: "off"})
+    assert off.socket_path is None
+    assert JobSettings.from_env(off.to_env()).socket_path is None
+    assert JobSettings.from_env({**BASE, ENV.PROFILER_SOCKET: "/run/p.sock"}).socket_path == Path("/run/p.sock")
+
+
 def test_to_env_round_trips() -> None:
     s = JobSettings.from_env({**BASE, ENV.ARRAY_INDEX: "2", ENV.S3_ENDPOINT: "http://127.0.0.1:9"})
     assert JobSettings.from_env(s.to_env()) == s

@@ -53,8 +53,8 @@ def test_request_defaults_output_to_the_stack_output_bucket() -> None:
 
 def test_request_with_a_manifest_reads_keys_from_the_input_bucket() -> None:
     request = sub.SubmitRequest.build(manifest="s3://anywhere/bb/x.jsonl", prefix=None, images_per_child=2,
-                                      output="s3://obk/p", input_bucket="inb", output_bucket="outb")
-    assert request.input == S3Uri("inb", "") and request.output == S3Uri("obk", "p/")
+                                      output="s3://outb/p", input_bucket="inb", output_bucket="outb")
+    assert request.input == S3Uri("inb", "") and request.output == S3Uri("outb", "p/")
     assert request.manifest == S3Uri("anywhere", "bb/x.jsonl")
 
 
@@ -64,7 +64,8 @@ def test_request_with_a_manifest_reads_keys_from_the_input_bucket() -> None:
     ({}, "give exactly one of --manifest"),
     ({"prefix": "s3://other/i/"}, "--prefix s3://other/i/ is outside the stack's input bucket inb"),
     ({"manifest": "s3://inb/folder/"}, "names a folder"),
-    ({"prefix": "s3://inb/", "output": "s3://inb/out/"}, "is inside the input prefix"),
+    ({"prefix": "s3://inb/", "output": "s3://inb/out/", "input_bucket": None, "output_bucket": None},
+     "is inside the input prefix"),
     ({"prefix": "not-a-uri"}, "is not an S3 URI"),
 ])
 def test_request_rejects_bad_flags(kwargs: dict[str, Any], message: str) -> None:
@@ -73,6 +74,27 @@ def test_request_rejects_bad_flags(kwargs: dict[str, Any], message: str) -> None
     with pytest.raises(UsageError) as caught:
         sub.SubmitRequest.build(**args)
     assert message in caught.value.headline and caught.value.exit_code == EXIT_USAGE
+
+
+def test_request_keeps_to_the_prefixes_the_job_role_may_use() -> None:
+    stack: dict[str, Any] = {"input_bucket": "inb", "output_bucket": "outb", "input_prefix": "images/",
+                             "output_prefix": "shards/"}
+    request = sub.SubmitRequest.build(manifest=None, prefix="s3://inb/images/cam0/", images_per_child=2,
+                                      output=None, **stack)
+    assert request.output == S3Uri("outb", "shards/images-cam0-k2/")
+    with pytest.raises(UsageError, match=r"outside s3://inb/images/, the only prefix the job may read"):
+        sub.SubmitRequest.build(manifest=None, prefix="s3://inb/raw/", images_per_child=2, output=None, **stack)
+    with pytest.raises(UsageError, match=r"outside s3://outb/shards/, the only place the job may write"):
+        sub.SubmitRequest.build(manifest=None, prefix="s3://inb/images/", images_per_child=2,
+                                output="s3://outb/elsewhere/", **stack)
+
+
+def test_stack_outputs_read_the_optional_prefixes() -> None:
+    extra = [{"OutputKey": "InputPrefix", "OutputValue": "images/"}, {"OutputKey": "OutputPrefix",
+                                                                      "OutputValue": "shards/"}]
+    outputs = sub.StackOutputs.from_outputs("s", FULL_OUTPUTS + extra)
+    assert (outputs.input_prefix, outputs.output_prefix) == ("images/", "shards/")
+    assert sub.StackOutputs.from_outputs("s", FULL_OUTPUTS).output_prefix == ""
 
 
 def test_local_default_output_inside_a_whole_bucket_input_asks_for_output() -> None:

@@ -1,0 +1,112 @@
+"""The sidecar's seams, in process: per-call probes and the contract hook, with the real job client."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiling.emf import RecordingSink
+from profiling.metrics import StageProfile
+from profiling.protocol import StageReporter
+from profiling.sidecar import Sidecar, SidecarConfig
+
+pytestmark = pytest.mark.functional
+
+
+class FakeProbe:
+    name = "fake"
+
+    def __init__(self, fail_start: bool = False) -> None:
+        self.fail_start = fail_start
+        self.events: list[str] = []
+
+    def start(self, pid: int) -> None:
+        if self.fail_start:
+            raise RuntimeError("no tracer here")
+        self.events.append(f"start {pid}")
+
+    def stop(self) -> dict[str, Any] | None:
+        self.events.append("stop")
+        return {"probe": "fake", "calls": {"write": {"count": 3}}, "dirty_throttle_ms": 1.5}
+
+
+def _run(tmp_path: Path, sidecar: Sidecar, job: Any) -> list[str]:
+    warnings: list[str] = []
+    sidecar.bind()
+    server = threading.Thread(target=sidecar.serve, kwargs={"poll_s": 0.05})
+    server.start()
+    reporter = StageReporter(sidecar.config.socket_path, warn=warnings.append)
+    job(reporter)
+    reporter.close()
+    server.join(timeout=10)
+    assert not server.is_alive()
+    return warnings
+
+
+def test_probe_results_are_stored_and_a_failing_probe_is_one_warning(tmp_path: Path) -> None:
+    good, bad = FakeProbe(), FakeProbe(fail_start=True)
+    sink = RecordingSink()
+    warned: list[str] = []
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=sink, interval_s=0.1)
+    sidecar = Sidecar(config, warn=warned.append, probes=[bad, good])
+
+    def job(reporter: StageReporter) -> None:
+        with reporter.stage("download"):
+            (tmp_path / "x").write_bytes(b"x" * 4096)
+
+    assert _run(tmp_path, sidecar, job) == []
+    (profile,) = sidecar.profiles
+    assert good.events == [f"start {os.getpid()}", "stop"] and bad.events == []
+    assert profile.calls == {"probe": "fake", "calls": {"write": {"count": 3}}, "dirty_throttle_ms": 1.5}
+    assert profile.sources["calls"] == "fake" and profile.dirty_throttle_ms == 1.5
+    assert warned == ["probe fake did not start (no tracer here)"]
+    assert len(sink.lines) == 1
+
+
+def test_contract_hook_results_land_in_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[Any, str]] = []
+
+    def evaluate_stage(contract: Any, profile: StageProfile) -> list[dict[str, Any]]:
+        seen.append((contract, profile.stage))
+        return [{"label": "num_write", "value": float(profile.write_calls)}]
+
+    fake = types.ModuleType("profiling.contract")
+    fake.load_contract = lambda path: {"from": str(path)}  # type: ignore[attr-defined]
+    fake.evaluate_stage = evaluate_stage  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "profiling.contract", fake)
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1,
+                           contract_path=tmp_path / "rules.contract")
+    sidecar = Sidecar(config, probes=[])
+
+    def job(reporter: StageReporter) -> None:
+        with reporter.stage("process"), (tmp_path / "y").open("wb", buffering=0) as out:
+            for _ in range(7):
+                out.write(b"y" * 100)
+
+    _run(tmp_path, sidecar, job)
+    (profile,) = sidecar.profiles
+    assert profile.write_calls == 7
+    assert profile.contract == [{"label": "num_write", "value": 7.0}]
+    assert seen == [({"from": str(tmp_path / "rules.contract")}, "process")]
+
+
+def test_a_contract_that_does_not_load_is_a_warning_not_a_failure(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(path: Path) -> Any:
+        raise ValueError("line 3: no such field 'lat'")
+
+    fake = types.ModuleType("profiling.contract")
+    fake.load_contract = broken  # type: ignore[attr-defined]
+    fake.evaluate_stage = lambda c, p: []  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "profiling.contract", fake)
+    warned: list[str] = []
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(),
+                           contract_path=tmp_path / "bad.contract")
+    Sidecar(config, warn=warned.append, probes=[])
+    assert len(warned) == 1 and "line 3" in warned[0] and "bad.contract" in warned[0]

@@ -1,0 +1,169 @@
+"""Fuzzing the files people write: manifests and contract files.
+
+Every input either parses or raises our own error class with a one-line headline that names where
+the mistake is; nothing else escapes (no KeyError, RecursionError, OverflowError: no traceback).
+"""
+
+from __future__ import annotations
+
+import json
+import string
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import IobatchError, ManifestError
+from pipeline.manifest import ManifestEntry, parse_index_range, parse_line, parse_manifest
+from profiling.contract import CALL_TYPES, MEASUREMENTS, Contract, ContractError, parse_contract
+
+pytestmark = pytest.mark.unit
+
+FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def one_line(headline: str) -> None:
+    assert headline and "\n" not in headline and "\r" not in headline, repr(headline)
+    assert "Traceback" not in headline
+
+
+# ---- manifests ------------------------------------------------------------------------------------
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+                         st.text(max_size=40))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                                                 st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=4)), max_leaves=12)
+# Objects that look like manifest lines: the real field names with values of any type.
+line_objects = st.fixed_dictionaries({}, optional={
+    "key": st.one_of(json_values, st.text(alphabet=string.printable + "é/\u2028", max_size=30)),
+    "uri": st.one_of(json_values, st.builds(lambda b, k: f"s3://{b}/{k}", st.sampled_from(["in", "other", ""]),
+                                            st.text(max_size=20))),
+    "size": st.one_of(json_values, st.integers(min_value=-5, max_value=2**70)),
+    "etag": json_values,
+})
+manifest_lines = st.one_of(
+    st.text(max_size=200),
+    st.binary(max_size=200),
+    line_objects.map(json.dumps),
+    json_values.map(json.dumps),
+    st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n),
+    st.integers(min_value=4301, max_value=6000).map(lambda n: '{"key": "a", "size": 1' + "0" * n + "}"),
+)
+
+
+@FUZZ
+@given(manifest_lines)
+def test_any_manifest_line_parses_or_gives_one_line_manifest_error(line: str | bytes) -> None:
+    try:
+        entry = parse_line(line, bucket="in", where="m.jsonl line 7")
+    except ManifestError as exc:
+        one_line(exc.headline)
+        assert exc.headline.startswith("m.jsonl line 7"), exc.headline
+        assert exc.exit_code == 65
+        return
+    if entry is not None:
+        assert isinstance(entry, ManifestEntry) and isinstance(entry.key, str) and entry.key
+        assert entry.size is None or (isinstance(entry.size, int) and entry.size >= 0)
+        # What parses, survives the frozen manifest's round trip.
+        again = parse_line(entry.to_line(), bucket="in", where="frozen")
+        assert again == entry and again is not None and again.etag == entry.etag
+
+
+@FUZZ
+@given(st.lists(st.one_of(line_objects.map(json.dumps), st.just(""), st.text(max_size=30)), max_size=12))
+def test_a_manifest_error_names_its_line_number(lines: list[str]) -> None:
+    good = 0
+    try:
+        for _ in parse_manifest([line + "\n" for line in lines], bucket="in", source="s3://in/m.jsonl"):
+            good += 1
+    except ManifestError as exc:
+        one_line(exc.headline)
+        number = int(exc.headline.split(" line ", 1)[1].split()[0].rstrip(":"))
+        # The named line is the first that does not parse on its own.
+        assert number == next(i for i, line in enumerate(lines, 1) if _fails(line)), (lines, exc.headline)
+
+
+def _fails(line: str) -> bool:
+    try:
+        parse_line(line, bucket="in", where="x")
+        return False
+    except ManifestError:
+        return True
+
+
+@FUZZ
+@given(st.binary(max_size=40), st.integers(min_value=0, max_value=10_000))
+def test_index_bytes_give_offsets_or_a_manifest_error(data: bytes, child: int) -> None:
+    try:
+        start, end = parse_index_range(data, child)
+    except ManifestError as exc:
+        one_line(exc.headline)
+        assert f"child {child}" in exc.headline
+        return
+    assert len(data) == 16 and start >= 0 and end >= 0
+
+
+# ---- contract files -------------------------------------------------------------------------------
+
+quantities = st.builds(lambda n, u: f"{n}{u}", st.one_of(st.integers(0, 10**12), st.floats(0, 1e6).map(str),
+                                                        st.text(alphabet="0123456789.-e", max_size=8)),
+                       st.sampled_from(["", "us", "ms", "s", "m", "h", "B", "kB", "MB", "GB", "k", "M", "x", "µs"]))
+fields = {
+    "label": st.one_of(st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,10}", fullmatch=True), st.text(max_size=10),
+                       st.just("StageSeconds")),
+    "path": st.one_of(st.sampled_from(["/", "/scratch", "scratch", ""]), st.text(max_size=8)),
+    "call": st.one_of(st.sampled_from(CALL_TYPES), st.text(max_size=6)),
+    "size": st.one_of(st.just("all"), st.builds(lambda a, b: f"{a}-{b}", quantities, quantities), st.text(max_size=8)),
+    "measurement": st.one_of(st.sampled_from(MEASUREMENTS), st.text(max_size=8)),
+    "threshold": quantities,
+}
+rules = st.builds(lambda *parts: ",".join(parts), *fields.values())
+headers = st.one_of(st.builds(lambda v, t: f"{v},monitortimeframe,{t}", st.sampled_from(["2", "1", "two"]), quantities),
+                    st.text(max_size=30))
+contract_texts = st.one_of(
+    st.builds(lambda h, rs, junk: "\n".join([h, *rs, *junk]), headers, st.lists(rules, max_size=5),
+              st.lists(st.sampled_from(["", "# note", "  ", ",,,,,", "a,b"]), max_size=2)),
+    st.text(max_size=300),
+)
+
+
+@FUZZ
+@given(contract_texts)
+def test_any_contract_parses_or_gives_one_line_contract_error(text: str) -> None:
+    try:
+        contract = parse_contract(text, "rules.contract")
+    except ContractError as exc:
+        one_line(exc.headline)
+        assert exc.headline.startswith("rules.contract:"), exc.headline
+        line = int(exc.headline.split(":")[1])
+        assert 1 <= line <= max(1, len(text.splitlines()))
+        return
+    assert isinstance(contract, Contract) and contract.timeframe_s > 0 and contract.rules
+    assert len({r.label for r in contract.rules}) == len(contract.rules)
+
+
+@pytest.mark.xfail(strict=True, raises=OverflowError,
+                   reason="profiling/contract.py _size_range: int(float('inf')) for a bound over ~1e308 bytes; "
+                          "it should raise ContractError (reported to the contract's owner)")
+def test_contract_with_an_astronomical_size_bound_gives_contract_error() -> None:
+    with pytest.raises(ContractError):
+        parse_contract("2,monitortimeframe,1s\nbig,/,write,1-" + "9" * 400 + ",count,1", "rules.contract")
+
+
+def test_the_shipped_contracts_and_a_manifest_line_parse() -> None:
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "contracts").glob("*.contract")):
+        assert parse_contract(path.read_text(), str(path)).rules
+    assert parse_line('{"key": "a.png", "size": 3, "etag": "\\"abc\\""}', bucket="in", where="x") == \
+        ManifestEntry("a.png", 3)
+
+
+def test_error_classes_used_for_bad_input_are_ours() -> None:
+    # The CLI prints `error: <headline>` for IobatchError; ContractError carries the same headline,
+    # and the CLI turns it into a UsageError (pipeline/cli.py, --contract).
+    assert issubclass(ManifestError, IobatchError)
+    exc: Any = ContractError("f", 1, "LABEL", "x", "expected y")
+    assert exc.headline == "f:1: LABEL 'x': expected y"
