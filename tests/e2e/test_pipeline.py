@@ -35,7 +35,7 @@ def objects(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, Any]]:
 
 @pytest.fixture
 def batch(s3_server: EmbeddedS3, s3: Any, bucket: str, small_dataset: tuple[DatasetSpec, Path]) -> dict[str, Any]:
-    spec, source = small_dataset
+    _, source = small_dataset
     keys = upload_dir(s3, bucket, "images/", source)
     sizes = {k: s3.head_object(Bucket=bucket, Key=k)["ContentLength"] for k in keys}
     return {"bucket": bucket, "keys": keys, "sizes": sizes}

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def test_normalise_gives_zero_mean_unit_std_per_channel() -> None:
     np.testing.assert_allclose(out.astype(np.float32).mean(axis=(0, 1)), 0, atol=2e-3)
     np.testing.assert_allclose(out.astype(np.float32).std(axis=(0, 1)), 1, atol=2e-3)
     np.testing.assert_allclose(mean, pixels.mean(axis=(0, 1)) / 255, rtol=1e-5)
+    np.testing.assert_allclose(std, (pixels / 255).std(axis=(0, 1)), rtol=1e-4)
 
 
 def test_flat_image_does_not_divide_by_zero() -> None:
@@ -45,7 +47,7 @@ def test_process_resizes_to_training_size(tmp_path: Path) -> None:
 def test_undecodable_image_names_the_key(tmp_path: Path) -> None:
     bad = tmp_path / "bad.png"
     bad.write_bytes(b"\x89PNG not really")
-    with pytest.raises(BadImageError, match="image cam/bad.png does not decode"):
+    with pytest.raises(BadImageError, match=re.escape("image cam/bad.png does not decode")):
         process_image(bad, (32, 24), key="cam/bad.png")
 
 

@@ -67,4 +67,4 @@ def test_parse_success_and_error_lines() -> None:
 def test_failures_are_classified(error: str, kind: type[Exception]) -> None:
     exc = classify_failure(CopyResult("s3://b/key.png", "/s/key.png", None, error))
     assert type(exc) is kind
-    assert "s3://b/key.png" in str(exc) or kind is ScratchError and "key.png" in str(exc)
+    assert "s3://b/key.png" in str(exc) or (kind is ScratchError and "key.png" in str(exc))
