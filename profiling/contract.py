@@ -50,6 +50,7 @@ LATENCY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 # CloudWatch unit names for the unit each value is reported in.
 EMF_UNITS = {"": "Count", "k": "Count", "M": "Count", "B": "Bytes", "kB": "Kilobytes", "MB": "Megabytes",
              "GB": "Gigabytes", "us": "Microseconds", "ms": "Milliseconds", "s": "Seconds"}
+MAX_QUANTITY = 1e15  # far above any real figure; keeps sizes exact integers and out of float overflow
 LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,254}$")
 QUANTITY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 
@@ -97,7 +98,10 @@ def _quantity(text: str, units: Mapping[str, float], source: str, line: int, fie
     if not match or match.group(2) not in units:
         choices = ", ".join(repr(u) if u else "no unit" for u in units)
         raise ContractError(source, line, field, text, f"expected a number with one of the units {choices}")
-    return float(match.group(1)), match.group(2)
+    value = float(match.group(1))
+    if not math.isfinite(value) or value > MAX_QUANTITY:
+        raise ContractError(source, line, field, text, f"expected a number up to {MAX_QUANTITY:.0e}")
+    return value, match.group(2)
 
 
 def parse_contract(text: str, source: str = "<contract>") -> Contract:

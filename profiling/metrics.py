@@ -57,6 +57,8 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ReadCalls", "Count", "read_calls", "read calls", description="read-type system calls (syscr)"),
     MetricSpec("WriteCalls", "Count", "write_calls", "write calls",
                description="write-type system calls (syscw)"),
+    MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write call us", display_unit="us",
+               description="Mean latency of the job tree's write calls (per-call probe: eBPF or interposer)"),
     MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", MIB, "MiB",
                "Bytes the process tree caused to be fetched from storage (read_bytes)"),
     MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", MIB, "MiB",
@@ -97,7 +99,7 @@ METRICS: tuple[MetricSpec, ...] = (
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 # The columns of the per-stage console table, in order.
 TABLE_METRICS: tuple[str, ...] = (
-    "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Throughput",
+    "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "WriteCallLatency", "Throughput",
     "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome",
 )
 
@@ -153,6 +155,8 @@ class StageProfile:
     io_stall_full_ms: float | None = None
     # From the eBPF probe when it ran.
     dirty_throttle_ms: float | None = None
+    # Mean write-call latency; derived from `calls` when a per-call probe ran (see __post_init__).
+    write_call_latency_us: float | None = None
     # Per-call figures by probe (see profiling/probes): {"probe": ..., "calls": {...}}.
     calls: dict[str, Any] | None = None
     # Which probe produced each group of figures, e.g. {"io": "procfs", "latency": "ebpf"}.
@@ -163,6 +167,12 @@ class StageProfile:
     properties: dict[str, str] = field(default_factory=dict)
     timeline: list[TimelinePoint] = field(default_factory=list)
     error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.write_call_latency_us is None and self.calls:
+            write = (self.calls.get("calls") or {}).get("write") or {}
+            if write.get("count") and write.get("mean_us") is not None:
+                object.__setattr__(self, "write_call_latency_us", float(write["mean_us"]))
 
     @property
     def throughput_bps(self) -> float | None:

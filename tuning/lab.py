@@ -45,8 +45,10 @@ DEFAULT_STATE_DIR = Path("/run/iobatch-lab")
 DEFAULT_LAB_DIR = Path("/var/tmp/iobatch-lab")
 STATE_NAME = "state.json"
 BLKIO_ROOT = Path("/sys/fs/cgroup/blkio")
-THROTTLE_FILES = ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device",
-                  "blkio.throttle.write_iops_device", "blkio.throttle.read_iops_device")
+# Bytes per second only. An I/O-rate limit (HDD: one I/O <= 1 MiB per MiB/s) would act on bios before
+# the block layer merges them, and so slow sequential writeback far below what st1 delivers (EBS merges
+# sequential I/O). Small I/O is charged in full against the credits instead (CreditController.charge).
+THROTTLE_FILES = ("blkio.throttle.write_bps_device", "blkio.throttle.read_bps_device")
 # Every page-cache sysctl the lab may write; all are recorded before the first write.
 DIRTY_SYSCTLS: tuple[str, ...] = (
     "vm.dirty_ratio", "vm.dirty_background_ratio", "vm.dirty_bytes", "vm.dirty_background_bytes",
@@ -460,7 +462,6 @@ class Lab:
         self._state: dict[str, Any] = {}
         self._old_handlers: dict[int, Any] = {}
         self._closed = False
-        self._burst_bps = 0
 
     # -- setup --
 
@@ -523,7 +524,6 @@ class Lab:
             else self.config.initial_credits_mib
         if self.config.hold_empty:
             initial = 0.0
-        self._burst_bps = int(volume.throughput_bps(io_size=HDD_IO_UNIT, bursting=True))
         self.controller = CreditController(
             volume=volume, device_name=Path(self.device).name, set_limit=self._set_limit,
             time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s,
@@ -543,12 +543,8 @@ class Lab:
         return 0
 
     def _set_limit(self, bps: int) -> None:
-        # Bytes per second, and I/Os per second as the volume counts them: on HDD an I/O of up to 1 MiB
-        # costs 1 MiB, so at most bps / 1 MiB I/Os per second; small I/O then gets st1's small throughput.
-        iops = max(1, round(self.config.volume.spend_limit(bps >= self._burst_bps)))
         for name in THROTTLE_FILES:
-            value = iops if "iops" in name else bps
-            (BLKIO_ROOT / name).write_text(f"{self.devno} {value}\n", encoding="ascii")
+            (BLKIO_ROOT / name).write_text(f"{self.devno} {bps}\n", encoding="ascii")
 
     def _save(self) -> None:
         _write_state(self.config.state_dir, self._state)

@@ -43,7 +43,7 @@ from pipeline.local.faultproxy import (
 )
 from pipeline.local.proxy import ThrottledProxy
 from pipeline.local.s3server import EmbeddedS3
-from pipeline.settings import JobSettings, S3Uri, child_name
+from pipeline.settings import ENV, PROFILER_OFF, JobSettings, S3Uri, child_name
 from profiling import runfiles
 from profiling.report import write_report
 from tests.conftest import upload_dir
@@ -209,7 +209,7 @@ def start_child(batch: Batch, child: int, run_dir: Path, *, endpoint: str | None
                                 env=env, stdout=log, stderr=subprocess.STDOUT)
         log.close()
     else:
-        env["IOBATCH_PROFILER_SOCKET"] = ""
+        env[ENV.PROFILER_SOCKET] = PROFILER_OFF
     job = subprocess.Popen([*python, "job"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     run = ChildRun(job, side)
 

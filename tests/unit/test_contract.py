@@ -83,6 +83,7 @@ def test_units_and_ranges() -> None:
         ("2,monitortimeframe,1s\na,/,write,all,mean-latency,1B", "<contract>:2: THRESHOLD '1B'"),
         ("2,monitortimeframe,1s\na,/,write,all,bandwidth,1us", "<contract>:2: THRESHOLD '1us'"),
         ("2,monitortimeframe,1s\na,/,write,all,count,1kB", "<contract>:2: THRESHOLD '1kB'"),
+        ("2,monitortimeframe,1s\na,/,write,0-" + "9" * 400 + "B,count,1", "<contract>:2: SIZERANGE"),
     ],
 )
 def test_malformed_contract_names_line_and_field(text: str, message: str) -> None:

@@ -144,9 +144,6 @@ def test_any_contract_parses_or_gives_one_line_contract_error(text: str) -> None
     assert len({r.label for r in contract.rules}) == len(contract.rules)
 
 
-@pytest.mark.xfail(strict=True, raises=OverflowError,
-                   reason="profiling/contract.py _size_range: int(float('inf')) for a bound over ~1e308 bytes; "
-                          "it should raise ContractError (reported to the contract's owner)")
 def test_contract_with_an_astronomical_size_bound_gives_contract_error() -> None:
     with pytest.raises(ContractError):
         parse_contract("2,monitortimeframe,1s\nbig,/,write,1-" + "9" * 400 + ",count,1", "rules.contract")

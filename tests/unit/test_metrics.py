@@ -1,0 +1,55 @@
+from __future__ import annotations
+
+import pytest
+
+from profiling.metrics import METRICS, METRICS_BY_NAME, TABLE_METRICS, StageProfile, summarize, to_metrics
+
+pytestmark = pytest.mark.unit
+
+
+def _profile(stage: str = "download", **kw: object) -> StageProfile:
+    base: dict[str, object] = {"stage": stage, "outcome": "ok", "started_at": 1.0, "duration_s": 2.0}
+    base.update(kw)
+    return StageProfile(**base)  # type: ignore[arg-type]
+
+
+def test_every_metric_reads_a_profile_attribute_with_a_cloudwatch_unit() -> None:
+    from aws_embedded_metrics.unit import Unit
+
+    profile = _profile()
+    for spec in METRICS:
+        assert hasattr(profile, spec.field), spec.name
+        assert spec.unit in Unit, spec.unit
+    assert set(TABLE_METRICS) <= set(METRICS_BY_NAME)
+    assert len({m.name for m in METRICS}) == len(METRICS)
+
+
+def test_throughput_is_bytes_moved_over_wall_time() -> None:
+    profile = _profile(read_bytes=100, write_bytes=300, duration_s=2.0)
+    assert profile.throughput_bps == 150.0
+    assert _profile(duration_s=0.0).throughput_bps is None
+
+
+def test_write_call_latency_comes_from_the_per_call_probe() -> None:
+    calls = {"probe": "ebpf", "calls": {"write": {"count": 4, "mean_us": 12.5}}}
+    assert _profile(calls=calls).write_call_latency_us == 12.5
+    assert _profile(calls={"calls": {"write": {"count": 0, "mean_us": None}}}).write_call_latency_us is None
+    assert _profile().write_call_latency_us is None
+    assert ("WriteCallLatency", 12.5, "Microseconds") in to_metrics(_profile(calls=calls))
+
+
+def test_profile_json_round_trips() -> None:
+    calls = {"probe": "ebpf", "calls": {"write": {"count": 1, "mean_us": 3.0}}}
+    profile = _profile(items=5, device="loop0", device_write_latency_ms=1.5, calls=calls,
+                       properties={"JobId": "j:1"})
+    assert StageProfile.from_dict(profile.to_dict()) == profile
+    with pytest.raises(ValueError, match="schema"):
+        StageProfile.from_dict({**profile.to_dict(), "schema": 99})
+
+
+def test_summary_takes_medians_of_rates_and_totals_of_bytes() -> None:
+    profiles = [_profile(duration_s=d, write_bytes=b) for d, b in ((1.0, 10), (2.0, 20), (9.0, 30))]
+    row = summarize(profiles)["download"]
+    assert row["children"] == 3
+    assert row["StageDuration"] == 2.0
+    assert row["WriteBytes"] == 60
