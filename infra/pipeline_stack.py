@@ -112,6 +112,12 @@ class PipelineStack(Stack):
             sid="ListOutputPrefix", actions=["s3:ListBucket"], resources=[outputs.bucket_arn],
             conditions={"StringLike": {"s3:prefix": [f"{settings.output_prefix}*"]}},
         ))
+        # A rerun aborts the multipart uploads a killed child left under its own output prefix. This
+        # action has no s3:prefix condition key, so it is granted on the bucket; it lists upload keys
+        # and ids, never object contents, and the job asks only for its own prefix.
+        role.add_to_policy(iam.PolicyStatement(
+            sid="ListOutputUploads", actions=["s3:ListBucketMultipartUploads"], resources=[outputs.bucket_arn],
+        ))
         self.image.repository.grant_pull(self.jobs.execution_role)
 
     def _acknowledge(self) -> None:

@@ -195,6 +195,7 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.SKIP_BAD_IMAGES:<26} 1: record undecodable images in the index instead of failing
   {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
   {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
+  {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (default 10)
   {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/profiler.sock); off: none
   {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
   {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)

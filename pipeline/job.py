@@ -33,12 +33,11 @@ from pipeline import s3 as s3io
 from pipeline.errors import IntegrityError, Interrupted, IobatchError, ScratchError
 from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
 from pipeline.manifest import ManifestEntry, shard_bounds
-from pipeline.settings import JobSettings
+from pipeline.settings import ENV, JobSettings
 from pipeline.transfer import Copy, run_copies
 from profiling.protocol import StageReporter
 
 # s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
-S5CMD_RETRIES_ENV = "IOBATCH_S5CMD_RETRIES"
 
 
 def log(event: str, **fields: Any) -> None:
@@ -125,7 +124,7 @@ def verify_download(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
 
 
 def _s5cmd_retries() -> int | None:
-    raw = os.environ.get(S5CMD_RETRIES_ENV, "").strip()
+    raw = os.environ.get(ENV.S5CMD_RETRIES, "").strip()
     return int(raw) if raw.isdigit() else None
 
 

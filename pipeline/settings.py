@@ -28,6 +28,7 @@ class ENV:
     TRAIN_SIZE = "IOBATCH_TRAIN_SIZE"  # WIDTHxHEIGHT of the training images
     SKIP_BAD_IMAGES = "IOBATCH_SKIP_BAD_IMAGES"
     S5CMD_WORKERS = "IOBATCH_S5CMD_WORKERS"
+    S5CMD_RETRIES = "IOBATCH_S5CMD_RETRIES"  # s5cmd --retry-count (default: s5cmd's own, 10)
     PIPELINE = "IOBATCH_PIPELINE"  # the Pipeline dimension of every metric
     PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock; "off": no profiler
     VOLUME_TYPE = "IOBATCH_VOLUME_TYPE"  # reported as a property (st1, gp3, ...)

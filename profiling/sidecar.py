@@ -15,7 +15,10 @@ Extension seams (kept tiny on purpose):
 - per-call probes: `profiling.probes.call_probes_for(scratch_dir)` returns CallProbe objects; each is
   started with the stage's pid at stage_start (before the baseline, so attaching is not stage time) and
   stopped at stage_end (before the ack, so the job's work after the stage is not counted). The first
-  non-empty result is stored in StageProfile.calls and the probe's name in StageProfile.sources["calls"].
+  non-empty result is stored in StageProfile.calls and the probe's name in StageProfile.sources["calls"];
+  a later probe's result goes under calls[<its name>] (eBPF first, the interposer's per-path figures in
+  calls["interpose"]). A probe with a `close()` (eBPF keeps one bpftrace for the whole job) is closed
+  when `serve` returns, on every path (job_end, EOF, SIGTERM, error).
   `iobatch sidecar --no-call-probes` runs the kernel counters alone.
 - contracts: when a contract file is given and the module `profiling.contract` exists, the sidecar calls
   `profiling.contract.load_contract(path)` once and `profiling.contract.evaluate_stage(contract, profile)`
@@ -47,6 +50,7 @@ from profiling import protocol
 from profiling.emf import EmfSink, emit_profile
 from profiling.metrics import StageProfile, TimelinePoint
 from profiling.probes import CallProbe, call_probes_for
+from profiling.probes.callstats import merge_results
 from profiling.probes.procfs import (
     BlockDevice,
     DiskStats,
@@ -422,6 +426,7 @@ class Sidecar:
         finally:
             if self._sampler is not None:
                 self._end_stage("interrupted", None)
+            self.close_probes()
             if conn is not None:
                 conn.close()
             self._server.close()
@@ -527,12 +532,22 @@ class Sidecar:
         self._sampler = sampler
         return None
 
+    def close_probes(self) -> None:
+        """End what the probes keep running between stages (bpftrace): `serve` does it on every way out."""
+        for probe in self._probes:
+            close = getattr(probe, "close", None)
+            if close is None:
+                continue
+            try:
+                close()
+            except Exception as exc:  # a probe must never stop the sidecar
+                self.warn(f"probe {probe.name} did not close ({exc})")
+
     def _close_stage(self) -> tuple[dict[str, Any] | None, str | None]:
         """Take the closing snapshot and stop the probes: (per-call figures, probe name)."""
         if self._sampler is not None:
             self._sampler.close()
-        calls: dict[str, Any] | None = None
-        name: str | None = None
+        results: list[tuple[str, dict[str, Any]]] = []
         running, self._running_probes = self._running_probes, []
         for probe in running:
             try:
@@ -540,9 +555,9 @@ class Sidecar:
             except Exception as exc:
                 self.warn(f"probe {probe.name} failed ({exc})")
                 continue
-            if result and calls is None:
-                calls, name = result, probe.name
-        return calls, name
+            if result:
+                results.append((probe.name, result))
+        return merge_results(results)
 
     def _end_stage(self, outcome: str, items: int | None,
                    calls: tuple[dict[str, Any] | None, str | None] | None = None) -> None:

@@ -28,6 +28,11 @@ class CallProbe(Protocol):
         dirty_throttle_ms                 eBPF only: writeback:balance_dirty_pages pauses
     STATS = {count, bytes, total_us, mean_us, min_us, max_us, hist}; hist maps k to the calls that
     took [2^k, 2^(k+1)) ns.
+
+    Optional `close()` (not part of the structural type, looked up with getattr): a probe that keeps
+    something running between stages (the eBPF probe keeps one bpftrace per job, so a stage boundary
+    costs the job ~0.1 s instead of an attach) ends it there. The sidecar calls it once when it exits,
+    on every path (job_end, EOF, SIGTERM, error); it must be idempotent and must not raise.
     """
 
     name: str
@@ -40,7 +45,9 @@ class CallProbe(Protocol):
 def call_probes_for(scratch_dir: Path) -> list[CallProbe]:
     """The per-call probes the sidecar runs for a job working in `scratch_dir` (seam for the interposer
     and eBPF probes). The sidecar starts each with the stage's pid and stores the first non-empty
-    `stop()` result in StageProfile.calls. Must not raise for a missing tool: return fewer probes.
+    `stop()` result in StageProfile.calls, the others under calls[<probe name>]
+    (callstats.merge_results), and calls each probe's `close()`, if it has one, when it exits. Must not
+    raise for a missing tool: return fewer probes.
 
     Best first: eBPF when root with bpftrace and tracefs (any binary, static Go included), then the
     LD_PRELOAD interposer's records in `scratch_dir` (dynamically linked programs the job starts with

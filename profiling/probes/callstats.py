@@ -16,7 +16,14 @@ probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from c
       "frames":  [{"t": 0.0, "cells": [...]}],        # per interval since start; idle intervals left out
       "dirty_throttle_ms": 0.0,       # eBPF only: pauses in balance_dirty_pages
       "notes": ["..."],
+      "interpose": {...},             # only in StageProfile.calls, see below
     }
+
+When more than one probe has figures for a stage (as root with the interposer preloaded: eBPF and
+the interposer), `merge_results` keeps the first (eBPF: any binary, static Go included) as the
+StageProfile.calls dict above and puts each other probe's whole dict under its name, e.g.
+calls["interpose"] = {"probe": "interpose", "by_path": {...}, "cells": [...], ...}: the per-path
+figures that path-prefix contract rules need, which eBPF cannot give ("path_attribution": false).
 
 CALL is one of CALLS: read (read, pread64, readv, preadv*), write (write, pwrite64, writev, pwritev*),
 open (open, openat, creat and their 64-bit variants), close, fsync (fsync, fdatasync).
@@ -219,6 +226,21 @@ def with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any] | None
     )
 
 
+def merge_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any] | None, str | None]:
+    """(calls, source name) from the non-empty results of the stage's probes, best first: the first is
+    StageProfile.calls, every later one is added under calls[<its name>] (see the module docstring)."""
+    calls: dict[str, Any] | None = None
+    name: str | None = None
+    for probe, result in results:
+        if not result:
+            continue
+        if calls is None:
+            calls, name = dict(result), probe
+        elif probe not in calls:
+            calls[probe] = dict(result)
+    return calls, name
+
+
 def available_call_probes(scratch_dir: Path | None, *, warn: Callable[[str], None] | None = None) -> list[Any]:
     """The call probes that can run here, best first: eBPF (any binary), then the interposer's records.
 
@@ -229,7 +251,7 @@ def available_call_probes(scratch_dir: Path | None, *, warn: Callable[[str], Non
     probes: list[Any] = []
     reason = ebpf.available()
     if reason is None:
-        probes.append(ebpf.EbpfProbe())
+        probes.append(ebpf.EbpfProbe(keep_running=True))  # one bpftrace for the job: closed by the sidecar
     elif warn is not None:
         warn(f"{reason}; per-call latency only for programs run with the LD_PRELOAD interposer")
     if scratch_dir is not None and interpose.library_path() is not None:

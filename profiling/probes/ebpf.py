@@ -17,6 +17,7 @@ the maps cost more than the probe itself and grew with every file opened.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import signal
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import IO, Any
@@ -34,7 +36,10 @@ NAME = "ebpf"
 ENV_OFF = "IOBATCH_NO_EBPF"  # "1": never run the eBPF probe (as if not root)
 TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
+TICK_S = 0.1  # how often a long-running bpftrace prints its state: what a stage boundary waits at most
 READY_TIMEOUT_S = 30.0
+STATE_TIMEOUT_S = 5.0  # a running bpftrace that prints nothing for this long is broken
+CLOSE_TIMEOUT_S = 10.0
 
 # syscall tracepoint names per call type; the ones a kernel lacks are left out of the script
 SYSCALLS: dict[str, tuple[str, ...]] = {
@@ -103,7 +108,9 @@ def build_script(pids: Iterable[int], interval_s: float, syscalls: dict[str, tup
             f"    {extremes}\n"
             f"}}"
         )
-    dump = 'printf("frame %llu\\n", nsecs); print(@n); print(@b); print(@t); print(@mn); print(@mx); print(@dt);'
+    # "done" closes a state at once (else the reader would wait for the next marker: one more tick)
+    dump = ('printf("frame %llu\\n", nsecs); print(@n); print(@b); print(@t); print(@mn); print(@mx); print(@dt); '
+            'printf("done\\n");')
     parts.append(f"interval:ms:{interval_ms} {{ {dump} }}")
     parts.append(
         f"END {{ {dump.replace('frame', 'final')} "
@@ -154,36 +161,63 @@ def available() -> str | None:
 Frame = tuple[float, Cells, float]  # (monotonic seconds, cumulative cells, cumulative dirty throttle ms)
 
 
-def parse_output(lines: Iterable[str]) -> list[Frame]:
-    """bpftrace -f json lines -> cumulative states, one per "frame"/"final" marker, in order."""
-    frames: list[Frame] = []
-    t: float | None = None
-    maps: dict[str, dict[str, Any]] = {}
-    dt = 0.0
+class FrameParser:
+    """bpftrace -f json lines -> cumulative states, fed one line at a time (the probe's reader thread).
 
-    def close() -> None:
-        if t is not None:
-            frames.append((t, _cells(maps), dt))
+    A state opens with a "frame <nsecs>" (or "final <nsecs>") printf, then one map line per map, and
+    closes with a "done" printf (or, in older output, with the next state's marker / `finish()`)."""
 
-    for line in lines:
+    def __init__(self) -> None:
+        self._t: float | None = None
+        self._maps: dict[str, dict[str, Any]] = {}
+        self._dt = 0.0
+
+    def _close(self) -> Frame | None:
+        if self._t is None:
+            return None
+        frame = (self._t, _cells(self._maps), self._dt)
+        self._t, self._maps, self._dt = None, {}, 0.0
+        return frame
+
+    def feed(self, line: str) -> list[Frame]:
+        """The states this line completes (zero or one, two only for a marker after an unclosed one)."""
         try:
             event = json.loads(line)
         except ValueError:
-            continue
+            return []
+        if not isinstance(event, dict):
+            return []
         kind = event.get("type")
+        out: list[Frame] = []
         if kind == "printf":
             words = str(event.get("data", "")).split()
             if len(words) == 2 and words[0] in ("frame", "final"):
-                close()
-                t, maps, dt = int(words[1]) / 1e9, {}, 0.0
-        elif kind == "map" and t is not None:
+                closed = self._close()
+                out += [closed] if closed else []
+                self._t = int(words[1]) / 1e9
+            elif words == ["done"]:
+                closed = self._close()
+                out += [closed] if closed else []
+        elif kind == "map" and self._t is not None:
             for name, values in dict(event.get("data", {})).items():
                 if name == "@dt":
-                    dt = float(values) if not isinstance(values, dict) else float(sum(values.values()))
+                    self._dt = float(values) if not isinstance(values, dict) else float(sum(values.values()))
                 else:
-                    maps[name] = dict(values)
-    close()
-    return frames
+                    self._maps[name] = dict(values)
+        return out
+
+    def finish(self) -> list[Frame]:
+        closed = self._close()
+        return [closed] if closed else []
+
+
+def parse_output(lines: Iterable[str]) -> list[Frame]:
+    """bpftrace -f json lines -> cumulative states, one per "frame"/"final" marker, in order."""
+    parser = FrameParser()
+    frames: list[Frame] = []
+    for line in lines:
+        frames += parser.feed(line)
+    return frames + parser.finish()
 
 
 def _cells(maps: dict[str, dict[str, Any]]) -> Cells:
@@ -209,108 +243,238 @@ def _cells(maps: dict[str, dict[str, Any]]) -> Cells:
     return {key: s for key, s in cells.items() if s.count}
 
 
-def frames_to_calls(frames: list[Frame], start: float, stop: float) -> tuple[Cells, list[tuple[float, Cells]], float]:
-    """Total cells, per-interval cells and throttle ms from cumulative states (all since the probe began)."""
-    total = frames[-1][1] if frames else {}
+def frames_to_calls(frames: list[Frame], start: float, stop: float,
+                    base: Frame | None = None) -> tuple[Cells, list[tuple[float, Cells]], float]:
+    """Total cells, per-interval cells and throttle ms of the window from `base` (the cumulative state
+    at the window's start; None: the probe's start, all zero) to the last of `frames`."""
+    base_cells: Cells = base[1] if base is not None else {}
+    base_dt = base[2] if base is not None else 0.0
+    total = cells_since(frames[-1][1], base_cells) if frames else {}
     deltas: list[tuple[float, Cells]] = []
-    previous: Cells = {}
+    previous = base_cells
     for t, cells, _dt in frames:
         deltas.append((max(0.0, t - start), cells_since(cells, previous)))
         previous = cells
     # A frame's time stamp is its end; report its start like the interposer does.
     shifted = [(max(0.0, deltas[i - 1][0]) if i else 0.0, c) for i, (_t, c) in enumerate(deltas)]
-    return total, shifted, frames[-1][2] if frames else 0.0
+    return total, shifted, max(0.0, frames[-1][2] - base_dt) if frames else 0.0
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): tells a reused pid from the same process."""
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_LIVE: weakref.WeakSet[EbpfProbe] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_probes() -> None:
+    """bpftrace runs in its own session: end it with this process even if nobody called close()."""
+    for probe in list(_LIVE):
+        probe.close()
+
+
+class _Stage:
+    """One start()..stop() window over a running bpftrace."""
+
+    def __init__(self, start: float, base: Frame | None) -> None:
+        self.start = start
+        self.base = base  # cumulative state at the start (None: bpftrace started with the stage)
+        self.kept: list[Frame] = []  # states about every interval_s inside the window
 
 
 class EbpfProbe:
-    """CallProbe: bpftrace over the job's process tree, from start(pid) to stop()."""
+    """CallProbe: bpftrace over the job's process tree, from start(pid) to stop().
+
+    One-shot (default): start() launches bpftrace and waits for it to attach (1.5-5 s on a busy
+    machine), stop() ends it and reads its final state.
+
+    keep_running=True (the sidecar's): bpftrace stays up from the first start(pid) until close(),
+    printing its cumulative state every `tick_s` (0.1 s). A later start() with the same pid only marks
+    the stage start; a different pid (or a dead bpftrace) starts a new one. A stage's figures are the
+    difference between the first state printed at/after start() and the first printed at/after stop():
+    the job waits for the sidecar's ack at both boundaries, so that difference is exact, and a
+    boundary costs the job at most about one tick instead of an attach or detach.
+    """
 
     name = NAME
 
-    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, count_root: bool = True) -> None:
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, count_root: bool = True,
+                 keep_running: bool = False, tick_s: float = TICK_S) -> None:
         """count_root=False: the root's own calls are not counted, only those of processes it starts
         after start() (how `iobatch profile` watches the command it is about to run)."""
         self.interval_s = interval_s
         self.count_root = count_root
+        self.keep_running = keep_running
+        self.tick_s = tick_s if keep_running else interval_s
         self._proc: subprocess.Popen[str] | None = None
-        self._lines: list[str] = []
         self._reader: threading.Thread | None = None
-        self._start = 0.0
+        self._cond = threading.Condition()
+        self._ready_at: float | None = None
+        self._eof = False
+        self._latest: Frame | None = None
+        self._stage: _Stage | None = None
         self._root = 0
-        self._ready = threading.Event()
+        self._root_ticks: int | None = None
+        self._stderr_text = ""
+
+    # -- lifecycle
+
+    def running(self, pid: int | None = None) -> bool:
+        """bpftrace is up (and watching the tree of `pid`, when given)."""
+        if self._proc is None or self._proc.poll() is not None:
+            return False
+        return pid is None or (pid == self._root and _start_ticks(pid) == self._root_ticks)
 
     def start(self, pid: int) -> None:
+        if self.keep_running and self.running(pid):
+            started = time.monotonic()
+            base = self._state_after(started)
+            with self._cond:
+                self._stage = _Stage(started, base)
+            return
+        self.close()
+        self._launch(pid)
+        assert self._ready_at is not None
+        with self._cond:
+            self._stage = _Stage(self._ready_at, None)
+
+    def _launch(self, pid: int) -> None:
         reason = available()
         if reason is not None:
             raise RuntimeError(reason)
         table = {c: tuple(n for n in names if tracepoint_exists(n)) for c, names in SYSCALLS.items()}
         if self.count_root:
-            script = build_script(process_tree(pid), self.interval_s, table)
+            script = build_script(process_tree(pid), self.tick_s, table)
         else:
-            script = build_script((), self.interval_s, table, follow_only=[pid])
+            script = build_script((), self.tick_s, table, follow_only=[pid])
         env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"}
-        self._root = pid
-        self._lines = []
-        self._ready.clear()
+        self._root, self._root_ticks = pid, _start_ticks(pid)
+        self._ready_at, self._eof, self._latest, self._stage = None, False, None, None
+        self._stderr_text = ""
+        # bpftrace gets its own session (a ^C to the job's group must not end it early), so it would
+        # outlive a sidecar killed by SIGKILL: setpriv makes the kernel kill it with this thread.
+        argv = ["bpftrace", "-f", "json", "-e", script]
+        if shutil.which("setpriv") is not None:
+            argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
         self._proc = subprocess.Popen(
-            ["bpftrace", "-f", "json", "-e", script],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
         )
+        _LIVE.add(self)
         assert self._proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True)
+        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True,
+                                        name="bpftrace-reader")
         self._reader.start()
         # BEGIN runs once every probe is attached: from "ready" on, no call is missed.
         deadline = time.monotonic() + READY_TIMEOUT_S
-        while not self._ready.wait(0.05):
-            if self._proc.poll() is not None or time.monotonic() > deadline:
-                err = self._stderr()
-                self._kill()
-                raise RuntimeError(f"bpftrace did not start: {err or 'timed out'}")
-        self._start = time.monotonic()
+        with self._cond:
+            while self._ready_at is None:
+                if self._proc.poll() is not None or self._eof or time.monotonic() > deadline:
+                    break
+                self._cond.wait(0.05)
+        if self._ready_at is None:
+            err = self._stderr()
+            self.close()
+            raise RuntimeError(f"bpftrace did not start: {err or 'timed out'}")
 
     def _read(self, stream: IO[str]) -> None:
+        parser = FrameParser()
         for line in stream:
-            self._lines.append(line)
-            if '"ready ' in line:
-                self._ready.set()
+            if self._ready_at is None and '"ready ' in line:
+                with self._cond:
+                    self._ready_at = time.monotonic()
+                    self._cond.notify_all()
+            for frame in parser.feed(line):
+                self._on_state(frame)
+        for frame in parser.finish():
+            self._on_state(frame)
+        with self._cond:
+            self._eof = True
+            self._cond.notify_all()
+
+    def _on_state(self, frame: Frame) -> None:
+        with self._cond:
+            self._latest = frame
+            stage = self._stage
+            if stage is not None:
+                last = stage.kept[-1][0] if stage.kept else stage.start
+                if frame[0] - last >= self.interval_s - self.tick_s / 2:
+                    stage.kept.append(frame)
+            self._cond.notify_all()
+
+    def _state_after(self, t: float) -> Frame:
+        """The first cumulative state bpftrace printed at or after monotonic time `t` (waits for it)."""
+        deadline = time.monotonic() + max(STATE_TIMEOUT_S, 20 * self.tick_s)
+        with self._cond:
+            while self._latest is None or self._latest[0] < t:
+                if self._eof or time.monotonic() > deadline:
+                    raise RuntimeError("bpftrace stopped printing its state"
+                                       + (f": {self._stderr()}" if self._eof else " (timed out)"))
+                self._cond.wait(0.05)
+            return self._latest
 
     def _stderr(self) -> str:
-        if self._proc is None or self._proc.stderr is None or self._proc.poll() is None:
-            return ""
-        text = self._proc.stderr.read()
-        useful = [ln for ln in text.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
+        proc = self._proc
+        if proc is not None and proc.stderr is not None and proc.poll() is not None and not self._stderr_text:
+            self._stderr_text = proc.stderr.read()
+        useful = [ln for ln in self._stderr_text.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
         return useful[-1] if useful else ""
 
-    def _kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.kill()
-            self._proc.wait()
-
-    def stop(self) -> dict[str, Any] | None:
-        if self._proc is None:
-            return None
-        proc, self._proc = self._proc, None
-        stop = time.monotonic()
+    def close(self) -> None:
+        """End bpftrace (it prints its final state first); idempotent, never raises."""
+        proc = self._proc
+        if proc is None:
+            return
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # END prints the final state
             try:
-                proc.wait(timeout=30)
+                proc.wait(timeout=CLOSE_TIMEOUT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
         if self._reader is not None:
             self._reader.join(timeout=10)
-        frames = parse_output(self._lines)
-        if not frames:
+        self._stderr()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+        self._proc = None
+        _LIVE.discard(self)
+
+    def stop(self) -> dict[str, Any] | None:
+        stage = self._stage
+        if stage is None or self._proc is None:
             return None
-        total, per_frame, throttle_ms = frames_to_calls(frames, self._start, stop)
+        stop = time.monotonic()
+        end: Frame | None
+        if self.keep_running and self._proc.poll() is None:
+            try:
+                end = self._state_after(stop)
+            except RuntimeError:
+                self._stage = None
+                self.close()  # broken: the next start() launches a fresh one
+                raise
+        else:
+            self.close()
+            end = self._latest
+        if end is None:
+            self._stage = None
+            return None
+        with self._cond:
+            self._stage = None
+            kept = [f for f in stage.kept if f[0] < end[0]]
+        total, per_frame, throttle_ms = frames_to_calls([*kept, end], stage.start, stop, base=stage.base)
         return calls_dict(
             NAME,
             total,
             per_frame,
             filter_text=(f"process tree of pid {self._root} (followed through fork), host pid namespace"
                          + ("" if self.count_root else f"; pid {self._root} itself not counted")),
-            duration_s=stop - self._start,
+            duration_s=stop - stage.start,
             interval_s=self.interval_s,
             dirty_throttle_ms=throttle_ms,
             path_attribution=False,

@@ -134,7 +134,12 @@ def test_job_role_reads_only_the_input_prefix_and_writes_only_the_output_prefix(
     [input_bucket] = [k for k in synthesized.resources("AWS::S3::Bucket") if k.startswith("StorageInput")]
     [output_bucket] = [k for k in synthesized.resources("AWS::S3::Bucket") if k.startswith("StorageOutput")]
     by_sid = {s["Sid"]: s for s in found}
-    assert sorted(by_sid) == ["ListInputPrefix", "ListOutputPrefix", "ReadInputPrefix", "WriteOutputPrefix"]
+    assert sorted(by_sid) == ["ListInputPrefix", "ListOutputPrefix", "ListOutputUploads", "ReadInputPrefix",
+                              "WriteOutputPrefix"]
+    # Listing in-progress uploads (to abort a killed child's) has no s3:prefix condition key: the output
+    # bucket only, that one action, no object contents.
+    assert by_sid["ListOutputUploads"]["Action"] == "s3:ListBucketMultipartUploads"
+    assert flatten(by_sid["ListOutputUploads"]["Resource"]) == f"<{output_bucket}.Arn>"
     assert by_sid["ReadInputPrefix"]["Action"] == "s3:GetObject"
     assert flatten(by_sid["ReadInputPrefix"]["Resource"]) == f"<{input_bucket}.Arn>/images/*"
     assert flatten(by_sid["WriteOutputPrefix"]["Resource"]) == f"<{output_bucket}.Arn>/shards/*"
