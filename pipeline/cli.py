@@ -6,6 +6,7 @@ errors (pipeline.errors) into one line on stderr and a documented exit code.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -93,11 +94,34 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
         console.print(f"  part-{index:05d}: exit {code}: {headline}")
 
 
-def _write_report(run_dir: Path) -> Path | None:
+def _demo_advice(profiles: list[Any], workers: int) -> Any | None:
+    """The advisor on the demo's own profiles, taking this machine as one instance that runs `workers`
+    children at once, back to back all day (the heaviest use of its volume's burst credits)."""
+    from profiling.metrics import median
+    from tuning.advise import AdviseError, Plan, advise
+
+    per_child: dict[str, float] = {}
+    for profile in profiles:
+        key = profile.properties.get("ArrayIndex", "")
+        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
+    if not per_child:
+        return None
+    child_s = max(1.0, median(list(per_child.values())))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    plan = Plan(jobs_per_instance=workers, memory_gib=round(memory_gib, 1),
+                jobs_per_day=max(1, int(workers * 86400 / child_s)))
+    try:
+        return advise(profiles, plan)
+    except (AdviseError, ValueError) as exc:
+        print(f"advice:   not given ({exc})")
+        return None
+
+
+def _write_report(run_dir: Path, advice: Any | None = None) -> Path | None:
     from profiling.report import ReportInputError, write_report
 
     try:
-        return write_report(run_dir)
+        return write_report(run_dir, advice=advice)
     except ReportInputError as exc:
         print(f"report:   not written ({exc})")
         return None
@@ -136,7 +160,7 @@ def demo(
     print(f"outputs:  {result.output}" + (f"  (as files: {result.output_dir})" if result.output_dir else ""))
     print(f"profiles: {run_dir / 'profiles'}  EMF: {run_dir / 'emf'}  logs: {run_dir / 'logs'}")
     if report:
-        path = _write_report(run_dir)
+        path = _write_report(run_dir, _demo_advice(result.profiles, workers))
         if path:
             print(f"report:   {path}")
     if result.batch.failed:
