@@ -14,10 +14,10 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -58,10 +58,10 @@ def normalise(pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ((values - mean) / safe_std).astype(np.float16), mean, std
 
 
-def process_image(path: Path, size: tuple[int, int], *, key: str) -> Sample:
+def process_image(source: Path | BinaryIO, size: tuple[int, int], *, key: str) -> Sample:
     """Decode, convert to RGB, resize to `size` (width, height) and normalise. BadImageError names the key."""
     try:
-        with Image.open(path) as image:
+        with Image.open(source) as image:
             source_size = image.size
             rgb = image.convert("RGB")
             resized = rgb.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0)
@@ -97,21 +97,45 @@ def write_shard(
     size: tuple[int, int],
     skip_bad_images: bool = False,
     child: str = "",
+    check: Callable[[str, bytes], None] | None = None,
 ) -> ShardResult:
     """Process (key, local path) pairs in key order into out_dir/shard.tar and out_dir/index.json.
 
-    Both files are written under temporary names and renamed into place, so a killed stage never
-    leaves a shard that looks complete.
+    Each image is read once; `check(key, data)` sees those bytes before they are decoded (the job
+    verifies them against the batch's ETag there, rather than reading every image a second time).
+    Both files are written under temporary names and renamed into place, so a killed or failed stage
+    never leaves a shard that looks complete.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     result = ShardResult()
     index: dict[str, Any] = {"schema": INDEX_SCHEMA, "child": child, "train_size": list(size),
                              "format": "npy float16 HxWx3, per-image standardised", "samples": [], "skipped": []}
     shard_tmp = out_dir / (SHARD_NAME + ".partial")
+    try:
+        _write_samples(shard_tmp, items, size, skip_bad_images, check, index, result)
+    except BaseException:
+        shard_tmp.unlink(missing_ok=True)
+        raise
+    index_bytes = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
+    index_tmp = out_dir / (INDEX_NAME + ".partial")
+    index_tmp.write_bytes(index_bytes)
+    os.replace(shard_tmp, out_dir / SHARD_NAME)
+    os.replace(index_tmp, out_dir / INDEX_NAME)
+    result.shard_bytes = (out_dir / SHARD_NAME).stat().st_size
+    result.index_bytes = len(index_bytes)
+    return result
+
+
+def _write_samples(shard_tmp: Path, items: Sequence[tuple[str, Path]], size: tuple[int, int],
+                   skip_bad_images: bool, check: Callable[[str, bytes], None] | None,
+                   index: dict[str, Any], result: ShardResult) -> None:
     with tarfile.open(shard_tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, path in sorted(items):
+            data = path.read_bytes()
+            if check is not None:
+                check(key, data)
             try:
-                sample = process_image(path, size, key=key)
+                sample = process_image(io.BytesIO(data), size, key=key)
             except BadImageError as exc:
                 if not skip_bad_images:
                     raise
@@ -121,16 +145,8 @@ def write_shard(
             name = f"{result.images:05d}"
             payload = _npy_bytes(sample.array)
             meta = {"key": key, "source_width": sample.source_size[0], "source_height": sample.source_size[1],
-                    "source_bytes": path.stat().st_size, "mean": sample.mean, "std": sample.std}
+                    "source_bytes": len(data), "mean": sample.mean, "std": sample.std}
             _add(tar, f"{name}.npy", payload)
             _add(tar, f"{name}.json", json.dumps(meta, sort_keys=True).encode())
             index["samples"].append({"sample": name, "sha256": hashlib.sha256(payload).hexdigest(), **meta})
             result.images += 1
-    index_bytes = (json.dumps(index, indent=1, sort_keys=True) + "\n").encode()
-    index_tmp = out_dir / (INDEX_NAME + ".partial")
-    index_tmp.write_bytes(index_bytes)
-    os.replace(shard_tmp, out_dir / SHARD_NAME)
-    os.replace(index_tmp, out_dir / INDEX_NAME)
-    result.shard_bytes = (out_dir / SHARD_NAME).stat().st_size
-    result.index_bytes = len(index_bytes)
-    return result

@@ -107,20 +107,27 @@ def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
     return listing[start:stop]
 
 
-def verify_download(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
-    """The downloaded file is the object the batch was frozen with: same size, and for a single-part
-    object (an ETag without '-') the same MD5. Raises IntegrityError (permanent) naming the key."""
-    uri = f"s3://{bucket}/{entry.key}"
-    fix = "the object changed after the batch was frozen: restore it, or submit the batch again to refreeze it"
+_CHANGED = "the object changed after the batch was frozen: restore it, or submit the batch again to refreeze it"
+
+
+def verify_size(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
+    """The downloaded file has the size the batch was frozen with (download stage: a stat, no read)."""
     size = path.stat().st_size
     if entry.size is not None and size != entry.size:
-        raise IntegrityError(f"{uri} is {size} bytes, the batch listed {entry.size}: {fix}")
+        raise IntegrityError(f"s3://{bucket}/{entry.key} is {size} bytes, the batch listed {entry.size}: {_CHANGED}")
+
+
+def verify_content(entry: ManifestEntry, data: bytes, *, bucket: str) -> None:
+    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with.
+
+    Called by the process stage on the bytes it reads anyway, so each image is read once, not twice.
+    Raises IntegrityError (permanent) naming the key.
+    """
     etag = entry.etag
     if etag and "-" not in etag and len(etag) == 32:
-        with path.open("rb") as stream:
-            md5 = hashlib.file_digest(stream, "md5").hexdigest()
+        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
         if md5 != etag.lower():
-            raise IntegrityError(f"{uri} has MD5 {md5}, the batch listed ETag {etag}: {fix}")
+            raise IntegrityError(f"s3://{bucket}/{entry.key} has MD5 {md5}, the batch listed ETag {etag}: {_CHANGED}")
 
 
 def _s5cmd_retries() -> int | None:
@@ -160,7 +167,7 @@ def run_child(settings: JobSettings) -> ChildResult:
                 _clean_scratch(settings)
                 raise scratch_full(settings, "downloading") from None
             for i, entry in enumerate(entries):
-                verify_download(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
+                verify_size(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
             bytes_in = sum(r.size or 0 for r in results)
             stage.items = len(entries)
         log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
@@ -168,9 +175,12 @@ def run_child(settings: JobSettings) -> ChildResult:
         log("stage_start", stage="process")
         with reporter.stage("process") as stage:
             items = [(e.key, incoming / local_name(e.key, i)) for i, e in enumerate(entries)]
+            listed = {e.key: e for e in entries}
             try:
                 shard = write_shard(items, outgoing, size=settings.train_size,
-                                    skip_bad_images=settings.skip_bad_images, child=settings.child)
+                                    skip_bad_images=settings.skip_bad_images, child=settings.child,
+                                    check=lambda key, data: verify_content(listed[key], data,
+                                                                           bucket=settings.input.bucket))
             except OSError as exc:
                 if exc.errno == errno.ENOSPC:
                     _clean_scratch(settings)

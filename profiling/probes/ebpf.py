@@ -13,6 +13,20 @@ kernel does by default on most distributions). kprobes and kfuncs are not used: 
 some kernels where tracepoints work. No path attribution: every call is under path "" and the result
 says "path_attribution": false (contract rules on a path prefix need the interposer); keeping paths in
 the maps cost more than the probe itself and grew with every file opened.
+
+Lifetime: attaching takes bpftrace 1.5-5 s, so the sidecar's probe (`keep_running=True`) starts one
+bpftrace at the job's first stage and keeps it until the sidecar's `close()`; bpftrace prints its
+cumulative state every 0.1 s and a stage is the difference of two of those states (see `EbpfProbe`).
+bpftrace runs in its own session under `setpriv --pdeathsig KILL`, so it dies with the thread that
+started it even when the sidecar is killed outright; an atexit hook closes any probe left open.
+
+In AWS this is a local / privileged feature. The sidecar container needs the privileges bpftrace
+needs (CAP_SYS_ADMIN or CAP_BPF + CAP_PERFMON, tracefs, the host's kernel headers or BTF), which a
+default Batch job definition does not grant. And the pid filter uses host-namespace pids, as the
+kernel's tracepoints see them: the job's pid as the sidecar knows it inside the task's pid namespace
+(what the job sends in stage_start) is a different number there, so the filter would watch the wrong
+processes (filtering on the task's cgroup would be the fix). The kernel-counter figures (procfs.py:
+exact bytes and call counts for any binary) need none of this and work everywhere.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from botocore.exceptions import ClientError
 from pipeline import s3 as s3io
 from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, RetryableError
 from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
-from pipeline.job import S5CMD_RETRIES_ENV
 from pipeline.local.demo import LocalRun, run_local
 from pipeline.local.executor import LocalBatch, run_batch
 from pipeline.local.faultproxy import (
@@ -329,7 +328,7 @@ def test_faults_beyond_retries_fail_retryable_and_a_rerun_completes(
     with FaultProxy(s3_server.port, plan) as proxy:
         failing = run_batch(LocalBatch(template=replace(template, s3_endpoint=proxy.endpoint),
                                        children=frozen.children, workers=2, run_dir=tmp_path / "run1",
-                                       env={**s3_server.env(), S5CMD_RETRIES_ENV: "1"}, sidecar=False),
+                                       env={**s3_server.env(), ENV.S5CMD_RETRIES: "1"}, sidecar=False),
                             progress=False)
     print(f"faultproxy seed {plan.seed}: {proxy.requests} requests, {dict(proxy.counts)}; "
           f"failed: {failing.failed}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import types
@@ -11,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from profiling import protocol
 from profiling.emf import RecordingSink
 from profiling.metrics import StageProfile
 from profiling.protocol import StageReporter
@@ -110,3 +112,61 @@ def test_a_contract_that_does_not_load_is_a_warning_not_a_failure(tmp_path: Path
                            contract_path=tmp_path / "bad.contract")
     Sidecar(config, warn=warned.append, probes=[])
     assert len(warned) == 1 and "line 3" in warned[0] and "bad.contract" in warned[0]
+
+
+class ClosingProbe(FakeProbe):
+    def __init__(self, name: str = "fake", result: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.result = result
+
+    def stop(self) -> dict[str, Any] | None:
+        self.events.append("stop")
+        return self.result
+
+    def close(self) -> None:
+        self.events.append("close")
+
+
+def test_a_second_probe_result_is_nested_and_probes_are_closed_at_job_end(tmp_path: Path) -> None:
+    first = ClosingProbe("ebpf", {"probe": "ebpf", "calls": {"write": {"count": 2}}, "path_attribution": False})
+    second = ClosingProbe("interpose", {"probe": "interpose", "by_path": {"/in": {"write": {"count": 2}}}})
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1)
+    sidecar = Sidecar(config, probes=[first, second])
+
+    def job(reporter: StageReporter) -> None:
+        for stage in ("download", "process"):
+            with reporter.stage(stage):
+                pass
+
+    _run(tmp_path, sidecar, job)
+    assert [p.sources["calls"] for p in sidecar.profiles] == ["ebpf", "ebpf"]
+    calls = sidecar.profiles[0].calls
+    assert calls is not None and calls["calls"] == {"write": {"count": 2}}
+    assert calls["interpose"]["by_path"] == {"/in": {"write": {"count": 2}}}
+    pid = os.getpid()
+    assert first.events == [f"start {pid}", "stop", f"start {pid}", "stop", "close"]
+
+
+@pytest.mark.parametrize("how", ["eof", "stop"])
+def test_probes_are_closed_when_the_job_vanishes_or_the_sidecar_is_stopped(tmp_path: Path, how: str) -> None:
+    probe = ClosingProbe()
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1)
+    sidecar = Sidecar(config, probes=[probe])
+    sidecar.bind()
+    server = threading.Thread(target=sidecar.serve, kwargs={"poll_s": 0.05})
+    server.start()
+    job = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    job.connect(str(config.socket_path))
+    job.sendall(protocol.encode({"type": "stage_start", "stage": "download", "pid": os.getpid()}))
+    assert b'"ack"' in job.recv(4096)
+    # a stage that never ends: the job dies (EOF) or the sidecar gets SIGTERM (stop)
+    if how == "eof":
+        job.close()
+    else:
+        sidecar.stop()
+    server.join(timeout=10)
+    assert not server.is_alive()
+    assert probe.events[-2:] == ["stop", "close"]
+    assert [p.outcome for p in sidecar.profiles] == ["interrupted"]
+    job.close()

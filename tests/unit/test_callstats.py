@@ -94,3 +94,37 @@ def test_record_is_frozen() -> None:
     record = Record(1, 0.0, False, {})
     with pytest.raises(AttributeError):
         record.pid = 2  # type: ignore[misc]
+
+
+def test_a_state_closes_on_done_and_a_window_starts_from_its_base() -> None:
+    from profiling.probes.ebpf import FrameParser
+
+    parser = FrameParser()
+    lines = [
+        '{"type": "printf", "data": "frame 1000000000\\n"}',
+        '{"type": "map", "data": {"@n": {"1,13,9": 10}}}',
+        '{"type": "map", "data": {"@b": {"1,13": 40960}}}',
+        '{"type": "map", "data": {"@dt": 5}}',
+        '{"type": "printf", "data": "done\\n"}',
+    ]
+    assert [parser.feed(line) for line in lines[:-1]] == [[], [], [], []]
+    (base,) = parser.feed(lines[-1])  # complete at "done", not one tick later at the next marker
+    later = [line.replace("1000000000", "2000000000").replace(": 10}", ": 25}").replace("40960", "102400")
+             .replace('"@dt": 5', '"@dt": 7') for line in lines]
+    (end,) = [f for line in later for f in parser.feed(line)]
+    total, per_frame, throttle = frames_to_calls([end], start=1.0, stop=2.0, base=base)
+    assert (total[("", "write", 13)].count, total[("", "write", 13)].bytes) == (15, 61440)
+    assert throttle == 2.0 and [sum(s.count for s in c.values()) for _t, c in per_frame] == [15]
+
+
+def test_merge_keeps_the_first_probe_and_nests_the_others() -> None:
+    from profiling.probes.callstats import merge_results
+
+    ebpf = {"probe": "ebpf", "calls": {"write": {"count": 3}}, "path_attribution": False}
+    interpose = {"probe": "interpose", "by_path": {"/scratch/in": {"write": {"count": 2}}}}
+    calls, name = merge_results([("ebpf", ebpf), ("interpose", interpose)])
+    assert name == "ebpf" and calls is not None
+    assert calls["calls"] == ebpf["calls"] and calls["interpose"] == interpose
+    assert "interpose" not in ebpf  # the probe's own dict is not modified
+    assert merge_results([("ebpf", {}), ("interpose", interpose)]) == (interpose, "interpose")
+    assert merge_results([]) == (None, None)

@@ -1,0 +1,80 @@
+"""What each stage boundary of a local run cost the job: the time it waited for the sidecar's ack.
+
+The job logs `stage_start` just before it announces a stage and `stage_end` just after the sidecar
+acknowledged the end; the sidecar's profile records when its sampler started (`started_at`, after
+the probes started) and the stage's duration (to the closing snapshot, before the probes stop). So
+
+    start cost = started_at - stage_start log time
+    end cost   = stage_end log time - (started_at + duration_s)
+
+both bounded by the job's log resolution (1 ms). The first stage of a child is shown apart: it is
+where a per-call probe attaches (bpftrace: 1.5-5 s).
+
+    python -m pipeline.cli demo --images 8 --image-mib 4 --images-per-child 2 --run-dir RUN --no-report
+    python -m bench.stage_boundaries RUN
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from profiling import runfiles
+
+
+def _events(log: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in log.read_text(encoding="utf-8").splitlines():
+        if line.startswith("{"):
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue
+    return out
+
+
+def boundary_costs(run_dir: Path) -> dict[str, list[float]]:
+    """Seconds per boundary: "first start", "later start", "end" (all children of the run)."""
+    costs: dict[str, list[float]] = {"first start": [], "later start": [], "end": []}
+    for log in sorted((run_dir / "logs").glob("*.log")):
+        profile = runfiles.profile_path(run_dir, log.stem)
+        if not profile.exists():
+            continue
+        stages = [json.loads(line) for line in profile.read_text(encoding="utf-8").splitlines() if line.strip()]
+        events = _events(log)
+        for index, stage in enumerate(stages):
+            name = stage["stage"]
+            began = [e["time"] for e in events if e.get("event") == "stage_start" and e.get("stage") == name]
+            ended = [e["time"] for e in events if e.get("event") == "stage_end" and e.get("stage") == name]
+            if began:
+                costs["first start" if index == 0 else "later start"].append(stage["started_at"] - began[0])
+            if ended:
+                costs["end"].append(ended[0] - (stage["started_at"] + stage["duration_s"]))
+    return costs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("run_dir", type=Path, help="a local run directory (logs/ and profiles/)")
+    args = parser.parse_args()
+    if not (args.run_dir / "logs").is_dir() or not (args.run_dir / "profiles").is_dir():
+        print(f"error: {args.run_dir} is not a run directory (no logs/ and profiles/): give the --run-dir of a "
+              "finished demo or run", file=sys.stderr)
+        raise SystemExit(64)
+    costs = boundary_costs(args.run_dir)
+    if not any(costs.values()):
+        print(f"error: {args.run_dir} has no profiled stages: run it with the sidecar on", file=sys.stderr)
+        raise SystemExit(65)
+    print("| boundary | job's wait, ms: median | min | max | n |\n|---|---|---|---|---|")
+    for label, values in costs.items():
+        if values:
+            ms = [v * 1000 for v in values]
+            print(f"| {label} | {statistics.median(ms):.0f} | {min(ms):.0f} | {max(ms):.0f} | {len(ms)} |")
+
+
+if __name__ == "__main__":
+    main()
