@@ -110,7 +110,9 @@ def part_pipeline(args: argparse.Namespace, *, after_cliff: bool) -> None:
     if done.returncode != 0:
         print(f"iobatch lab failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
         return
-    runs = json.loads(done.stdout)
+    # The JSON is the last thing on stdout: an array starting on a line of its own.
+    start = done.stdout.find("\n[\n") + 1 if not done.stdout.startswith("[") else 0
+    runs = json.loads(done.stdout[start:])
     rows = []
     downloads: dict[str, list[float]] = {"default": [], "tuned": []}
     durable: dict[str, list[float]] = {"default": [], "tuned": []}

@@ -716,6 +716,7 @@ def lab(
     """Emulate an st1 volume here (loop device + XFS + root blkio throttle following the credit bucket) and
     run a batch on it under the kernel's default and the tuned write cache. Root only; every setting it
     changes is restored on exit, Ctrl-C, SIGTERM, or by the next run after a crash."""
+    import contextlib
     import dataclasses
     import json
     import time
@@ -769,10 +770,12 @@ def lab(
 
                     scratch = the_lab.mount / f"run-{number}"
                     scratch.mkdir()
-                    result = run_demo(DemoOptions(images=images, image_mib=image_mib,
-                                                  images_per_child=images_per_child, workers=workers,
-                                                  run_dir=run_dir / f"run-{number}-{name}", scratch_root=scratch,
-                                                  report=False), progress=False, say=lambda _: None)
+                    options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child,
+                                          workers=workers, run_dir=run_dir / f"run-{number}-{name}",
+                                          scratch_root=scratch, report=False)
+                    # With --json, progress lines go to stderr so stdout is only the JSON.
+                    with contextlib.redirect_stdout(sys.stderr if as_json else sys.stdout):
+                        result = run_demo(options, progress=False, say=lambda _: None)
                     stages = result.summary
                     if result.batch.failed:
                         raise UsageError(f"lab run {number} ({name}): {len(result.batch.failed)} children failed: "

@@ -18,7 +18,9 @@ Lifetime: attaching takes bpftrace 1.5-5 s, so the sidecar's probe (`keep_runnin
 bpftrace at the job's first stage and keeps it until the sidecar's `close()`; bpftrace prints its
 cumulative state every 0.1 s and a stage is the difference of two of those states (see `EbpfProbe`).
 bpftrace runs in its own session under `setpriv --pdeathsig KILL`, so it dies with the thread that
-started it even when the sidecar is killed outright; an atexit hook closes any probe left open.
+started it even when the sidecar is killed outright (its next print to the closed pipe, within a
+tick, would end it too: SIGPIPE); an atexit hook closes any probe left open. Detaching takes the
+kernel a second or two after that.
 
 In AWS this is a local / privileged feature. The sidecar container needs the privileges bpftrace
 needs (CAP_SYS_ADMIN or CAP_BPF + CAP_PERFMON, tracefs, the host's kernel headers or BTF), which a
