@@ -253,28 +253,36 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
 
     Values come from the per-call probe when the profile has one (profile.calls); otherwise from the
     procfs figures, which give read and write counts and bytes for "/" and "all" sizes only: rules
-    they cannot answer are reported once with value None and a note saying why.
+    they cannot answer are reported once with value None and a note saying why. A rule on a path
+    prefix needs path attribution: when the main probe (eBPF) has none, the interposer's figures kept
+    beside it (calls["interpose"]) answer it.
     """
     results: list[dict[str, Any]] = []
     duration = max(profile.duration_s, 0.0)
     calls = profile.calls
     source = str(calls.get("probe", "calls")) if calls else "procfs"
     frames = frame_cells(calls, contract.timeframe_s, duration) if calls else None
+    beside = calls.get("interpose") if calls else None
+    path_frames = (frame_cells(beside, contract.timeframe_s, duration)
+                   if isinstance(beside, Mapping) and beside.get("path_attribution", True) else None)
     for rule in contract.rules:
         if frames is None:
             value, note = _procfs_value(rule, profile)
             if value is None or value >= rule.threshold:
                 results.append(_row(rule, value, 0, 0.0, duration, source, note))
             continue
+        rule_frames, rule_source = frames, source
         if rule.path != "/" and calls is not None and not calls.get("path_attribution", True):
-            results.append(_row(rule, None, 0, 0.0, duration, source, PATHS_UNAVAILABLE.format(probe=source)))
-            continue
-        for index, cells in enumerate(frames):
+            if path_frames is None:
+                results.append(_row(rule, None, 0, 0.0, duration, source, PATHS_UNAVAILABLE.format(probe=source)))
+                continue
+            rule_frames, rule_source = path_frames, "interpose"
+        for index, cells in enumerate(rule_frames):
             value = measure(rule, _select(rule, cells))
             if value is not None and value >= rule.threshold:
                 start = index * contract.timeframe_s
                 results.append(_row(rule, value, index, start, min(duration, start + contract.timeframe_s),
-                                    source, None))
+                                    rule_source, None))
     return results
 
 

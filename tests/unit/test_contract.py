@@ -12,6 +12,7 @@ import pytest
 
 from profiling.contract import (
     LATENCY_UNAVAILABLE,
+    PATHS_UNAVAILABLE,
     ContractError,
     contract_metrics,
     evaluate_stage,
@@ -188,3 +189,17 @@ def test_contract_values_in_the_stage_emf_document() -> None:
 def test_label_may_not_shadow_a_stage_metric() -> None:
     with pytest.raises(ContractError, match="LABEL 'WriteBytes'"):
         parse_contract("2,monitortimeframe,1s\nWriteBytes,/,write,all,count,1\n")
+
+
+def test_path_rules_use_the_interposer_kept_beside_ebpf() -> None:
+    contract = parse_contract("2,monitortimeframe,1000s\nscratch_writes,/scratch,write,all,count,1\n")
+    everything = writes(50, 13, 3000, path="")
+    main = calls_dict("ebpf", everything, [(0.0, everything)], filter_text="t", duration_s=5, interval_s=1.0,
+                      path_attribution=False)
+    alone = evaluate_stage(contract, profile_with(main, duration=5.0))
+    assert [(r["value"], r["note"]) for r in alone] == [(None, PATHS_UNAVAILABLE.format(probe="ebpf"))]
+    on_scratch = writes(20, 13, 3000, path="/scratch/in")
+    beside = calls_dict("interpose", on_scratch, [(0.0, on_scratch)], filter_text="t", duration_s=5,
+                        interval_s=1.0)
+    merged = evaluate_stage(contract, profile_with({**main, "interpose": beside}, duration=5.0))
+    assert [(r["label"], r["value"], r["source"]) for r in merged] == [("scratch_writes", 20.0, "interpose")]
