@@ -272,6 +272,10 @@ class Advice:
             "cdk_args": self.cdk_args,
         }
 
+    def to_dict(self) -> dict[str, Any]:
+        """The same as to_json(): what the HTML report's advice section reads."""
+        return self.to_json()
+
 
 # ---- the advisor -------------------------------------------------------------------------------------
 
