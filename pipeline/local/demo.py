@@ -51,6 +51,7 @@ class LocalRun:
     skip_bad_images: bool = False
     train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
     slow_child: int | None = None
+    slow_child_bps: float = 4 * 2**20  # the slow child's S3 traffic, each direction
     sidecar: bool = True
     job_id: str = ""
 
@@ -83,7 +84,8 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
                            s3_endpoint=run.endpoint, train_size=run.train_size, skip_bad_images=run.skip_bad_images,
                            force=run.force, volume_type="local")
     batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
-                       env=run.env, sidecar=run.sidecar, slow_child=run.slow_child)
+                       env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
+                       slow_child_bps=run.slow_child_bps)
     meta: dict[str, Any] = {"job_id": job_id, "input": str(run.input), "output": str(run.output),
                             "manifest": str(frozen.manifest), "children": frozen.children, "images": frozen.images,
                             "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
