@@ -94,6 +94,19 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
         console.print(f"  part-{index:05d}: exit {code}: {headline}")
 
 
+def _checked_contract(path: Path | None) -> Path | None:
+    """Parse the contract before anything runs: a malformed one is one line naming the line and field."""
+    if path is None:
+        return None
+    from profiling.contract import ContractError, load_contract
+
+    try:
+        load_contract(path)
+    except (ContractError, OSError) as exc:
+        raise UsageError(f"--contract: {exc}") from None
+    return path.resolve()
+
+
 def _demo_advice(profiles: list[Any], workers: int) -> Any | None:
     """The advisor on the demo's own profiles, taking this machine as one instance that runs `workers`
     children at once, back to back all day (the heaviest use of its volume's burst credits)."""
@@ -145,6 +158,8 @@ def demo(
     report: bool = typer.Option(True, "--report/--no-report", help="Write RUN_DIR/report.html at the end."),
     seed: int = typer.Option(0, help="Seed of the synthetic images."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
+    contract: Path | None = typer.Option(None, help="Contract rules every child's profiler evaluates per stage, "
+                                         "e.g. contracts/case-study.contract."),
 ) -> None:
     """Run the main job on this machine: an embedded S3 server (versitygw), a synthetic training batch,
     the local executor with a profiler beside every child; then print the per-stage table and where
@@ -153,7 +168,7 @@ def demo(
 
     options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
                           run_dir=run_dir, scratch_root=scratch, s3_endpoint=s3_endpoint, slow_child=slow_child,
-                          report=report, seed=seed)
+                          report=report, seed=seed, contract=_checked_contract(contract))
     result = run_demo(options, progress=progress)
     _print_batch(result.batch, result.profiles, f"per-stage profile of {result.batch.children} children "
                  "(durations and rates: median per child; bytes and calls: totals)")
@@ -182,6 +197,7 @@ def run(
     force: bool = typer.Option(False, help="Redo children whose _SUCCESS marker exists."),
     skip_bad_images: bool = typer.Option(False, help="Record undecodable images in the index instead of failing."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
+    contract: Path | None = typer.Option(None, help="Contract rules every child's profiler evaluates per stage."),
 ) -> None:
     """Run a batch on this machine against any S3 endpoint, with the local executor."""
     from pipeline.local.demo import LocalRun, prepare_run_dir, run_local
@@ -193,7 +209,7 @@ def run(
                      manifest=S3Uri.parse(manifest, what="--manifest") if manifest else None,
                      endpoint=s3_endpoint, run_dir=run_dir, images_per_child=images_per_child, workers=workers,
                      scratch_root=scratch, force=force, skip_bad_images=skip_bad_images,
-                     train_size=parse_train_size(train_size))
+                     train_size=parse_train_size(train_size), contract=_checked_contract(contract))
     result = run_local(local, progress=progress)
     _print_batch(result, list(runfiles.read_profiles(run_dir)), f"per-stage profile of {result.children} children")
     if result.failed:

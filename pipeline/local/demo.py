@@ -54,6 +54,7 @@ class LocalRun:
     slow_child_bps: float = 4 * 2**20  # the slow child's S3 traffic, each direction
     sidecar: bool = True
     job_id: str = ""
+    contract: Path | None = None
 
 
 def prepare_run_dir(run_dir: Path) -> None:
@@ -85,7 +86,7 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
                            force=run.force, volume_type="local")
     batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
                        env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
-                       slow_child_bps=run.slow_child_bps)
+                       slow_child_bps=run.slow_child_bps, contract=run.contract)
     meta: dict[str, Any] = {"job_id": job_id, "input": str(run.input), "output": str(run.output),
                             "manifest": str(frozen.manifest), "children": frozen.children, "images": frozen.images,
                             "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
@@ -121,6 +122,7 @@ class DemoOptions:
     seed: int = 0
     sidecar: bool = True
     train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
+    contract: Path | None = None
 
 
 @dataclass
@@ -204,7 +206,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
         run = LocalRun(input=images, output=output, endpoint=endpoint, run_dir=run_dir,
                        images_per_child=options.images_per_child, workers=options.workers,
                        scratch_root=options.scratch_root, env=env, slow_child=options.slow_child,
-                       sidecar=options.sidecar, train_size=options.train_size, force=True,
+                       sidecar=options.sidecar, train_size=options.train_size, force=True, contract=options.contract,
                        job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
         batch = run_local(run, progress=progress, say=say)
         profiles = list(runfiles.read_profiles(run_dir)) if (run_dir / runfiles.PROFILES).exists() else []

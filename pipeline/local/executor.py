@@ -47,6 +47,7 @@ class LocalBatch:
     slow_child: int | None = None  # this child's S3 traffic goes through a throttling proxy
     slow_child_bps: float = 4 * 2**20
     queue: str = "local"
+    contract: Path | None = None  # contract rules every sidecar evaluates per stage
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,8 @@ class _Runner:
                     [*python, "sidecar", "--socket", str(settings.socket_path),
                      "--emf", str(runfiles.emf_path(batch.run_dir, name)),
                      "--profile-out", str(runfiles.profile_path(batch.run_dir, name)),
-                     "--scratch-dir", str(settings.work_dir)],
+                     "--scratch-dir", str(settings.work_dir),
+                     *(["--contract", str(batch.contract)] if batch.contract else [])],
                     env, stdout=log, stderr=subprocess.STDOUT)
             else:
                 env[ENV.PROFILER_SOCKET] = PROFILER_OFF
