@@ -200,6 +200,17 @@ static struct block *thread_block(void) {
 
 static void start_dumper(void);
 
+/* One call of `ns` nanoseconds into a cell: count, total, min, max and the log2 histogram. */
+static inline void cell_add(struct cell *c, uint64_t ns) {
+    if (c->count == 0 || ns < c->min_ns) c->min_ns = ns;
+    if (ns > c->max_ns) c->max_ns = ns;
+    c->count++;
+    c->total_ns += ns;
+    int h = ns ? bit_length(ns) - 1 : 0;
+    if (h >= NLAT) h = NLAT - 1;
+    c->hist[h]++;
+}
+
 static inline void account(int call, int fd, int64_t size, uint64_t ns) {
     if (UNLIKELY(dumper_pending)) {
         dumper_pending = 0;
@@ -217,13 +228,7 @@ static inline void account(int call, int fd, int64_t size, uint64_t ns) {
     } else {
         c = &b->cells[p][SIZED_CELLS + (call - C_OPEN)];
     }
-    if (c->count == 0 || ns < c->min_ns) c->min_ns = ns;
-    if (ns > c->max_ns) c->max_ns = ns;
-    c->count++;
-    c->total_ns += ns;
-    int h = ns ? bit_length(ns) - 1 : 0;
-    if (h >= NLAT) h = NLAT - 1;
-    c->hist[h]++;
+    cell_add(c, ns);
 }
 
 /* ---- path attribution ---------------------------------------------------------------------------- */
@@ -703,15 +708,7 @@ EXPORT int close(int fd) {
         int e = errno;
         struct block *b = thread_block();
         if (b) {
-            struct cell *c = &b->cells[p][SIZED_CELLS + 1];
-            uint64_t ns = t1 - t0;
-            if (c->count == 0 || ns < c->min_ns) c->min_ns = ns;
-            if (ns > c->max_ns) c->max_ns = ns;
-            c->count++;
-            c->total_ns += ns;
-            int h = ns ? bit_length(ns) - 1 : 0;
-            if (h >= NLAT) h = NLAT - 1;
-            c->hist[h]++;
+            cell_add(&b->cells[p][SIZED_CELLS + 1], t1 - t0);
         }
         errno = e;
     }
