@@ -10,16 +10,26 @@ properties, because every distinct dimension value set is billed as a custom met
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from aws_embedded_metrics.logger.metrics_context import MetricsContext
 from aws_embedded_metrics.serializers.log_serializer import LogSerializer
 
 from profiling.contract import contract_metrics
-from profiling.metrics import DEFAULT_NAMESPACE, PROPERTY_KEYS, StageProfile, to_metrics
+from profiling.metrics import (
+    DEFAULT_NAMESPACE,
+    METRICS,
+    OUTCOMES,
+    PROPERTY_KEYS,
+    StageProfile,
+    median,
+    to_metrics,
+)
 
 
 def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> MetricsContext:
@@ -108,3 +118,65 @@ def sink_for(target: str | None) -> EmfSink:
 def emit_profile(profile: StageProfile, sink: EmfSink, *, namespace: str = DEFAULT_NAMESPACE) -> None:
     for line in serialize(profile, namespace=namespace):
         sink.accept(line)
+
+
+# ---- reading EMF back: the inverse of emit_profile, for the report and the advisor -----------------
+
+_INT_FIELDS = {f.name for f in dataclasses.fields(StageProfile) if str(f.type).startswith("int")}
+
+
+def _scalar(value: Any) -> float | None:
+    """An EMF metric value: a number, or a list of observations (their median)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, list):
+        numbers = [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
+        return median(numbers) if numbers else None
+    return None
+
+
+def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_NAMESPACE) -> StageProfile | None:
+    """The StageProfile an EMF document describes, or None if it is not an iobatch stage document.
+
+    EMF carries the metric values, the dimensions (Pipeline, Stage) and the properties (JobId,
+    ArrayIndex, ...), not timelines. Throughput is derived from bytes and duration, as the sidecar does.
+    """
+    meta = doc.get("_aws")
+    if not isinstance(meta, Mapping):
+        return None
+    directives = meta.get("CloudWatchMetrics")
+    if not isinstance(directives, list) or not directives:
+        return None
+    if namespace is not None and not any(
+        isinstance(d, Mapping) and d.get("Namespace") == namespace for d in directives
+    ):
+        return None
+    stage = doc.get("Stage")
+    if not isinstance(stage, str) or not stage:
+        return None
+    kwargs: dict[str, Any] = {}
+    for spec in METRICS:
+        if spec.name not in doc or spec.field == "throughput_bps":
+            continue
+        value = _scalar(doc[spec.name])
+        if value is not None:
+            kwargs[spec.field] = round(value) if spec.field in _INT_FIELDS else value
+    duration = float(kwargs.pop("duration_s", 0.0))
+    timestamp = meta.get("Timestamp")
+    ended = float(timestamp) / 1000 if isinstance(timestamp, int | float) else 0.0
+    outcome = doc.get("Outcome")
+    contract = doc.get("Contract")
+    properties = {k: str(doc[k]) for k in ("Pipeline", *PROPERTY_KEYS) if k in doc and doc[k] is not None}
+    return StageProfile(
+        stage=stage,
+        outcome=outcome if isinstance(outcome, str) and outcome in OUTCOMES else "ok",
+        started_at=ended - duration,
+        duration_s=duration,
+        contract=[c for c in contract if isinstance(c, dict)] if isinstance(contract, list) else [],
+        properties=properties,
+        error=str(doc["Error"]) if doc.get("Error") else None,
+        device=str(doc["Device"]) if doc.get("Device") else None,
+        **kwargs,
+    )

@@ -29,12 +29,11 @@ import plotly.offline
 from plotly.subplots import make_subplots
 
 from profiling import runfiles
+from profiling.emf import profile_from_emf
 from profiling.metrics import (
     DEFAULT_NAMESPACE,
     METRICS,
     METRICS_BY_NAME,
-    OUTCOMES,
-    PROPERTY_KEYS,
     STAGES,
     TABLE_METRICS,
     MetricSpec,
@@ -129,63 +128,6 @@ def parse_since(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ReportInputError(f"--since {text!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
     return value
-
-
-def _scalar(value: Any) -> float | None:
-    """An EMF metric value: a number, or a list of observations (their median)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, list):
-        numbers = [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
-        return median(numbers) if numbers else None
-    return None
-
-
-def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_NAMESPACE) -> StageProfile | None:
-    """The StageProfile an EMF document describes, or None if it is not an iobatch stage document.
-
-    EMF carries the metric values, the dimensions (Pipeline, Stage) and the properties (JobId,
-    ArrayIndex, ...), not timelines. Throughput is derived from bytes and duration, as the sidecar does.
-    """
-    meta = doc.get("_aws")
-    if not isinstance(meta, Mapping):
-        return None
-    directives = meta.get("CloudWatchMetrics")
-    if not isinstance(directives, list) or not directives:
-        return None
-    if namespace is not None and not any(
-        isinstance(d, Mapping) and d.get("Namespace") == namespace for d in directives
-    ):
-        return None
-    stage = doc.get("Stage")
-    if not isinstance(stage, str) or not stage:
-        return None
-    kwargs: dict[str, Any] = {}
-    for spec in METRICS:
-        if spec.name not in doc or spec.field == "throughput_bps":
-            continue
-        value = _scalar(doc[spec.name])
-        if value is not None:
-            kwargs[spec.field] = value
-    duration = float(kwargs.pop("duration_s", 0.0))
-    timestamp = meta.get("Timestamp")
-    ended = float(timestamp) / 1000 if isinstance(timestamp, int | float) else 0.0
-    outcome = doc.get("Outcome")
-    contract = doc.get("Contract")
-    properties = {k: str(doc[k]) for k in ("Pipeline", *PROPERTY_KEYS) if k in doc and doc[k] is not None}
-    return StageProfile(
-        stage=stage,
-        outcome=outcome if isinstance(outcome, str) and outcome in OUTCOMES else "ok",
-        started_at=ended - duration,
-        duration_s=duration,
-        contract=[c for c in contract if isinstance(c, dict)] if isinstance(contract, list) else [],
-        properties=properties,
-        error=str(doc["Error"]) if doc.get("Error") else None,
-        device=str(doc["Device"]) if doc.get("Device") else None,
-        **kwargs,
-    )
 
 
 def profiles_from_emf_lines(

@@ -22,11 +22,12 @@ import json
 import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiling.metrics import METRICS, STAGES, StageProfile, median
+from profiling.emf import profile_from_emf
+from profiling.metrics import STAGES, StageProfile, median
 from profiling.runfiles import read_profiles
 from tuning.ebs import GIB, MIB, SimResult, StageLoad, Volume, VolumeError, WriteCache, simulate
 from tuning.host import KERNEL_DEFAULTS, HostTuning
@@ -448,29 +449,10 @@ def parse_candidate(text: str) -> Volume:
 
 # ---- reading inputs (the only file I/O here) ---------------------------------------------------------
 
-_INT_FIELDS = {f.name for f in fields(StageProfile) if str(f.type).startswith("int")}
-_PROFILE_FIELDS = {f.name for f in fields(StageProfile)}
-
-
 def profiles_from_emf(documents: Iterable[Mapping[str, Any]]) -> list[StageProfile]:
     """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them."""
-    out: list[StageProfile] = []
-    for doc in documents:
-        if "_aws" not in doc or "Stage" not in doc:
-            continue
-        values: dict[str, Any] = {}
-        for spec in METRICS:
-            if spec.name not in doc or spec.field not in _PROFILE_FIELDS:
-                continue
-            raw = doc[spec.name]
-            raw = raw[0] if isinstance(raw, list) and raw else raw
-            if isinstance(raw, int | float):
-                values[spec.field] = int(raw) if spec.field in _INT_FIELDS else float(raw)
-        timestamp = doc["_aws"].get("Timestamp", 0) if isinstance(doc["_aws"], Mapping) else 0
-        duration = float(values.pop("duration_s", 0.0))
-        out.append(StageProfile(stage=str(doc["Stage"]), outcome=str(doc.get("Outcome", "ok")),
-                                started_at=float(timestamp) / 1000, duration_s=duration, **values))
-    return out
+    found = (profile_from_emf(doc, namespace=None) for doc in documents)
+    return [profile for profile in found if profile is not None]
 
 
 def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:

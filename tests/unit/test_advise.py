@@ -172,15 +172,20 @@ def test_bad_kernel_release_is_refused() -> None:
         advise(case_study_profiles(), Plan(1, 16, 10, kernel_release="banana"))
 
 
+DIRECTIVE = [{"Namespace": "IoBatch", "Dimensions": [["Pipeline", "Stage"]], "Metrics": []}]
+
+
 def test_emf_documents_become_profiles() -> None:
-    doc = {"_aws": {"Timestamp": 1_700_000_000_000, "CloudWatchMetrics": []}, "Pipeline": "iobatch",
+    doc = {"_aws": {"Timestamp": 1_700_000_000_000, "CloudWatchMetrics": DIRECTIVE}, "Pipeline": "iobatch",
            "Stage": "download", "StageDuration": 12.5, "WriteBytes": 1000, "StorageWriteBytes": 900,
            "PeakDirtyBytes": [5000], "IoStallSome": 100.0, "JobId": "j"}
     (profile,) = profiles_from_emf([doc, {"not": "emf"}])
     assert profile.stage == "download" and profile.duration_s == 12.5
     assert profile.storage_write_bytes == 900 and isinstance(profile.storage_write_bytes, int)
     assert profile.peak_dirty_bytes == 5000
-    assert profile.started_at == 1_700_000_000.0
+    # The emitter stamps a document with the stage's end (profiling.emf.emit_profile).
+    assert profile.started_at == 1_700_000_000.0 - 12.5
+    assert profile.properties["JobId"] == "j"
 
 
 def test_load_profiles_from_run_dir_jsonl_and_emf(tmp_path: Path) -> None:
@@ -190,7 +195,8 @@ def test_load_profiles_from_run_dir_jsonl_and_emf(tmp_path: Path) -> None:
     (run / "profiles" / "part-00000.jsonl").write_text("\n".join(lines) + "\n")
     assert len(load_profiles([run])) == 3
     emf = tmp_path / "x.emf"
-    emf.write_text("some log line\n" + json.dumps({"_aws": {}, "Stage": "upload", "StageDuration": 1}) + "\n")
+    doc = {"_aws": {"CloudWatchMetrics": DIRECTIVE}, "Stage": "upload", "StageDuration": 1}
+    emf.write_text("some log line\n" + json.dumps(doc) + "\n")
     assert [p.stage for p in load_profiles([emf])] == ["upload"]
     with pytest.raises(AdviseError, match="does not exist"):
         load_profiles([tmp_path / "missing"])
