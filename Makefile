@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .tools
 VERSITYGW_VERSION := v1.8.0
-SYSTEM_PACKAGES := podman buildah debootstrap bpftrace chromium strace xfsprogs
+SYSTEM_PACKAGES := podman buildah debootstrap bpftrace chromium strace xfsprogs faketime
 export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -19,7 +19,7 @@ DEMO_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m unit"`.
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test lint synth bench clean help
+.PHONY: setup demo test test-shifted-clock lint synth bench clean help
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
@@ -44,7 +44,8 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Debian packages for the container build, eBPF, the slow-disk lab and the report's browser test.
+# Debian packages for the container build, eBPF, the slow-disk lab, the report's browser test and the
+# shifted-clock test run (faketime).
 $(TOOLS)/.system-packages: Makefile
 	@mkdir -p $(TOOLS)
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
@@ -67,7 +68,20 @@ demo: setup
 test: setup
 	$(PY) -m ruff check pipeline profiling tuning infra tests bench
 	$(PY) -m mypy
+	$(MAKE) --no-print-directory test-shifted-clock
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# No test may depend on today's date or the time zone: the unit tier again, 400 days ahead and at UTC+14
+# (a POSIX TZ string, so no tz database is needed). libfaketime moves the clock for Python, not for Go binaries,
+# which is why only the unit tier (no S3 server, no s5cmd) runs shifted.
+SHIFTED_CLOCK := +400d
+test-shifted-clock: setup
+	@if command -v faketime >/dev/null 2>&1; then \
+	  echo "unit tier with the clock $(SHIFTED_CLOCK) ahead, TZ UTC+14:"; \
+	  TZ=IOB-14 faketime -f "$(SHIFTED_CLOCK)" $(PY) -m pytest -m unit -q -p no:cacheprovider; \
+	else \
+	  echo "skipped: the shifted-clock unit run needs faketime (make setup installs it as root)"; \
+	fi
 
 lint: setup
 	$(PY) -m ruff check pipeline profiling tuning infra tests bench

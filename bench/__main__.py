@@ -1,34 +1,99 @@
-"""`make bench`: run every benchmark in turn (each prints its own side-by-side table).
+"""`make bench`: run every benchmark end to end, each making the inputs it needs, and print its table.
 
     python -m bench              all of them
-    python -m bench NAME ...     some, e.g. `python -m bench download_compare`
+    python -m bench NAME ...     some, e.g. `python -m bench download_compare stage_boundaries`
+    python -m bench --list       what would run, with the BENCHMARKS.md section each result belongs in
+
+RUNS is the one list of what `make bench` measures: every figure in BENCHMARKS.md comes from one of these
+commands, and each run names the section it belongs in. A run that needs root or a missing tool is skipped
+with the reason, not failed; a run that fails makes the whole command exit 1 after the others have run.
 """
 
 from __future__ import annotations
 
-import pkgutil
+import os
+import shutil
 import subprocess
 import sys
-from pathlib import Path
+import time
+from dataclasses import dataclass, field
 
 
-def main() -> int:
-    here = Path(__file__).parent
-    available = sorted(m.name for m in pkgutil.iter_modules([str(here)]) if not m.name.startswith("_"))
-    chosen = sys.argv[1:] or available
-    unknown = [name for name in chosen if name not in available]
+@dataclass(frozen=True)
+class Run:
+    """One benchmark command and where its table goes."""
+
+    name: str  # the module under bench/, and what `python -m bench NAME` selects
+    section: str  # the BENCHMARKS.md heading its table belongs under
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    needs_root: bool = False
+    needs_tools: tuple[str, ...] = ()
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", f"bench.{self.name}", *self.args]
+
+    def shown(self) -> str:
+        env = " ".join(f"{key}={value}" for key, value in self.env.items())
+        return " ".join(part for part in (env, "python -m", f"bench.{self.name}", *self.args) if part)
+
+    def skip_reason(self) -> str | None:
+        if self.needs_root and os.geteuid() != 0:
+            return "needs root (loop devices, sysctls or eBPF): run `sudo make bench`"
+        missing = [tool for tool in self.needs_tools if shutil.which(tool) is None]
+        if missing:
+            return f"needs {', '.join(missing)}: run `make setup` as root"
+        return None
+
+
+RUNS: tuple[Run, ...] = (
+    Run("download_compare", "Download stage vs bare s5cmd vs `aws s3 cp`"),
+    Run("submit_bench", "Submitting a 1,000,000-key batch"),
+    Run("sidecar_overhead", "Profiler sidecar overhead"),
+    Run("sidecar_overhead", "Profiler sidecar overhead: the demo with and without the sidecar",
+        args=("--workload", "demo", "--rounds", "5", "--images", "16", "--image-mib", "8", "--cpu-seconds", "20"),
+        env={"IOBATCH_NO_EBPF": "1"}),
+    Run("stage_boundaries", "Profiler sidecar overhead: what a stage boundary costs the job"),
+    Run("percall_overhead", "Per-call probes: overhead and truth", needs_root=True, needs_tools=("strace",)),
+    Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
+        needs_tools=("mkfs.xfs", "losetup")),
+)
+
+
+def main(argv: list[str]) -> int:
+    names = sorted({run.name for run in RUNS})
+    if argv in (["-h"], ["--help"]):
+        print(__doc__)
+        return 0
+    listing = argv[:1] == ["--list"]
+    chosen = argv[1:] if listing else argv
+    unknown = [name for name in chosen if name not in names]
     if unknown:
-        print(f"error: no benchmark named {', '.join(unknown)}: choose from {', '.join(available)}", file=sys.stderr)
+        print(f"error: no benchmark named {', '.join(unknown)}: choose from {', '.join(names)}", file=sys.stderr)
         return 64
-    failed = []
-    for name in chosen:
-        print(f"\n=== bench.{name} ===", flush=True)
-        if subprocess.run([sys.executable, "-m", f"bench.{name}"], check=False).returncode != 0:
-            failed.append(name)
-    if failed:
-        print(f"error: {', '.join(failed)} failed", file=sys.stderr)
+    runs = [run for run in RUNS if not chosen or run.name in chosen]
+    if listing:
+        for run in runs:
+            print(f"{run.shown()}\n    -> BENCHMARKS.md: {run.section}")
+        return 0
+    failed, skipped = [], []
+    for number, run in enumerate(runs, 1):
+        print(f"\n=== [{number}/{len(runs)}] {run.shown()}\n    -> BENCHMARKS.md: {run.section}", flush=True)
+        reason = run.skip_reason()
+        if reason:
+            print(f"skipped: {reason}", flush=True)
+            skipped.append(run.name)
+            continue
+        began = time.monotonic()
+        code = subprocess.run(run.command(), env={**os.environ, **run.env}, check=False).returncode
+        print(f"--- {run.name}: exit {code} after {time.monotonic() - began:.0f} s", flush=True)
+        if code != 0:
+            failed.append(run.shown())
+    print(f"\n{len(runs) - len(failed) - len(skipped)} benchmarks ran, {len(skipped)} skipped, {len(failed)} failed")
+    for shown in failed:
+        print(f"error: failed: {shown}", file=sys.stderr)
     return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

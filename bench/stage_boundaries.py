@@ -10,8 +10,9 @@ the probes started) and the stage's duration (to the closing snapshot, before th
 both bounded by the job's log resolution (1 ms). The first stage of a child is shown apart: it is
 where a per-call probe attaches (bpftrace: 1.5-5 s).
 
+    python -m bench.stage_boundaries            runs the demo below into a temporary directory first
+    python -m bench.stage_boundaries RUN        a finished run, e.g. of
     python -m pipeline.cli demo --images 8 --image-mib 4 --images-per-child 2 --run-dir RUN --no-report
-    python -m bench.stage_boundaries RUN
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +60,41 @@ def boundary_costs(run_dir: Path) -> dict[str, list[float]]:
     return costs
 
 
+DEMO_ARGS = ("--images", "8", "--image-mib", "4", "--images-per-child", "2", "--no-report")
+
+
+def run_demo(run_dir: Path) -> None:
+    """The demo this benchmark reads: 4 children x 3 stages, with the sidecar (eBPF as root)."""
+    print(f"running: python -m pipeline.cli demo {' '.join(DEMO_ARGS)} --run-dir {run_dir}", flush=True)
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "demo", *DEMO_ARGS, "--run-dir", str(run_dir)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        print(f"error: the demo failed with exit {done.returncode}:\n{done.stderr[-2000:]}", file=sys.stderr)
+        raise SystemExit(done.returncode)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path, help="a local run directory (logs/ and profiles/)")
+    parser.add_argument("run_dir", type=Path, nargs="?", help="a local run directory (logs/ and profiles/); "
+                        "without it, the demo runs first into a temporary one")
     args = parser.parse_args()
-    if not (args.run_dir / "logs").is_dir() or not (args.run_dir / "profiles").is_dir():
-        print(f"error: {args.run_dir} is not a run directory (no logs/ and profiles/): give the --run-dir of a "
+    if args.run_dir is None:
+        with tempfile.TemporaryDirectory(prefix="iobatch-bench-") as tmp:
+            run_demo(Path(tmp) / "run")
+            report(Path(tmp) / "run")
+        return
+    report(args.run_dir)
+
+
+def report(run_dir: Path) -> None:
+    """Print the boundary-cost table of one finished run."""
+    if not (run_dir / "logs").is_dir() or not (run_dir / "profiles").is_dir():
+        print(f"error: {run_dir} is not a run directory (no logs/ and profiles/): give the --run-dir of a "
               "finished demo or run", file=sys.stderr)
         raise SystemExit(64)
-    costs = boundary_costs(args.run_dir)
+    costs = boundary_costs(run_dir)
     if not any(costs.values()):
-        print(f"error: {args.run_dir} has no profiled stages: run it with the sidecar on", file=sys.stderr)
+        print(f"error: {run_dir} has no profiled stages: run it with the sidecar on", file=sys.stderr)
         raise SystemExit(65)
     print("| boundary | job's wait, ms: median | min | max | n |\n|---|---|---|---|---|")
     for label, values in costs.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,15 @@ from profiling.table import profile_row, render_stage_table
 
 pytestmark = pytest.mark.unit
 
+# aws-embedded-metrics refuses timestamps more than 14 days old or 2 hours ahead: stages end "now".
+STARTED_AT = float(int(time.time()) - 60)
 PROPS = {"Pipeline": "demo", "JobId": "job-1:7", "ArrayIndex": "7", "InstanceId": "i-0abc",
          "InstanceType": "m5.large", "VolumeType": "st1"}
 
 
 def _profile(**overrides: Any) -> StageProfile:
     base: dict[str, Any] = dict(
-        stage="download", outcome="ok", started_at=1_795_000_000.0, duration_s=2.5, read_bytes=10 * 2**20,
+        stage="download", outcome="ok", started_at=STARTED_AT, duration_s=2.5, read_bytes=10 * 2**20,
         write_bytes=40_960_000, read_calls=12, write_calls=10_000, storage_write_bytes=40_960_000, items=5,
         device="vda", device_write_ops=300, device_write_bytes=41_000_000, device_write_latency_ms=3.5,
         device_queue_depth=1.25, device_utilization_pct=40.0, peak_dirty_bytes=30 * 2**20,
@@ -45,7 +48,7 @@ def test_document_has_the_aws_block_with_namespace_dimensions_and_timestamp() ->
     assert directive["Namespace"] == "Custom"
     assert directive["Dimensions"] == [list(DIMENSIONS)] == [["Pipeline", "Stage"]]
     assert doc["Pipeline"] == "demo" and doc["Stage"] == "download"
-    assert doc["_aws"]["Timestamp"] == int((1_795_000_000.0 + 2.5) * 1000)
+    assert doc["_aws"]["Timestamp"] == int((STARTED_AT + 2.5) * 1000)
 
 
 def test_every_metric_is_in_the_spec_with_its_unit_and_value() -> None:
