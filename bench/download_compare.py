@@ -21,10 +21,11 @@ import time
 from pathlib import Path
 
 from pipeline.local.dataset import DatasetSpec, generate
-from pipeline.local.demo import LocalRun, dataset_cache, run_local, upload_dataset
+from pipeline.local.demo import dataset_cache, upload_dataset
+from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
+from pipeline.s5cmd import s5cmd_binary
 from pipeline.settings import DEFAULT_S5CMD_WORKERS, S3Uri
-from pipeline.transfer import s5cmd_binary
 from profiling import runfiles
 from profiling.metrics import median
 

@@ -30,9 +30,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuning.ebs import GIB, MIB, StageLoad, Volume, WriteCache, simulate  # noqa: E402
+from tuning.ebs import GIB, MIB, Volume  # noqa: E402
 from tuning.host import KERNEL_DEFAULTS, HostTuning  # noqa: E402
 from tuning.lab import Lab, LabConfig, write_files  # noqa: E402
+from tuning.simulator import StageLoad, WriteCache, simulate  # noqa: E402
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:
@@ -205,7 +206,7 @@ def main() -> None:
     print(f"# lab case study, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, kernel {os.uname().release}, "
           f"{os.cpu_count()} cores\n")
     part_models()
-    from tuning.advise import parse_candidate
+    from tuning.plan import parse_candidate
 
     config = LabConfig(volume=parse_candidate(args.volume), lab_dir=args.lab_dir, loop_size_mib=args.loop_size_mib,
                        initial_credits_mib=None if args.credits_gib is None else args.credits_gib * 1024,

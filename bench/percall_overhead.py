@@ -33,6 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from profiling.metrics import by_call  # noqa: E402
 from profiling.probes import ebpf  # noqa: E402
 from profiling.probes.interpose import library_path, preload_env  # noqa: E402
 
@@ -58,7 +59,7 @@ def timed_run(argv: list[str], env: dict[str, str], probe: ebpf.EbpfProbe | None
             calls = probe.stop()
     if code != 0:
         raise SystemExit(f"{argv[0]} failed with exit code {code}")
-    if probe is not None and (calls is None or calls["calls"].get("write", {}).get("count", 0) < 1):
+    if probe is not None and (calls is None or by_call(calls).get("write", {}).get("count", 0) < 1):
         raise SystemExit("the eBPF probe saw no writes")
     return elapsed
 

@@ -171,7 +171,7 @@ def stage_round_trip_ms(stages: int = 30) -> float:
 def snapshot_cost_ms(scratch: Path) -> float:
     """What one sample costs: taken at every stage boundary (the job waits for it) and every interval."""
     from profiling.probes.procfs import device_of
-    from profiling.sidecar import take_snapshot
+    from profiling.sampler import take_snapshot
 
     device, _ = device_of(scratch)
     costs = []

@@ -113,7 +113,8 @@ def measure(images_per_child: int, s3_endpoint: str) -> dict[str, Any]:
     import boto3
 
     from pipeline import s3 as s3io
-    from pipeline import submit as submission
+    from pipeline.submit import submission
+    from pipeline.submit.status import poll_status
 
     calls: Counter[str] = Counter()
     phases: dict[str, float] = {}
@@ -143,6 +144,7 @@ def measure(images_per_child: int, s3_endpoint: str) -> dict[str, Any]:
 
     s3io.client = counted_s3
     s3io.freeze_batch = timed("freeze", s3io.freeze_batch)
+    # Wrapped in the module whose submit_to_stack calls them.
     submission.plan_requests = timed("plan", submission.plan_requests)
     submission.submit_planned = timed("submit_job", submission.submit_planned)
     rss_before = _peak_rss_mb()
@@ -159,7 +161,7 @@ def measure(images_per_child: int, s3_endpoint: str) -> dict[str, Any]:
     calls.clear()
     _, batch = submission.aws_clients(session)
     started = time.perf_counter()
-    state = submission.poll_status(batch, [j.job_id for j in result.jobs])
+    state = poll_status(batch, [j.job_id for j in result.jobs])
     poll_s = time.perf_counter() - started
     return {"images": result.images, "children": result.children, "array_jobs": len(result.jobs),
             "wall_s": wall, "cpu_s": cpu, "phases": phases, "calls": submit_calls, "peak_rss_mb": rss,
@@ -234,7 +236,7 @@ def report(rounds: list[dict[str, Any]], keys: int, per_child: int) -> None:
     naive_status = math.ceil(children / 100)
     status_calls = sum(found["status_calls"].values())
     print(f"\n{keys:,} keys, {per_child} images per child -> {children:,} children in {found['array_jobs']} "
-          f"array jobs ({time.strftime('%Y-%m-%d')}, `python bench/submit_bench.py --keys {keys} "
+          f"array jobs ({time.strftime('%Y-%m-%d UTC', time.gmtime())}, `python bench/submit_bench.py --keys {keys} "
           f"--images-per-job {per_child} --rounds {len(rounds)}`)\n")
     print("| measure | measured | target | measured / target |")
     print("|---|---:|---:|---:|")

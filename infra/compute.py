@@ -8,16 +8,25 @@ from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
 
 from infra.settings import SettingsError, StackSettings
+from tuning.ebs import Volume
 from tuning.host import SCRATCH_DEVICE_NAME, HostTuning
 
-_VOLUME_TYPES = {
-    "st1": ec2.EbsDeviceVolumeType.ST1,
-    "sc1": ec2.EbsDeviceVolumeType.SC1,
-    "gp2": ec2.EbsDeviceVolumeType.GP2,
-    "gp3": ec2.EbsDeviceVolumeType.GP3,
-    "io1": ec2.EbsDeviceVolumeType.IO1,
-    "io2": ec2.EbsDeviceVolumeType.IO2,
-}
+
+def ebs_volume_type(kind: str) -> ec2.EbsDeviceVolumeType:
+    """A volume kind of tuning.ebs (validated there) as CDK's enum: the kinds are CDK's names in lowercase."""
+    return ec2.EbsDeviceVolumeType[kind.upper()]
+
+
+def block_device_volume(volume: Volume) -> ec2.BlockDeviceVolume:
+    """The scratch volume as the launch template attaches it: encrypted, deleted with the host."""
+    return ec2.BlockDeviceVolume.ebs(
+        volume.size_gib,
+        volume_type=ebs_volume_type(volume.kind),
+        encrypted=True,
+        delete_on_termination=True,
+        iops=volume.iops,
+        throughput=None if volume.throughput_mibps is None else int(volume.throughput_mibps),
+    )
 
 
 def _instance_class(family: str) -> ec2.InstanceClass:
@@ -53,14 +62,6 @@ class Compute(Construct):
         subnets: ec2.SubnetSelection,
     ) -> None:
         super().__init__(scope, construct_id)
-        volume = ec2.BlockDeviceVolume.ebs(
-            settings.volume_size_gib,
-            volume_type=_VOLUME_TYPES[settings.volume_type],
-            encrypted=True,
-            delete_on_termination=True,
-            iops=settings.volume_iops,
-            throughput=settings.volume_throughput,
-        )
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
@@ -68,7 +69,8 @@ class Compute(Construct):
             # Containers on the bridge network are one hop further from IMDS than the host; the
             # profiler reads the instance id and type from it.
             http_put_response_hop_limit=2,
-            block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME, volume=volume)],
+            block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME,
+                                           volume=block_device_volume(settings.volume))],
             user_data=host_user_data(settings.host),
         )
         Tags.of(self.launch_template).add("iobatch:pipeline", settings.pipeline_name)

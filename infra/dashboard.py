@@ -11,9 +11,10 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from profiling.metrics import DEFAULT_NAMESPACE, METRICS, STAGES, MetricSpec
+from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS, METRICS, STAGES, MetricSpec
 
 GRID_WIDTH = 24
+PIPELINE_DIMENSION, STAGE_DIMENSION = DIMENSIONS
 # Per-stage figures are per child; the median is the typical child, the maximum the slowest.
 _STATISTIC = {"PeakDirtyBytes": "Maximum", "IoStallSome": "Maximum"}
 
@@ -28,7 +29,8 @@ def slowest_download_query(pipeline: str) -> str:
     return "\n".join(
         [
             "fields InstanceId, InstanceType, Throughput",
-            f'| filter Pipeline = "{pipeline}" and Stage = "download" and ispresent(Throughput)',
+            f'| filter {PIPELINE_DIMENSION} = "{pipeline}" and {STAGE_DIMENSION} = "download" '
+            "and ispresent(Throughput)",
             "| stats avg(Throughput) / 1048576 as MiBps, count(*) as children by InstanceId, InstanceType",
             "| sort MiBps asc",
             "| limit 20",
@@ -69,8 +71,8 @@ class Dashboard(Construct):
         self.dashboard.add_widgets(
             cw.TextWidget(
                 markdown=f"# {pipeline}: I/O per stage\nEach row is one stage of every array child "
-                f"(namespace `{namespace}`, dimensions Pipeline and Stage). Lines are the median child "
-                "(p50) and the slowest (max).",
+                f"(namespace `{namespace}`, dimensions {PIPELINE_DIMENSION} and {STAGE_DIMENSION}). Lines are "
+                "the median child (p50) and the slowest (max).",
                 width=GRID_WIDTH,
                 height=2,
             )
@@ -82,7 +84,7 @@ class Dashboard(Construct):
                     return cw.Metric(
                         namespace=namespace,
                         metric_name=spec.name,
-                        dimensions_map={"Pipeline": pipeline, "Stage": stage},
+                        dimensions_map={PIPELINE_DIMENSION: pipeline, STAGE_DIMENSION: stage},
                         statistic=statistic,
                         period=Duration.minutes(1),
                         label=f"{spec.name} {statistic}",

@@ -9,12 +9,20 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.settings import StackSettings
-from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
+from pipeline.interface import (
+    AWS_ENV,
+    CONTAINER_COMMANDS,
+    ENV,
+    EXIT_PERMANENT,
+    EXIT_RETRYABLE,
+    EXIT_USAGE,
+    JOB_CONTAINER,
+    PROFILER_CONTAINER,
+    SCRATCH_MOUNT,
+)
 from profiling.metrics import DEFAULT_NAMESPACE
 
-JOB_CONTAINER = "job"
-PROFILER_CONTAINER = "profiler"
-SCRATCH_VOLUME = "scratch"
+SCRATCH_VOLUME = "scratch"  # the task's name for the host's scratch mount
 
 
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
@@ -67,21 +75,21 @@ class Jobs(Construct):
 
         env = {
             **environment,
-            "IOBATCH_PIPELINE": settings.pipeline_name,
-            "IOBATCH_SCRATCH": "/scratch",
-            "IOBATCH_VOLUME_TYPE": settings.volume_type,
+            ENV.PIPELINE: settings.pipeline_name,
+            ENV.SCRATCH: SCRATCH_MOUNT,
+            ENV.VOLUME_TYPE: settings.volume.kind,
             # s5cmd and boto3 find the buckets' region without a lookup.
-            "AWS_REGION": Aws.REGION,
+            AWS_ENV.REGION: Aws.REGION,
             # EMF goes to stdout, which awslogs ships and CloudWatch turns into metrics (no agent).
-            "AWS_EMF_ENVIRONMENT": "Local",
-            "AWS_EMF_NAMESPACE": DEFAULT_NAMESPACE,
-            "AWS_EMF_SERVICE_NAME": settings.pipeline_name,
+            AWS_ENV.EMF_ENVIRONMENT: "Local",
+            AWS_ENV.EMF_NAMESPACE: DEFAULT_NAMESPACE,
+            AWS_ENV.EMF_SERVICE_NAME: settings.pipeline_name,
         }
         environment_list = [
             batch.CfnJobDefinition.EnvironmentProperty(name=k, value=v) for k, v in sorted(env.items())
         ]
         scratch_mount = batch.CfnJobDefinition.MountPointProperty(
-            container_path="/scratch", source_volume=SCRATCH_VOLUME, read_only=False
+            container_path=SCRATCH_MOUNT, source_volume=SCRATCH_VOLUME, read_only=False
         )
 
         def log_configuration(stream_prefix: str) -> batch.CfnJobDefinition.LogConfigurationProperty:
@@ -98,7 +106,7 @@ class Jobs(Construct):
         job_container = batch.CfnJobDefinition.TaskContainerPropertiesProperty(
             name=JOB_CONTAINER,
             image=image_uri,
-            command=["iobatch", "job"],
+            command=list(CONTAINER_COMMANDS[JOB_CONTAINER]),
             essential=True,
             environment=environment_list,
             mount_points=[scratch_mount],
@@ -119,7 +127,7 @@ class Jobs(Construct):
         profiler_container = batch.CfnJobDefinition.TaskContainerPropertiesProperty(
             name=PROFILER_CONTAINER,
             image=image_uri,
-            command=["iobatch", "sidecar"],
+            command=list(CONTAINER_COMMANDS[PROFILER_CONTAINER]),
             # A profiler that fails never fails the job.
             essential=False,
             environment=environment_list,
@@ -146,7 +154,10 @@ class Jobs(Construct):
                         volumes=[
                             batch.CfnJobDefinition.VolumesProperty(
                                 name=SCRATCH_VOLUME,
-                                host=batch.CfnJobDefinition.VolumesHostProperty(source_path="/scratch"),
+                                # The host path the launch template's user data mounts the volume at.
+                                host=batch.CfnJobDefinition.VolumesHostProperty(
+                                    source_path=settings.host.mount_point
+                                ),
                             )
                         ],
                     )

@@ -16,6 +16,7 @@ from infra.jobs import Jobs
 from infra.network import Network
 from infra.settings import StackSettings
 from infra.storage import Storage
+from pipeline.interface import STACK_OUTPUT_KEYS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = "containers/job/Dockerfile"
@@ -24,13 +25,6 @@ IMAGE_EXCLUDES = [
     ".git", ".venv", ".tools", "node_modules", "cdk.out", ".iobatch", ".mypy_cache", ".ruff_cache",
     ".pytest_cache", ".hypothesis", "**/__pycache__", "tests", "bench", "*.egg-info", "build",
 ]
-
-# CloudFormation output keys: `iobatch submit --stack` reads them (pipeline/submit.py OUTPUT_KEYS).
-OUTPUTS = (
-    "InputBucketName", "OutputBucketName", "JobQueueArn", "JobDefinitionArn", "LogGroupName",
-    "PipelineName", "DashboardName", "VolumeType", "InputPrefix", "OutputPrefix",
-)
-
 
 # Acknowledgement ids carry the plugin name in front of the rule id.
 NAG = "AwsSolutions::"
@@ -75,20 +69,22 @@ class PipelineStack(Stack):
         )
         self._grant()
         self._acknowledge()
+        # By the StackOutputs field each fills; the job's interface names the CloudFormation output keys
+        # that `iobatch submit --stack` reads.
         outputs = {
-            "InputBucketName": self.storage.input_bucket.bucket_name,
-            "OutputBucketName": self.storage.output_bucket.bucket_name,
-            "JobQueueArn": self.jobs.job_queue.job_queue_arn,
-            "JobDefinitionArn": self.jobs.job_definition.ref,
-            "LogGroupName": self.jobs.log_group.log_group_name,
-            "PipelineName": name,
-            "DashboardName": self.dashboard.dashboard.dashboard_name,
-            "VolumeType": settings.volume_type,
-            "InputPrefix": settings.input_prefix,
-            "OutputPrefix": settings.output_prefix,
+            "input_bucket": self.storage.input_bucket.bucket_name,
+            "output_bucket": self.storage.output_bucket.bucket_name,
+            "job_queue": self.jobs.job_queue.job_queue_arn,
+            "job_definition": self.jobs.job_definition.ref,
+            "log_group": self.jobs.log_group.log_group_name,
+            "pipeline": name,
+            "dashboard": self.dashboard.dashboard.dashboard_name,
+            "volume_type": settings.volume.kind,
+            "input_prefix": settings.input_prefix,
+            "output_prefix": settings.output_prefix,
         }
-        for key in OUTPUTS:
-            CfnOutput(self, key, value=outputs[key])
+        for field, key in STACK_OUTPUT_KEYS.items():
+            CfnOutput(self, key, value=outputs[field])
 
     def _grant(self) -> None:
         """The job reads the input prefix and writes the output prefix (shards and the frozen manifest

@@ -1,7 +1,8 @@
 """StackSettings: every choice the stack makes, read from CDK context (`cdk.json` or `-c key=value`).
 
 The context keys are camelCase and documented in the README ("Deploy to AWS"); `iobatch advise` prints
-the ones it recommends. Host tuning keys are parsed by tuning.host.HostTuning.from_context.
+the ones it recommends. The scratch volume's keys are parsed and validated by tuning.ebs.Volume.from_context
+and host tuning keys by tuning.host.HostTuning.from_context: this module keeps no copy of their rules.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
+from tuning.ebs import Volume, VolumeError
 from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
 from tuning.host import HostTuning, HostTuningError
 
-VOLUME_TYPES: tuple[str, ...] = ("st1", "sc1", "gp2", "gp3", "io1", "io2")
-# Smallest size EBS accepts per type (GiB).
-_MIN_SIZE_GIB = {"st1": 125, "sc1": 125, "gp2": 1, "gp3": 1, "io1": 4, "io2": 4}
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*(\.[a-z0-9]+)?$")
@@ -26,7 +26,7 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*(\.[a-z0-9]+)?$")
 _PREFIX = re.compile(r"^([A-Za-z0-9!_.'()-]+/)*$")
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
-    "pipelineName", "vpcId", "volumeType", "volumeSizeGiB", "volumeIops", "volumeThroughput",
+    "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
     "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
     "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS,
 )
@@ -42,10 +42,7 @@ class StackSettings:
 
     pipeline_name: str = "iobatch"
     vpc_id: str | None = None
-    volume_type: str = "st1"
-    volume_size_gib: int = 500
-    volume_iops: int | None = None
-    volume_throughput: int | None = None
+    volume: Volume = field(default_factory=Volume)  # the scratch volume on every host
     instance_types: tuple[str, ...] = ("m6i", "c6i", "r6i")
     max_vcpus: int = 256
     min_vcpus: int = 0
@@ -74,17 +71,15 @@ class StackSettings:
         """Read and validate every key; unknown keys are ignored (CDK's own flags live there too)."""
         base = cls()
         try:
+            volume = Volume.from_context(ctx)
             host = HostTuning.from_context(ctx)
             host.validate()
-        except HostTuningError as exc:
+        except (VolumeError, HostTuningError) as exc:
             raise SettingsError(str(exc)) from None
         settings = cls(
             pipeline_name=_text(ctx, "pipelineName", base.pipeline_name),
             vpc_id=_optional_text(ctx, "vpcId"),
-            volume_type=_text(ctx, "volumeType", base.volume_type),
-            volume_size_gib=_int(ctx, "volumeSizeGiB", base.volume_size_gib),
-            volume_iops=_optional_int(ctx, "volumeIops"),
-            volume_throughput=_optional_int(ctx, "volumeThroughput"),
+            volume=volume,
             instance_types=_list(ctx, "instanceTypes", base.instance_types),
             max_vcpus=_int(ctx, "maxvCpus", base.max_vcpus),
             min_vcpus=_int(ctx, "minvCpus", base.min_vcpus),
@@ -108,26 +103,6 @@ class StackSettings:
             )
         if self.vpc_id is not None and not _VPC_ID.match(self.vpc_id):
             raise SettingsError(f"vpcId {self.vpc_id!r} is not a VPC id like vpc-0123456789abcdef0")
-        if self.volume_type not in VOLUME_TYPES:
-            raise SettingsError(f"volumeType {self.volume_type!r} is not one of {', '.join(VOLUME_TYPES)}")
-        minimum = _MIN_SIZE_GIB[self.volume_type]
-        if not minimum <= self.volume_size_gib <= 16384:
-            raise SettingsError(
-                f"volumeSizeGiB {self.volume_size_gib} is outside {minimum}-16384 for {self.volume_type}"
-            )
-        if self.volume_iops is not None and self.volume_type not in ("gp3", "io1", "io2"):
-            raise SettingsError(f"volumeIops applies to gp3, io1 and io2, not {self.volume_type}: drop it")
-        if self.volume_type in ("io1", "io2") and self.volume_iops is None:
-            raise SettingsError(f"volumeType {self.volume_type} needs volumeIops, e.g. -c volumeIops=4000")
-        if self.volume_iops is not None and not 100 <= self.volume_iops <= 256000:
-            raise SettingsError(f"volumeIops {self.volume_iops} is outside 100-256000")
-        if self.volume_throughput is not None:
-            if self.volume_type != "gp3":
-                raise SettingsError(
-                    f"volumeThroughput applies to gp3 only, not {self.volume_type}: drop it"
-                )
-            if not 125 <= self.volume_throughput <= 1000:
-                raise SettingsError(f"volumeThroughput {self.volume_throughput} is outside 125-1000 MiB/s")
         for key, prefix in (("inputPrefix", self.input_prefix), ("outputPrefix", self.output_prefix)):
             if not _PREFIX.match(prefix) or not prefix:
                 raise SettingsError(
@@ -158,8 +133,6 @@ class StackSettings:
         """The context keys that rebuild these settings (strings, as `-c` passes them)."""
         ctx = {
             "pipelineName": self.pipeline_name,
-            "volumeType": self.volume_type,
-            "volumeSizeGiB": str(self.volume_size_gib),
             "instanceTypes": json.dumps(list(self.instance_types)),
             "maxvCpus": str(self.max_vcpus),
             "minvCpus": str(self.min_vcpus),
@@ -172,11 +145,7 @@ class StackSettings:
         }
         if self.vpc_id:
             ctx["vpcId"] = self.vpc_id
-        if self.volume_iops is not None:
-            ctx["volumeIops"] = str(self.volume_iops)
-        if self.volume_throughput is not None:
-            ctx["volumeThroughput"] = str(self.volume_throughput)
-        return {**ctx, **self.host.to_context()}
+        return {**ctx, **self.volume.to_context(), **self.host.to_context()}
 
 
 def _text(ctx: Mapping[str, Any], key: str, default: str) -> str:
@@ -189,13 +158,6 @@ def _optional_text(ctx: Mapping[str, Any], key: str) -> str | None:
     if value is None or str(value).strip().lower() in ("", "none", "null"):
         return None
     return str(value).strip()
-
-
-def _optional_int(ctx: Mapping[str, Any], key: str) -> int | None:
-    value = ctx.get(key)
-    if value is None or str(value).strip().lower() in ("", "none", "null"):
-        return None
-    return _int(ctx, key, 0)
 
 
 def _int(ctx: Mapping[str, Any], key: str, default: int) -> int:

@@ -12,17 +12,35 @@ code  name           meaning
 75    RETRYABLE      throttling, network, interruption: a retry can succeed
 ====  =============  ==========================================================
 
-`main()` prints ``error: <headline>`` for these and exits with the code; only
+The codes belong to the job's interface (pipeline/interface.py, which also holds `batch_exit_code`, the
+one rule for a whole batch's code); they are re-exported here beside the errors that carry them.
+
+Every command prints ``error: <headline>`` for these (`print_error`) and exits with the code; only
 unknown exceptions get a traceback.
 """
 
 from __future__ import annotations
 
-EXIT_OK = 0
-EXIT_BUG = 1
-EXIT_USAGE = 64
-EXIT_PERMANENT = 65
-EXIT_RETRYABLE = 75
+import sys
+
+from pipeline.interface import EXIT_BUG, EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
+
+__all__ = [
+    "EXIT_BUG", "EXIT_CODES_HELP", "EXIT_OK", "EXIT_PERMANENT", "EXIT_RETRYABLE", "EXIT_USAGE", "BadImageError",
+    "EndpointUnreachable", "IntegrityError", "Interrupted", "IobatchError", "ManifestError", "MissingObjectError",
+    "PermanentError", "RetryableError", "ScratchError", "ToolMissing", "TransferError", "UsageError", "print_error",
+]
+
+#: The exit codes in one sentence, for every command's --help.
+EXIT_CODES_HELP = (
+    f"Exit codes: 0 ok; {EXIT_USAGE} bad flag or variable; {EXIT_PERMANENT} bad input (permanent, not "
+    f"retried); {EXIT_RETRYABLE} transient fault (throttling, network, interrupted: retried); 1 a bug."
+)
+
+
+def print_error(headline: str) -> None:
+    """The one line a known error prints, on stderr: ``error: <headline>``."""
+    print(f"error: {headline}", file=sys.stderr, flush=True)
 
 
 class IobatchError(Exception):

@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,11 +29,11 @@ from types import FrameType
 from typing import Any
 
 from pipeline import s3 as s3io
-from pipeline.errors import IntegrityError, Interrupted, IobatchError, ScratchError
+from pipeline.errors import IntegrityError, Interrupted, IobatchError, ManifestError, ScratchError, print_error
 from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
 from pipeline.manifest import ManifestEntry, shard_bounds
+from pipeline.s5cmd import Copy, run_copies
 from pipeline.settings import ENV, JobSettings
-from pipeline.transfer import Copy, run_copies
 from profiling.protocol import StageReporter
 
 # s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
@@ -104,6 +103,12 @@ def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
         return s3io.read_child_entries(s3, settings.manifest, settings.array_index, bucket=settings.input.bucket)
     listing = list(s3io.list_images(s3, settings.input))
     start, stop = shard_bounds(settings.array_index, settings.images_per_child, len(listing))
+    if start >= stop:
+        # A child that does not exist must not write an empty shard and a _SUCCESS marker for itself.
+        children = -(-len(listing) // settings.images_per_child)
+        raise ManifestError(f"array index {settings.array_index} is beyond the batch: {settings.input} has "
+                            f"{len(listing)} images, {children} children of {settings.images_per_child}; "
+                            "submit with an array size of at most that")
     return listing[start:stop]
 
 
@@ -140,8 +145,8 @@ def local_name(key: str, position: int) -> str:
     return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
 
 
-def run_child(settings: JobSettings) -> ChildResult:
-    """Run one child to completion, or raise an IobatchError."""
+def run_stages(settings: JobSettings) -> ChildResult:
+    """Run one child's three stages (download, process, upload) in this process, or raise an IobatchError."""
     s3 = s3io.client(settings.s3_endpoint)
     success = settings.child_output.join(s3io.SUCCESS_MARKER)
     if not settings.force and s3io.exists(s3, success):
@@ -233,11 +238,11 @@ def main(settings: JobSettings | None = None) -> int:
     """Entrypoint: returns the process exit code (see pipeline/errors.py)."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        run_child(settings or JobSettings.from_env())
+        run_stages(settings or JobSettings.from_env())
         return 0
     except IobatchError as exc:
         log("failed", error=exc.headline, exit_code=exc.exit_code, retryable=exc.retryable)
-        print(f"error: {exc.headline}", file=sys.stderr, flush=True)
+        print_error(exc.headline)
         return exc.exit_code
 
 

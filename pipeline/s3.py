@@ -1,7 +1,8 @@
 """The few S3 calls that are not bulk transfer: markers, listings, the frozen batch manifest.
 
-Bulk bytes go through s5cmd (pipeline/transfer.py). Everything here maps botocore failures onto
-pipeline.errors so that callers see one line that names the bucket or key.
+Bulk bytes go through s5cmd (pipeline/s5cmd.py). Everything here maps botocore failures onto
+pipeline.errors with pipeline.aws.s3_error, so that callers see one line that names the
+bucket or key.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import base64
 import io
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -22,21 +22,12 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    EndpointConnectionError,
     IncompleteReadError,
-    NoCredentialsError,
     ResponseStreamingError,
 )
 
-from pipeline.errors import (
-    EndpointUnreachable,
-    ManifestError,
-    MissingObjectError,
-    PermanentError,
-    RetryableError,
-    TransferError,
-    UsageError,
-)
+from pipeline.aws import NOT_FOUND_CODES, Backoff, error_code, s3_error
+from pipeline.errors import ManifestError, MissingObjectError, TransferError
 from pipeline.manifest import (
     FROZEN_INDEX,
     FROZEN_MANIFEST,
@@ -52,10 +43,6 @@ from pipeline.settings import S3Uri
 
 SUCCESS_MARKER = "_SUCCESS"
 _BODY_ATTEMPTS = 4
-_RETRYABLE_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                    "ServiceUnavailable", "503", "500", "RequestTimeTooSkewed"}
-_CREDENTIAL_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken",
-                     "AccessDenied"}
 
 
 def client(endpoint: str | None, credentials: Mapping[str, str] | None = None) -> Any:
@@ -77,57 +64,23 @@ def client(endpoint: str | None, credentials: Mapping[str, str] | None = None) -
     return session.client("s3", endpoint_url=endpoint, config=config)
 
 
-def translate(exc: Exception, *, what: str) -> Exception:
-    """A botocore failure as one of our errors, naming `what` (a bucket, key or URI)."""
-    if isinstance(exc, NoCredentialsError):
-        return UsageError("no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
-    if isinstance(exc, EndpointConnectionError):
-        return EndpointUnreachable(f"S3 endpoint does not answer for {what} ({exc.kwargs.get('endpoint_url')}): "
-                                   "check --s3-endpoint and the network")
-    if isinstance(exc, ClientError):
-        code = str(exc.response.get("Error", {}).get("Code", ""))
-        if code in ("NoSuchBucket",):
-            return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
-        if code in ("NoSuchKey", "404", "NotFound"):
-            return MissingObjectError(f"{what} does not exist: fix the manifest or upload it")
-        if code in _CREDENTIAL_CODES:
-            return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
-        if code in _RETRYABLE_CODES:
-            return RetryableError(f"S3 answered {code} for {what}: retry later")
-        return PermanentError(f"S3 answered {code} for {what}: {exc.response.get('Error', {}).get('Message', '')}")
-    if isinstance(exc, S3UploadFailedError):
-        # boto3 wraps the last ClientError's text; permanent codes stay permanent.
-        text = str(exc)
-        for code in _CREDENTIAL_CODES:
-            if f"({code})" in text:
-                return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
-        if "(NoSuchBucket)" in text:
-            return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
-        if "(BadDigest)" in text or "(InvalidDigest)" in text:
-            return TransferError(f"S3 rejected the upload of {what} as corrupt in transit (BadDigest): retry")
-        return TransferError(f"uploading {what} failed: {text[:200]}")
-    if isinstance(exc, BotoCoreError):
-        return RetryableError(f"S3 request for {what} failed: {exc}")
-    return exc
-
-
 def exists(s3: Any, uri: S3Uri) -> bool:
     try:
         s3.head_object(Bucket=uri.bucket, Key=uri.key)
         return True
     except ClientError as exc:
-        if str(exc.response.get("Error", {}).get("Code")) in ("404", "NoSuchKey", "NotFound"):
+        if error_code(exc) in NOT_FOUND_CODES:
             return False
-        raise translate(exc, what=str(uri)) from None
+        raise s3_error(exc, what=str(uri)) from None
     except BotoCoreError as exc:
-        raise translate(exc, what=str(uri)) from None
+        raise s3_error(exc, what=str(uri)) from None
 
 
 def put_bytes(s3: Any, uri: S3Uri, body: bytes) -> None:
     try:
         s3.put_object(Bucket=uri.bucket, Key=uri.key, Body=body)
     except (ClientError, BotoCoreError) as exc:
-        raise translate(exc, what=str(uri)) from None
+        raise s3_error(exc, what=str(uri)) from None
 
 
 def get_range(s3: Any, uri: S3Uri, start: int, end: int) -> bytes:
@@ -135,6 +88,7 @@ def get_range(s3: Any, uri: S3Uri, start: int, end: int) -> bytes:
     if end <= start:
         return b""
     # botocore retries a request that fails, but not a body cut off half-way: that is retried here.
+    backoff = Backoff(attempts=_BODY_ATTEMPTS, base_s=0.1)
     for attempt in range(_BODY_ATTEMPTS):
         try:
             response = s3.get_object(Bucket=uri.bucket, Key=uri.key, Range=f"bytes={start}-{end - 1}")
@@ -143,10 +97,10 @@ def get_range(s3: Any, uri: S3Uri, start: int, end: int) -> bytes:
                 return data
         except (ResponseStreamingError, IncompleteReadError) as exc:
             if attempt == _BODY_ATTEMPTS - 1:
-                raise translate(exc, what=str(uri)) from None
+                raise s3_error(exc, what=str(uri)) from None
         except (ClientError, BotoCoreError) as exc:
-            raise translate(exc, what=str(uri)) from None
-        time.sleep(0.1 * 2**attempt)
+            raise s3_error(exc, what=str(uri)) from None
+        backoff.pause(attempt)
     raise AssertionError("unreachable")
 
 
@@ -160,7 +114,7 @@ def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:
                     etag = str(item.get("ETag") or "").strip('"') or None
                     yield ManifestEntry(item["Key"], int(item["Size"]), etag)
     except (ClientError, BotoCoreError) as exc:
-        raise translate(exc, what=str(prefix)) from None
+        raise s3_error(exc, what=str(prefix)) from None
 
 
 def read_manifest(s3: Any, uri: S3Uri, *, bucket: str) -> Iterator[ManifestEntry]:
@@ -168,7 +122,7 @@ def read_manifest(s3: Any, uri: S3Uri, *, bucket: str) -> Iterator[ManifestEntry
     try:
         body = s3.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
     except (ClientError, BotoCoreError) as exc:
-        raise translate(exc, what=str(uri)) from None
+        raise s3_error(exc, what=str(uri)) from None
     yield from parse_manifest(body.iter_lines(keepends=True), bucket=bucket, source=str(uri))
 
 
@@ -205,7 +159,7 @@ def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri
             try:
                 s3.upload_fileobj(stream, uri.bucket, uri.key)
             except (ClientError, BotoCoreError) as exc:
-                raise translate(exc, what=str(uri)) from None
+                raise s3_error(exc, what=str(uri)) from None
     return FrozenBatch(manifest_uri, children, writer.entries, writer.total_size)
 
 
@@ -246,7 +200,7 @@ def upload_verified(s3: Any, path: str, uri: S3Uri, *, config: TransferConfig = 
         s3.upload_file(path, uri.bucket, uri.key, ExtraArgs={"ChecksumAlgorithm": "CRC32C"}, Config=config)
         head = s3.head_object(Bucket=uri.bucket, Key=uri.key, ChecksumMode="ENABLED")
     except (ClientError, BotoCoreError, S3UploadFailedError) as exc:
-        raise translate(exc, what=str(uri)) from None
+        raise s3_error(exc, what=str(uri)) from None
     stored = str(head.get("ChecksumCRC32C") or "")
     if stored and "-" not in stored and stored != local:
         raise TransferError(f"{uri} was stored with CRC32C {stored}, the file has {local}: it will be uploaded again")
@@ -263,5 +217,5 @@ def abort_multipart_uploads(s3: Any, prefix: S3Uri) -> list[str]:
                 s3.abort_multipart_upload(Bucket=prefix.bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted.append(str(upload["Key"]))
     except (ClientError, BotoCoreError) as exc:
-        raise translate(exc, what=str(prefix)) from None
+        raise s3_error(exc, what=str(prefix)) from None
     return aborted

@@ -1,7 +1,7 @@
 """JobSettings: what one array child needs, read from its environment.
 
 The same variables are set by AWS Batch (through the job definition and `iobatch submit`) and by the
-local executor, so the job cannot tell them apart. Every variable name lives in ENV below.
+local executor, so the job cannot tell them apart. Every variable name lives in pipeline.interface.ENV.
 """
 
 from __future__ import annotations
@@ -11,35 +11,17 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError
+from pipeline.interface import ENV, PROFILER_OFF, SCRATCH_MOUNT
+from profiling.protocol import SOCKET_NAME
 
+if TYPE_CHECKING:
+    from profiling.identity import JobIdentity
 
-class ENV:
-    """Names of the environment variables the job reads."""
-
-    S3_ENDPOINT = "IOBATCH_S3_ENDPOINT"  # optional; AWS when unset
-    INPUT = "IOBATCH_INPUT"  # s3://bucket/prefix/ the images live under
-    MANIFEST = "IOBATCH_MANIFEST"  # s3://bucket/key.jsonl: the frozen list of keys (one JSON object a line)
-    OUTPUT = "IOBATCH_OUTPUT"  # s3://bucket/prefix/ the shards go to
-    SCRATCH = "IOBATCH_SCRATCH"  # root of the scratch volume; each child works in its own subdirectory
-    IMAGES_PER_CHILD = "IOBATCH_IMAGES_PER_CHILD"
-    ARRAY_OFFSET = "IOBATCH_ARRAY_OFFSET"  # added to the array index when a batch spans several array jobs
-    TRAIN_SIZE = "IOBATCH_TRAIN_SIZE"  # WIDTHxHEIGHT of the training images
-    SKIP_BAD_IMAGES = "IOBATCH_SKIP_BAD_IMAGES"
-    S5CMD_WORKERS = "IOBATCH_S5CMD_WORKERS"
-    S5CMD_RETRIES = "IOBATCH_S5CMD_RETRIES"  # s5cmd --retry-count (default: s5cmd's own, 10)
-    PIPELINE = "IOBATCH_PIPELINE"  # the Pipeline dimension of every metric
-    PROFILER_SOCKET = "IOBATCH_PROFILER_SOCKET"  # default: <child scratch>/profiler.sock; "off": no profiler
-    VOLUME_TYPE = "IOBATCH_VOLUME_TYPE"  # reported as a property (st1, gp3, ...)
-    FORCE = "IOBATCH_FORCE"  # 1: redo children whose _SUCCESS marker exists (`iobatch submit --force`)
-    ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
-    JOB_ID = "AWS_BATCH_JOB_ID"
-    QUEUE = "AWS_BATCH_JQ_NAME"
-
-
-DEFAULT_SCRATCH = "/scratch"
-PROFILER_OFF = "off"
+# ENV and PROFILER_OFF belong to the job's interface; the settings' readers may import them from here too.
+DEFAULT_SCRATCH = SCRATCH_MOUNT
 DEFAULT_TRAIN_SIZE = (512, 384)
 DEFAULT_S5CMD_WORKERS = 16
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
@@ -172,7 +154,7 @@ class JobSettings:
         """The sidecar's socket, or None when the profiler is off."""
         if not self.profiler_enabled:
             return None
-        return self.profiler_socket or (self.work_dir / "profiler.sock")
+        return self.profiler_socket or (self.work_dir / SOCKET_NAME)
 
     @property
     def child_output(self) -> S3Uri:
@@ -205,3 +187,16 @@ class JobSettings:
         if self.force:
             env[ENV.FORCE] = "1"
         return env
+
+
+def job_identity(environ: Mapping[str, str]) -> JobIdentity:
+    """The profiled job's identity (profiling.identity.JobIdentity), read from `environ` with the job's own
+    variable names and scratch layout: the profiler never imports them, so they are handed over here."""
+    from profiling.identity import JobEnv
+    from profiling.identity import job_identity as read_identity
+
+    names = JobEnv(pipeline=ENV.PIPELINE, job_id=ENV.JOB_ID, array_index=ENV.ARRAY_INDEX,
+                   array_offset=ENV.ARRAY_OFFSET, volume_type=ENV.VOLUME_TYPE, scratch=ENV.SCRATCH,
+                   profiler_socket=ENV.PROFILER_SOCKET, default_scratch=SCRATCH_MOUNT, profiler_off=PROFILER_OFF,
+                   child_dir=child_name)
+    return read_identity(environ, names)

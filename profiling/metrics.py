@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 PROFILE_SCHEMA = 1
@@ -25,14 +26,35 @@ PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "Instance
 MIB = 1024 * 1024
 
 
+class Aggregate(StrEnum):
+    """How a metric's values of several children of one stage become the stage's one value."""
+
+    SUM = "sum"  # totals over the run: bytes, calls, operations, images
+    MAX = "max"  # the peak any child saw: host-wide page-cache levels and limits
+    MEDIAN = "median"  # durations, rates, latencies: one slow child should not hide behind the mean
+
+    def of(self, values: Sequence[float]) -> float:
+        """The aggregate of `values` (at least one)."""
+        if self is Aggregate.SUM:
+            return float(sum(values))
+        if self is Aggregate.MAX:
+            return max(values)
+        return median(values)
+
+
+SUM, MAX, MEDIAN = Aggregate.SUM, Aggregate.MAX, Aggregate.MEDIAN
+
+
 @dataclass(frozen=True)
 class MetricSpec:
-    """One CloudWatch metric: its name, unit, the StageProfile field it reads, and how people see it."""
+    """One CloudWatch metric: its name, unit, the StageProfile field it reads, how its values across
+    children aggregate, and how people see it."""
 
     name: str
     unit: str  # a CloudWatch unit name, as aws_embedded_metrics.unit.Unit accepts it
     field: str
     label: str  # column heading in the console table and the report
+    aggregate: Aggregate  # across the children of a stage (summarize, the report's summary, comparisons)
     scale: float = 1.0  # divide the raw value by this for display
     display_unit: str = ""
     description: str = ""
@@ -48,51 +70,51 @@ class MetricSpec:
 
 
 METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("StageDuration", "Seconds", "duration_s", "duration s", display_unit="s",
+    MetricSpec("StageDuration", "Seconds", "duration_s", "duration s", MEDIAN, display_unit="s",
                description="Wall time of the stage", on_dashboard=True),
-    MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB", MIB, "MiB",
+    MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB", SUM, MIB, "MiB",
                "Bytes read by the job's process tree (rchar: files, pipes and sockets)"),
-    MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB", MIB, "MiB",
+    MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB", SUM, MIB, "MiB",
                "Bytes written by the job's process tree (wchar)"),
-    MetricSpec("ReadCalls", "Count", "read_calls", "read calls", description="read-type system calls (syscr)"),
-    MetricSpec("WriteCalls", "Count", "write_calls", "write calls",
+    MetricSpec("ReadCalls", "Count", "read_calls", "read calls", SUM, description="read-type system calls (syscr)"),
+    MetricSpec("WriteCalls", "Count", "write_calls", "write calls", SUM,
                description="write-type system calls (syscw)"),
-    MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write call us", display_unit="us",
+    MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write call us", MEDIAN, display_unit="us",
                description="Mean latency of the job tree's write calls (per-call probe: eBPF or interposer)"),
-    MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", MIB, "MiB",
+    MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be fetched from storage (read_bytes)"),
-    MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", MIB, "MiB",
+    MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be sent to storage (write_bytes)"),
-    MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s", MIB, "MiB/s",
+    MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s", MEDIAN, MIB, "MiB/s",
                "Bytes moved per second: max(read, written) over the stage's wall time", on_dashboard=True),
-    MetricSpec("Items", "Count", "items", "images", description="Images the stage handled"),
-    MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads",
+    MetricSpec("Items", "Count", "items", "images", SUM, description="Images the stage handled"),
+    MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads", SUM,
                description="Reads completed by the scratch device"),
-    MetricSpec("DeviceWriteOps", "Count", "device_write_ops", "dev writes",
+    MetricSpec("DeviceWriteOps", "Count", "device_write_ops", "dev writes", SUM,
                description="Writes completed by the scratch device"),
-    MetricSpec("DeviceReadBytes", "Bytes", "device_read_bytes", "dev read MiB", MIB, "MiB",
+    MetricSpec("DeviceReadBytes", "Bytes", "device_read_bytes", "dev read MiB", SUM, MIB, "MiB",
                "Bytes read from the scratch device"),
-    MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", MIB, "MiB",
+    MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", SUM, MIB, "MiB",
                "Bytes written to the scratch device"),
-    MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev read ms",
+    MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev read ms", MEDIAN,
                display_unit="ms", description="Mean time per completed device read"),
-    MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev write ms",
+    MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev write ms", MEDIAN,
                display_unit="ms", description="Mean time per completed device write", on_dashboard=True),
-    MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "queue",
+    MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "queue", MEDIAN,
                description="Average requests in flight on the scratch device", on_dashboard=True),
-    MetricSpec("DeviceUtilization", "Percent", "device_utilization_pct", "util %", display_unit="%",
+    MetricSpec("DeviceUtilization", "Percent", "device_utilization_pct", "util %", MEDIAN, display_unit="%",
                description="Share of the stage the device was busy"),
-    MetricSpec("PeakDirtyBytes", "Bytes", "peak_dirty_bytes", "peak dirty MiB", MIB, "MiB",
+    MetricSpec("PeakDirtyBytes", "Bytes", "peak_dirty_bytes", "peak dirty MiB", MAX, MIB, "MiB",
                "Most dirty page-cache bytes seen during the stage (host-wide)", on_dashboard=True),
-    MetricSpec("PeakWritebackBytes", "Bytes", "peak_writeback_bytes", "peak writeback MiB", MIB, "MiB",
+    MetricSpec("PeakWritebackBytes", "Bytes", "peak_writeback_bytes", "peak writeback MiB", MAX, MIB, "MiB",
                "Most bytes under writeback seen during the stage (host-wide)"),
-    MetricSpec("DirtyThresholdBytes", "Bytes", "dirty_threshold_bytes", "dirty limit MiB", MIB, "MiB",
+    MetricSpec("DirtyThresholdBytes", "Bytes", "dirty_threshold_bytes", "dirty limit MiB", MAX, MIB, "MiB",
                "The kernel's dirty threshold: writers block above it"),
-    MetricSpec("IoStallSome", "Milliseconds", "io_stall_some_ms", "io stall ms", display_unit="ms",
+    MetricSpec("IoStallSome", "Milliseconds", "io_stall_some_ms", "io stall ms", MEDIAN, display_unit="ms",
                description="PSI io 'some': time at least one task waited on I/O", on_dashboard=True),
-    MetricSpec("IoStallFull", "Milliseconds", "io_stall_full_ms", "io stall full ms", display_unit="ms",
+    MetricSpec("IoStallFull", "Milliseconds", "io_stall_full_ms", "io stall full ms", MEDIAN, display_unit="ms",
                description="PSI io 'full': time all non-idle tasks waited on I/O"),
-    MetricSpec("DirtyThrottle", "Milliseconds", "dirty_throttle_ms", "dirty throttle ms", display_unit="ms",
+    MetricSpec("DirtyThrottle", "Milliseconds", "dirty_throttle_ms", "dirty throttle ms", MEDIAN, display_unit="ms",
                description="Time writers spent paused in balance_dirty_pages (eBPF only)"),
 )
 
@@ -102,6 +124,16 @@ TABLE_METRICS: tuple[str, ...] = (
     "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "WriteCallLatency", "Throughput",
     "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome",
 )
+
+
+#: Where a per-call probe's result (StageProfile.calls, see profiling/probes/callstats.py) keeps its figures
+#: per call type, {CALL: STATS}; the key is part of profile schema 1. Read them with `by_call`.
+BY_CALL = "calls"
+
+
+def by_call(calls: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The figures per call type ({CALL: STATS}) of a per-call probe's result or of StageProfile.calls."""
+    return (calls or {}).get(BY_CALL) or {}
 
 
 @dataclass(frozen=True)
@@ -157,7 +189,7 @@ class StageProfile:
     dirty_throttle_ms: float | None = None
     # Mean write-call latency; derived from `calls` when a per-call probe ran (see __post_init__).
     write_call_latency_us: float | None = None
-    # Per-call figures by probe (see profiling/probes): {"probe": ..., "calls": {...}}.
+    # Per-call figures by probe (see profiling/probes/callstats.py): {"probe": ..., "calls": {CALL: STATS}, ...}.
     calls: dict[str, Any] | None = None
     # Which probe produced each group of figures, e.g. {"io": "procfs", "latency": "ebpf"}.
     sources: dict[str, str] = field(default_factory=dict)
@@ -170,7 +202,7 @@ class StageProfile:
 
     def __post_init__(self) -> None:
         if self.write_call_latency_us is None and self.calls:
-            write = (self.calls.get("calls") or {}).get("write") or {}
+            write = by_call(self.calls).get("write") or {}
             if write.get("count") and write.get("mean_us") is not None:
                 object.__setattr__(self, "write_call_latency_us", float(write["mean_us"]))
 
@@ -212,14 +244,11 @@ def to_metrics(profile: StageProfile) -> list[tuple[str, float, str]]:
 
 
 def summarize(profiles: Sequence[StageProfile]) -> dict[str, dict[str, float | None]]:
-    """Per stage: the median across children of each table metric, and sums of bytes and calls.
+    """Per stage: the children's count and each metric aggregated across them as its spec says.
 
     Durations and rates are medians (one slow child should not hide behind the mean); bytes,
-    calls and items are totals over the run.
+    calls and items are totals over the run; page-cache peaks and limits are the largest seen.
     """
-    totals = {"ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Items", "StorageReadBytes",
-              "StorageWriteBytes", "DeviceReadBytes", "DeviceWriteBytes", "DeviceReadOps", "DeviceWriteOps"}
-    peaks = {"PeakDirtyBytes", "PeakWritebackBytes", "DirtyThresholdBytes"}
     result: dict[str, dict[str, float | None]] = {}
     for stage in STAGES:
         of_stage = [p for p in profiles if p.stage == stage]
@@ -228,14 +257,7 @@ def summarize(profiles: Sequence[StageProfile]) -> dict[str, dict[str, float | N
         row: dict[str, float | None] = {"children": float(len(of_stage))}
         for spec in METRICS:
             values = [v for v in (p.value(spec) for p in of_stage) if v is not None]
-            if not values:
-                row[spec.name] = None
-            elif spec.name in totals:
-                row[spec.name] = float(sum(values))
-            elif spec.name in peaks:
-                row[spec.name] = max(values)
-            else:
-                row[spec.name] = median(values)
+            row[spec.name] = spec.aggregate.of(values) if values else None
         result[stage] = row
     return result
 

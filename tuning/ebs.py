@@ -1,4 +1,9 @@
-"""EBS volume models (st1, sc1, gp2, gp3, io2) and a burst-bucket simulator. Pure: no clock, no files.
+"""The EBS volume model: kinds, sizes, IOPS and throughput limits, their validation, rates and credit buckets,
+and the CDK context keys that carry a volume to the stack. Pure: no clock, no files.
+
+This is the single source of what a scratch volume may be. The stack reads its volume with
+`Volume.from_context()` (infra only maps the kind to CDK's enum), `iobatch advise` prints `to_context()`,
+and the simulator (tuning.simulator) replays jobs on a Volume.
 
 The formulas are the ones AWS documents for each volume type:
 
@@ -13,11 +18,12 @@ The formulas are the ones AWS documents for each volume type:
   is at most 128 MiB/s up to 170 GiB and 250 MiB/s above.
 - gp3 (1 GiB-16 TiB): 3,000 IOPS and 125 MiB/s at any size, provisionable to 16,000 IOPS and 1,000 MiB/s
   (at most 500 IOPS per GiB and 0.25 MiB/s per IOPS); no bursting.
+- io1 (4 GiB-16 TiB): provisioned IOPS (100-64,000, at most 50 per GiB), throughput up to 1,000 MiB/s.
 - io2 (4 GiB-64 TiB): provisioned IOPS (100-256,000, at most 1,000 per GiB), throughput up to 4,000 MiB/s.
 - SSD accounting: an I/O of up to 256 KiB counts as one I/O; larger ones count as one per 256 KiB.
 
 Credits are kept in "credit units": MiB of accounted throughput for HDD types, I/Os for gp2. Volumes
-without a bucket (gp3, io2) have a capacity of zero and always run at their provisioned rate.
+without a bucket (gp3, io1, io2) have a capacity of zero and always run at their provisioned rate.
 
 On top of the volume, an instance caps EBS bandwidth per instance type (`instance_cap_bps`).
 """
@@ -25,28 +31,48 @@ On top of the volume, an instance caps EBS bandwidth per instance type (`instanc
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
 KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 TIB = 1024 * GIB
 
-VOLUME_TYPES: tuple[str, ...] = ("st1", "sc1", "gp2", "gp3", "io2")
+
+@dataclass(frozen=True)
+class VolumeLimits:
+    """What the EBS API accepts for one volume kind. A None range means the kind takes no such value."""
+
+    size_gib: tuple[int, int]
+    iops: tuple[int, int] | None = None  # provisionable IOPS
+    iops_per_gib: int | None = None  # at most this many provisioned IOPS per GiB of size
+    iops_required: bool = False
+    throughput_mibps: tuple[float, float] | None = None  # provisionable throughput
+    max_mibps: float | None = None  # io1/io2: throughput follows the IOPS up to this
+
+
+# The one list of volume kinds and their limits; the stack accepts exactly these.
+LIMITS: dict[str, VolumeLimits] = {
+    "st1": VolumeLimits(size_gib=(125, 16 * 1024)),
+    "sc1": VolumeLimits(size_gib=(125, 16 * 1024)),
+    "gp2": VolumeLimits(size_gib=(1, 16 * 1024)),
+    "gp3": VolumeLimits(size_gib=(1, 16 * 1024), iops=(3_000, 16_000), iops_per_gib=500,
+                        throughput_mibps=(125.0, 1_000.0)),
+    "io1": VolumeLimits(size_gib=(4, 16 * 1024), iops=(100, 64_000), iops_per_gib=50, iops_required=True,
+                        max_mibps=1_000.0),
+    "io2": VolumeLimits(size_gib=(4, 64 * 1024), iops=(100, 256_000), iops_per_gib=1_000, iops_required=True,
+                        max_mibps=4_000.0),
+}
+VOLUME_TYPES: tuple[str, ...] = tuple(LIMITS)
 HDD_TYPES: tuple[str, ...] = ("st1", "sc1")
+IOPS_TYPES: tuple[str, ...] = tuple(kind for kind, limits in LIMITS.items() if limits.iops is not None)
+THROUGHPUT_TYPES: tuple[str, ...] = tuple(k for k, limits in LIMITS.items() if limits.throughput_mibps is not None)
 # HDD volumes account each I/O as at least this many bytes.
 HDD_IO_UNIT = MIB
 # SSD volumes count I/Os in units of up to this size.
 SSD_IO_UNIT = 256 * KIB
-
-SIZE_RANGE_GIB: dict[str, tuple[int, int]] = {
-    "st1": (125, 16 * 1024),
-    "sc1": (125, 16 * 1024),
-    "gp2": (1, 16 * 1024),
-    "gp3": (1, 16 * 1024),
-    "io2": (4, 64 * 1024),
-}
 
 # HDD: (baseline MiB/s per TiB, burst MiB/s per TiB, cap MiB/s for both)
 _HDD_RATES: dict[str, tuple[float, float, float]] = {
@@ -58,16 +84,18 @@ GP2_MIN_IOPS = 100
 GP2_MAX_IOPS = 16_000
 GP2_BURST_IOPS = 3_000
 GP2_BUCKET_CREDITS = 5_400_000
+# gp3 without provisioned figures runs at these (and they are free).
 GP3_BASE_IOPS = 3_000
 GP3_BASE_MIBPS = 125.0
-GP3_MAX_IOPS = 16_000
-GP3_MAX_MIBPS = 1_000.0
-GP3_MAX_IOPS_PER_GIB = 500
 GP3_MAX_MIBPS_PER_IOPS = 0.25
-IO2_MIN_IOPS = 100
-IO2_MAX_IOPS = 256_000
-IO2_MAX_IOPS_PER_GIB = 1_000
-IO2_MAX_MIBPS = 4_000.0
+
+# CDK context keys (camelCase) and the Volume fields they set; the README's "Deploy to AWS" table lists them.
+CONTEXT_KEYS: dict[str, str] = {
+    "volumeType": "kind",
+    "volumeSizeGiB": "size_gib",
+    "volumeIops": "iops",
+    "volumeThroughput": "throughput_mibps",
+}
 
 
 class VolumeError(ValueError):
@@ -75,61 +103,121 @@ class VolumeError(ValueError):
 
 
 @dataclass(frozen=True)
-class Volume:
-    """One EBS volume: its type, size and (gp3, io2) provisioned performance.
-
-    `iops` is required for io2 and optional for gp3 (default 3,000); `throughput_mibps` is gp3 only
-    (default 125). Both are refused for the other types, as the EBS API refuses them.
-    """
+class _Words:
+    """How messages name each field: the model's words, or the context keys a deployer typed."""
 
     kind: str
-    size_gib: int
+    size: str
+    iops: str
+    throughput: str
+    iops_example: str  # formatted with the kind
+
+
+_MODEL_WORDS = _Words("volume type", "size (GiB)", "provisioned iops", "throughput", "{kind}:100:iops=3000")
+_CONTEXT_WORDS = _Words("volumeType", "volumeSizeGiB", "volumeIops", "volumeThroughput", "-c volumeIops=4000")
+
+
+def _either(kinds: tuple[str, ...]) -> str:
+    return kinds[0] if len(kinds) == 1 else f"{', '.join(kinds[:-1])} and {kinds[-1]}"
+
+
+def _check(kind: str, size_gib: int, iops: int | None, mibps: float | None, words: _Words) -> None:
+    """The one validator: raise VolumeError for anything the EBS API refuses, in `words`."""
+    limits = LIMITS.get(kind)
+    if limits is None:
+        raise VolumeError(f"{words.kind} {kind!r} is not one of {', '.join(VOLUME_TYPES)}")
+    low, high = limits.size_gib
+    if not low <= size_gib <= high:
+        raise VolumeError(f"{words.size} {size_gib} is outside {low}-{high} for {kind}")
+    if iops is not None and limits.iops is None:
+        raise VolumeError(f"{words.iops} applies to {_either(IOPS_TYPES)}, not {kind}: {kind} takes no "
+                          "provisioned IOPS, drop it")
+    if mibps is not None and limits.throughput_mibps is None:
+        why = "follows its IOPS" if limits.max_mibps else "is not provisioned"
+        raise VolumeError(f"{words.throughput} applies to {_either(THROUGHPUT_TYPES)} only, not {kind}: "
+                          f"{kind} takes no provisioned throughput (it {why}), drop it")
+    if limits.iops_required and iops is None:
+        raise VolumeError(f"{kind} needs {words.iops}, e.g. {words.iops_example.format(kind=kind)}")
+    if limits.iops is not None:
+        # gp3 without IOPS runs at (and is checked at) its free baseline.
+        provisioned = iops if iops is not None else GP3_BASE_IOPS
+        low_iops, high_iops = limits.iops
+        if not low_iops <= provisioned <= high_iops:
+            raise VolumeError(f"{words.iops} {provisioned} is outside {low_iops}-{high_iops} for {kind}")
+        per_gib = limits.iops_per_gib
+        if per_gib is not None and provisioned > per_gib * size_gib:
+            raise VolumeError(f"{words.iops} {provisioned} exceeds {per_gib} per GiB of a {size_gib} GiB "
+                              f"{kind}: grow the volume or lower the IOPS")
+    if limits.throughput_mibps is not None:
+        provisioned_mibps = mibps if mibps is not None else GP3_BASE_MIBPS
+        low_mibps, high_mibps = limits.throughput_mibps
+        if not low_mibps <= provisioned_mibps <= high_mibps:
+            raise VolumeError(f"{words.throughput} {provisioned_mibps:g} is outside {low_mibps:g}-{high_mibps:g} "
+                              f"MiB/s for {kind}")
+        if provisioned_mibps != int(provisioned_mibps):
+            raise VolumeError(f"{words.throughput} {provisioned_mibps:g} is not a whole number of MiB/s")
+        iops_now = iops if iops is not None else GP3_BASE_IOPS
+        if provisioned_mibps > GP3_MAX_MIBPS_PER_IOPS * iops_now and provisioned_mibps > GP3_BASE_MIBPS:
+            raise VolumeError(
+                f"{words.throughput} {provisioned_mibps:g} MiB/s exceeds {GP3_MAX_MIBPS_PER_IOPS} MiB/s per IOPS "
+                f"of {iops_now} IOPS for {kind}: provision at least "
+                f"{math.ceil(provisioned_mibps / GP3_MAX_MIBPS_PER_IOPS)} IOPS"
+            )
+
+
+@dataclass(frozen=True)
+class Volume:
+    """One EBS volume: its type, size and (gp3, io1, io2) provisioned performance.
+
+    `iops` is required for io1 and io2 and optional for gp3 (default 3,000); `throughput_mibps` is gp3 only
+    (default 125). Both are refused for the other types, as the EBS API refuses them. `Volume()` is the
+    stack's default scratch volume.
+    """
+
+    kind: str = "st1"
+    size_gib: int = 500
     iops: int | None = None
     throughput_mibps: float | None = None
 
     def __post_init__(self) -> None:
-        self._validate()
+        _check(self.kind, self.size_gib, self.iops, self.throughput_mibps, _MODEL_WORDS)
 
-    def _validate(self) -> None:
-        if self.kind not in VOLUME_TYPES:
-            raise VolumeError(f"volume type {self.kind!r} is not one of {', '.join(VOLUME_TYPES)}")
-        low, high = SIZE_RANGE_GIB[self.kind]
-        if not low <= self.size_gib <= high:
-            raise VolumeError(f"{self.kind} size {self.size_gib} GiB is outside {low}-{high} GiB")
-        if self.kind in ("st1", "sc1", "gp2"):
-            if self.iops is not None or self.throughput_mibps is not None:
-                raise VolumeError(f"{self.kind} takes no provisioned IOPS or throughput: drop them")
-        elif self.kind == "gp3":
-            iops = self.provisioned_iops
-            mibps = self.provisioned_mibps
-            if not GP3_BASE_IOPS <= iops <= GP3_MAX_IOPS:
-                raise VolumeError(f"gp3 iops {iops} is outside {GP3_BASE_IOPS}-{GP3_MAX_IOPS}")
-            if iops > GP3_MAX_IOPS_PER_GIB * self.size_gib:
-                raise VolumeError(
-                    f"gp3 iops {iops} exceeds {GP3_MAX_IOPS_PER_GIB} per GiB of {self.size_gib} GiB: "
-                    "grow the volume or lower the IOPS"
-                )
-            if not GP3_BASE_MIBPS <= mibps <= GP3_MAX_MIBPS:
-                raise VolumeError(f"gp3 throughput {mibps} MiB/s is outside {GP3_BASE_MIBPS:.0f}-"
-                                  f"{GP3_MAX_MIBPS:.0f}")
-            if mibps > GP3_MAX_MIBPS_PER_IOPS * iops and mibps > GP3_BASE_MIBPS:
-                raise VolumeError(
-                    f"gp3 throughput {mibps} MiB/s exceeds {GP3_MAX_MIBPS_PER_IOPS} MiB/s per IOPS of "
-                    f"{iops}: provision at least {math.ceil(mibps / GP3_MAX_MIBPS_PER_IOPS)} IOPS"
-                )
-        else:  # io2
-            if self.iops is None:
-                raise VolumeError("io2 needs provisioned iops, e.g. io2:100:iops=3000")
-            if self.throughput_mibps is not None:
-                raise VolumeError("io2 throughput follows its IOPS: drop the throughput value")
-            if not IO2_MIN_IOPS <= self.iops <= IO2_MAX_IOPS:
-                raise VolumeError(f"io2 iops {self.iops} is outside {IO2_MIN_IOPS}-{IO2_MAX_IOPS}")
-            if self.iops > IO2_MAX_IOPS_PER_GIB * self.size_gib:
-                raise VolumeError(
-                    f"io2 iops {self.iops} exceeds {IO2_MAX_IOPS_PER_GIB} per GiB of {self.size_gib} GiB"
-                )
+    # ---- CDK context ---------------------------------------------------------------------------------
+
+    @classmethod
+    def from_context(cls, ctx: Mapping[str, Any]) -> Volume:
+        """Build from CDK context values (numbers or strings, as `cdk -c key=value` gives them).
+
+        A missing or empty key keeps the default (`Volume()`); errors name the context key and the fix.
+        """
+        base = cls()
+        kind = _context_text(ctx, "volumeType") or base.kind
+        size = _context_int(ctx, "volumeSizeGiB", example=base.size_gib)
+        iops = _context_int(ctx, "volumeIops", example=4000)
+        mibps = _context_int(ctx, "volumeThroughput", example=250)
+        size_gib = base.size_gib if size is None else size
+        throughput = None if mibps is None else float(mibps)
+        _check(kind, size_gib, iops, throughput, _CONTEXT_WORDS)
+        return cls(kind, size_gib, iops=iops, throughput_mibps=throughput)
+
+    def to_context(self) -> dict[str, str]:
+        """The CDK context keys that rebuild this volume through from_context.
+
+        gp3's IOPS and throughput and io1/io2's IOPS are always written, defaults included, so the deploy
+        command shows what the volume gets; the rebuilt volume performs the same.
+        """
+        ctx = {"volumeType": self.kind, "volumeSizeGiB": str(self.size_gib)}
+        if self.kind in IOPS_TYPES:
+            ctx["volumeIops"] = str(self.provisioned_iops)
+        if self.kind in THROUGHPUT_TYPES:
+            ctx["volumeThroughput"] = str(int(self.provisioned_mibps))
+        return ctx
 
     # ---- identity -----------------------------------------------------------------------------------
+
+    @property
+    def limits(self) -> VolumeLimits:
+        return LIMITS[self.kind]
 
     @property
     def label(self) -> str:
@@ -137,7 +225,7 @@ class Volume:
         text = f"{self.kind} {self.size_gib} GiB"
         if self.kind == "gp3" and (self.iops is not None or self.throughput_mibps is not None):
             text += f" {self.provisioned_iops} IOPS {self.provisioned_mibps:g} MiB/s"
-        elif self.kind == "io2":
+        elif self.limits.iops_required:
             text += f" {self.iops} IOPS"
         return text
 
@@ -151,10 +239,10 @@ class Volume:
 
     @property
     def provisioned_iops(self) -> int:
-        """gp3/io2 provisioned IOPS (gp3 defaults to 3,000); gp2's baseline; 0 for HDD."""
+        """gp3/io1/io2 provisioned IOPS (gp3 defaults to 3,000); gp2's baseline; 0 for HDD."""
         if self.kind == "gp3":
             return self.iops if self.iops is not None else GP3_BASE_IOPS
-        if self.kind == "io2":
+        if self.kind in IOPS_TYPES:
             return self.iops or 0
         if self.kind == "gp2":
             return self.gp2_baseline_iops
@@ -192,7 +280,8 @@ class Volume:
             return 128.0 if self.size_gib <= 170 else 250.0
         if self.kind == "gp3":
             return self.provisioned_mibps
-        return min(IO2_MAX_MIBPS, self.provisioned_iops * SSD_IO_UNIT / MIB)
+        # io1/io2: one I/O of up to 256 KiB per provisioned IOPS, up to the kind's ceiling.
+        return min(self.limits.max_mibps or 0.0, self.provisioned_iops * SSD_IO_UNIT / MIB)
 
     # ---- credits -------------------------------------------------------------------------------------
 
@@ -288,299 +377,20 @@ class Volume:
         )
 
 
-# ---- write cache ---------------------------------------------------------------------------------------
 
-# The share of an instance's memory the kernel counts as "dirtyable" (free + reclaimable page cache);
-# vm.dirty_ratio is a percentage of that, not of MemTotal. An approximation: it depends on what runs.
-DIRTYABLE_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class WriteCache:
-    """The page cache between the job and the volume: the kernel's dirty limits, in bytes.
-
-    Writers run at memory speed until dirty data reaches the "freerun" point halfway between the
-    background and the hard limit (mm/page-writeback.c, dirty_freerun_ceiling); above it
-    balance_dirty_pages pauses them so they write at about the rate the device drains. The model uses
-    that midpoint as the point where writers fall to the volume's speed.
-    """
-
-    limit_bytes: int
-    background_bytes: int
-
-    @property
-    def freerun_bytes(self) -> int:
-        return (self.limit_bytes + self.background_bytes) // 2
-
-    @classmethod
-    def from_ratios(cls, memory_bytes: int, dirty_ratio: int, background_ratio: int) -> WriteCache:
-        """Limits as the kernel derives them from vm.dirty_ratio / vm.dirty_background_ratio."""
-        dirtyable = memory_bytes * DIRTYABLE_FRACTION
-        return cls(int(dirtyable * dirty_ratio / 100), int(dirtyable * background_ratio / 100))
+def _context_text(ctx: Mapping[str, Any], key: str) -> str | None:
+    value = ctx.get(key)
+    return None if value is None or str(value).strip() == "" else str(value).strip()
 
 
-# ---- the simulator -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StageLoad:
-    """One stage of one job as the volume sees it, usually taken from measured profiles.
-
-    write_bytes go through the page cache; read_bytes are cache misses read from the volume; floor_s is
-    the time the stage takes when the volume is not what it waits on (network, CPU).
-    """
-
-    name: str
-    write_bytes: int
-    read_bytes: int = 0
-    io_size: int = MIB
-    floor_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Sample:
-    """The volume at one moment of a simulation."""
-
-    t: float
-    throughput_bps: float
-    credits: float
-    dirty_bytes: float
-
-
-@dataclass(frozen=True)
-class WaveResult:
-    """One round of back-to-back jobs (all jobs of an instance running the same stage together)."""
-
-    index: int
-    started_at: float
-    stage_s: dict[str, float]
-    durable_at: float | None  # when the wave's writes were all on the volume
-    credits_at_start: float
-
-    @property
-    def time_to_durable_s(self) -> float | None:
-        return None if self.durable_at is None else self.durable_at - self.started_at
-
-
-@dataclass(frozen=True)
-class SimResult:
-    volume: Volume
-    waves: list[WaveResult]
-    samples: list[Sample]
-    credits_empty_at: float | None  # first time the bucket ran dry, seconds from the start
-    ended_at: float
-
-    def stage_times(self, stage: str) -> list[float]:
-        return [w.stage_s[stage] for w in self.waves if stage in w.stage_s]
-
-
-@dataclass(frozen=True)
-class _Rates:
-    """A volume's figures at one I/O size, computed once: the simulator's inner loop reads only these."""
-
-    burst_bps: float
-    base_bps: float
-    cost_per_byte: float
-    earn: float
-    capacity: float
-    bursts: bool
-
-    @classmethod
-    def of(cls, volume: Volume, io_size: float, instance_cap_bps: float | None) -> _Rates:
-        return cls(
-            burst_bps=volume.throughput_bps(io_size=io_size, bursting=True, instance_cap_bps=instance_cap_bps),
-            base_bps=volume.throughput_bps(io_size=io_size, bursting=False, instance_cap_bps=instance_cap_bps),
-            cost_per_byte=volume.cost_per_byte(io_size),
-            earn=volume.earn_rate(),
-            capacity=volume.credit_capacity,
-            bursts=volume.bursts,
-        )
-
-
-@dataclass
-class _State:
-    t: float = 0.0
-    credits: float = 0.0
-    dirty: float = 0.0
-    written_back: float = 0.0  # cumulative bytes moved from cache to volume
-    accepted: float = 0.0  # cumulative bytes written into the cache
-    empty_at: float | None = None
-    samples: list[Sample] = field(default_factory=list)
-    next_sample: float = 0.0
-    pending_durable: list[tuple[int, float]] = field(default_factory=list)  # (wave, accepted mark)
-    durable: dict[int, float] = field(default_factory=dict)
-    last_wb_t: float = 0.0  # when writeback last moved bytes
-    wb_rates: _Rates | None = None  # writeback's figures: those of the last stage that wrote
-
-
-def simulate(
-    volume: Volume,
-    stages: Sequence[StageLoad],
-    *,
-    concurrency: int = 1,
-    waves: int = 1,
-    gap_s: float = 0.0,
-    cache: WriteCache | None = None,
-    instance_cap_bps: float | None = None,
-    initial_credits: float | None = None,
-    dt: float | None = None,
-    sample_every_s: float = 10.0,
-) -> SimResult:
-    """Replay `waves` rounds of `concurrency` jobs on one volume, back to back with `gap_s` between.
-
-    All jobs of a round run the same stage at the same time (the worst case, and what happens when an
-    instance starts a batch of children together). Each step the volume serves reads first, then
-    writeback of dirty data; writers fill the cache at their own speed until it reaches the freerun
-    point, then at the rate writeback frees it. Credits are spent in the volume's accounting (HDD: an
-    I/O <= 1 MiB costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
-    (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form.
-    """
-    if concurrency < 1 or waves < 1:
-        raise ValueError("concurrency and waves must be at least 1")
-    if not stages:
-        raise ValueError("a workload needs at least one stage")
-    cache = cache or WriteCache(0, 0)
-    rates = {st.io_size: _Rates.of(volume, st.io_size, instance_cap_bps) for st in stages}
-    state = _State(credits=volume.credit_capacity if initial_credits is None else initial_credits)
-    state.wb_rates = rates[stages[0].io_size]
-    results: list[WaveResult] = []
-    for wave in range(waves):
-        started, credits_at_start = state.t, state.credits
-        stage_s: dict[str, float] = {}
-        for stage in stages:
-            step = dt if dt is not None else max(0.05, min(2.0, (stage.floor_s or 2.0) / 40))
-            stage_s[stage.name] = _run_stage(stage, rates[stage.io_size], concurrency, cache, step, state,
-                                             sample_every_s)
-        state.pending_durable.append((wave, state.accepted))
-        _check_durable(state, state.last_wb_t)
-        results.append(WaveResult(wave, started, stage_s, None, credits_at_start))
-        if wave < waves - 1:
-            _idle(gap_s, cache, state, sample_every_s)
-    # Let the last wave's writes reach the volume.
-    _idle(math.inf, cache, state, sample_every_s)
-    final = [WaveResult(w.index, w.started_at, w.stage_s, state.durable.get(w.index), w.credits_at_start)
-             for w in results]
-    return SimResult(volume, final, state.samples, state.empty_at, state.t)
-
-
-def _spend(state: _State, r: _Rates, dt: float, moved: float) -> None:
-    """Credits after moving `moved` bytes in `dt` seconds."""
-    if not r.bursts:
-        return
-    state.credits = min(r.capacity, state.credits + r.earn * dt - moved * r.cost_per_byte)
-    if state.credits <= 1e-9:
-        state.credits = 0.0
-        if state.empty_at is None:
-            state.empty_at = state.t + dt
-
-
-def _sample(state: _State, rate: float, sample_every_s: float) -> None:
-    if state.t >= state.next_sample:
-        state.samples.append(Sample(state.t, rate, state.credits, state.dirty))
-        state.next_sample = state.t + sample_every_s
-
-
-def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: float,
-          cache: WriteCache, sample_every_s: float) -> tuple[float, float]:
-    """Advance one step of a running stage; returns (bytes read, bytes accepted into the cache)."""
-    if state.credits > 0:
-        # Burst, but spend no more credits than the bucket holds plus what this step earns.
-        affordable = (state.credits + r.earn * dt) / r.cost_per_byte
-        cap = min(r.burst_bps * dt, max(affordable, r.base_bps * dt))
-    else:
-        cap = r.base_bps * dt
-    read = min(read_want, cap)
-    left = cap - read
-    freerun = cache.freerun_bytes
-    if freerun <= 0:
-        # No cache: writes go straight to the volume, sharing what reads left.
-        accepted = moved = min(write_want, left)
-    else:
-        # Writeback starts above the background threshold (below it, the data waits to expire).
-        moved = min(state.dirty, left) if state.dirty > cache.background_bytes else 0.0
-        accepted = min(write_want, max(0.0, freerun - state.dirty) + moved)
-        state.dirty = max(0.0, state.dirty + accepted - moved)
-    state.accepted += accepted
-    state.written_back += moved
-    _spend(state, r, dt, read + moved)
-    state.t += dt
-    if moved > 0:
-        state.last_wb_t = state.t
-    _check_durable(state, state.t)
-    _sample(state, (read + moved) / dt, sample_every_s)
-    return read, accepted
-
-
-def _check_durable(state: _State, when: float) -> None:
-    while state.pending_durable and state.written_back >= state.pending_durable[0][1] - 1:
-        wave, _ = state.pending_durable.pop(0)
-        state.durable[wave] = when
-
-
-def _run_stage(stage: StageLoad, r: _Rates, concurrency: int, cache: WriteCache, dt: float, state: _State,
-               sample_every_s: float) -> float:
-    total_w = float(stage.write_bytes * concurrency)
-    total_r = float(stage.read_bytes * concurrency)
-    floor = max(stage.floor_s, 0.0)
-    start = state.t
-    done_w = done_r = 0.0
-    if total_w > 0:
-        state.wb_rates = r
-    # The job's own speed: all of the stage's bytes over its floor time (no limit if the floor is 0).
-    w_rate = total_w / floor if floor > 0 else math.inf
-    r_rate = total_r / floor if floor > 0 else math.inf
-    limit = start + 30 * 86400
-    last_rate = 0.0
-    while (done_w < total_w - 0.5 or done_r < total_r - 0.5) and state.t < limit:
-        # Long stages take longer steps (1/10 of the time so far), so a day at baseline needs thousands,
-        # not millions, of steps; the last step is cut to what the remaining bytes need at the rate the
-        # previous step achieved, so a stage does not overshoot its end.
-        step = max(dt, (state.t - start) / 10)
-        if last_rate > 0:
-            need = max(total_w - done_w, total_r - done_r) / last_rate
-            step = min(step, max(dt, need))
-        read, accepted = _tick(state, r, dt=step, read_want=min(total_r - done_r, r_rate * step),
-                               write_want=min(total_w - done_w, w_rate * step), cache=cache,
-                               sample_every_s=sample_every_s)
-        done_r += read
-        done_w += accepted
-        last_rate = max(read, accepted) / step
-    if state.t - start < floor:
-        # All bytes are in; the job still runs (network, CPU) while writeback goes on.
-        _idle(floor - (state.t - start), cache, state, sample_every_s, flush=False)
-    return state.t - start
-
-
-def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: float, *,
-          flush: bool = True) -> None:
-    """Nothing reads or writes for `seconds`: writeback drains the cache, credits refill. Closed form.
-
-    With flush, all dirty data drains (the kernel writes it back once it expires); without, only what
-    lies above the background threshold.
-    """
-    r = state.wb_rates
-    assert r is not None
-    end = state.t + seconds
-    floor_dirty = 0.0 if flush else float(cache.background_bytes)
-    while state.t < end and state.dirty > floor_dirty + 0.5:
-        bursting = r.bursts and state.credits > 0
-        rate = r.burst_bps if bursting else r.base_bps
-        span = min(end - state.t, (state.dirty - floor_dirty) / rate)
-        if bursting:
-            drain = rate * r.cost_per_byte - r.earn  # credit units per second, net
-            if drain > 0:
-                span = min(span, state.credits / drain)
-        span = max(span, 1e-6)
-        moved = min(rate * span, state.dirty - floor_dirty)
-        state.dirty -= moved
-        state.written_back += moved
-        _spend(state, r, span, moved)
-        state.t += span
-        state.last_wb_t = state.t
-        _check_durable(state, state.t)
-        _sample(state, rate, sample_every_s)
-    if state.t < end and not math.isinf(end):
-        if r.bursts:
-            state.credits = min(r.capacity, state.credits + r.earn * (end - state.t))
-        state.t = end
-        _sample(state, 0.0, sample_every_s)
+def _context_int(ctx: Mapping[str, Any], key: str, *, example: int) -> int | None:
+    """A whole number, or None when the key is missing, empty, 'none' or 'null'."""
+    value = ctx.get(key)
+    if value is None or str(value).strip().lower() in ("", "none", "null"):
+        return None
+    if isinstance(value, bool):
+        raise VolumeError(f"context {key}={value!r} is not a whole number: e.g. -c {key}={example}")
+    try:
+        return int(str(value).strip())
+    except ValueError:
+        raise VolumeError(f"context {key}={value!r} is not a whole number: e.g. -c {key}={example}") from None

@@ -1,33 +1,35 @@
-"""The embedded default: a whole batch on this machine.
-
-`run_local` freezes a batch (prefix or manifest) and runs it with the local executor against any S3
-endpoint; `run_demo` adds the embedded S3 server and a synthetic training batch, and ends with the
-per-stage summary and the report.
+"""The demo: a synthetic training batch served by the embedded S3 server (or any S3), run end to end on this
+machine by the local runner (pipeline/local/runner.py), with the per-stage summary, the advisor's view of the
+run, and the lab's batch (the same synthetic batch on the lab volume).
 """
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline import s3 as s3io
 from pipeline.errors import UsageError
 from pipeline.local.dataset import DatasetSpec, generate
-from pipeline.local.executor import BatchResult, LocalBatch, run_batch
+from pipeline.local.executor import BatchResult
+from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
 from pipeline.local.s3server import EmbeddedS3
-from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri, default_workers
-from pipeline.transfer import Copy, run_copies
+from pipeline.s5cmd import Copy, run_copies
+from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, default_workers
 from profiling import runfiles
 from profiling.metrics import StageProfile, summarize
+
+if TYPE_CHECKING:
+    from tuning.advise import Advice
+    from tuning.lab import ComparePlan, RunBatch
 
 INPUT_BUCKET = "iobatch-input"
 OUTPUT_BUCKET = "iobatch-output"
@@ -35,81 +37,9 @@ CACHE_ENV = "IOBATCH_CACHE"
 
 
 @dataclass(frozen=True)
-class LocalRun:
-    """A batch to run on this machine against an S3 endpoint."""
-
-    input: S3Uri
-    output: S3Uri
-    endpoint: str | None
-    run_dir: Path
-    images_per_child: int
-    manifest: S3Uri | None = None
-    workers: int = field(default_factory=default_workers)
-    scratch_root: Path | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    force: bool = False
-    skip_bad_images: bool = False
-    train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
-    slow_child: int | None = None
-    slow_child_bps: float = 4 * 2**20  # the slow child's S3 traffic, each direction
-    sidecar: bool = True
-    job_id: str = ""
-    contract: Path | None = None
-
-
-def prepare_run_dir(run_dir: Path) -> None:
-    """Empty a previous run's directory; refuse to empty anything that is not one of ours."""
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not (run_dir / runfiles.RUN_FILE).exists():
-            raise UsageError(f"run directory {run_dir} is not empty and holds no {runfiles.RUN_FILE}: "
-                             "give an empty or new directory with --run-dir")
-        for child in run_dir.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
-
-
-def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str], None] = print) -> BatchResult:
-    """Freeze the batch beside its outputs, then run its children with the local executor."""
-    s3 = s3io.client(run.endpoint, run.env)
-    frozen = s3io.freeze_batch(s3, input=run.input, manifest=run.manifest, output=run.output,
-                               per_child=run.images_per_child)
-    run.run_dir.mkdir(parents=True, exist_ok=True)
-    scratch = run.scratch_root or (run.run_dir / "scratch")
-    scratch.mkdir(parents=True, exist_ok=True)
-    job_id = run.job_id or f"local-{time.strftime('%Y%m%d-%H%M%S')}"
-    template = JobSettings(input=run.input, output=run.output, manifest=frozen.manifest, scratch_root=scratch,
-                           images_per_child=run.images_per_child, array_index=0, job_id=job_id,
-                           s3_endpoint=run.endpoint, train_size=run.train_size, skip_bad_images=run.skip_bad_images,
-                           force=run.force, volume_type="local")
-    batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
-                       env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
-                       slow_child_bps=run.slow_child_bps, contract=run.contract)
-    meta: dict[str, Any] = {"job_id": job_id, "input": str(run.input), "output": str(run.output),
-                            "manifest": str(frozen.manifest), "children": frozen.children, "images": frozen.images,
-                            "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
-                            "started": time.time(), "slow_child": run.slow_child}
-    _write_run_file(run.run_dir, meta)
-    say(f"batch {job_id}: {frozen.images} images ({frozen.bytes / 2**20:,.0f} MiB) in {frozen.children} children, "
-        f"{run.workers} at a time")
-    result = run_batch(batch, progress=progress, images_total=frozen.images)
-    meta.update(finished=time.time(), elapsed_s=round(result.elapsed_s, 3),
-                failed=[{"child": i, "exit_code": c, "error": h} for i, c, h in result.failed],
-                succeeded=result.succeeded, skipped=result.skipped)
-    _write_run_file(run.run_dir, meta)
-    return result
-
-
-def _write_run_file(run_dir: Path, meta: Mapping[str, Any]) -> None:
-    tmp = run_dir / (runfiles.RUN_FILE + ".partial")
-    tmp.write_text(json.dumps(meta, indent=1, default=str) + "\n", encoding="utf-8")
-    tmp.replace(run_dir / runfiles.RUN_FILE)
-
-
-@dataclass(frozen=True)
 class DemoOptions:
+    """The demo's flags: the synthetic batch, the children at once, where the run goes."""
+
     images: int = 40
     image_mib: float = 25.0
     images_per_child: int = 5
@@ -127,6 +57,8 @@ class DemoOptions:
 
 @dataclass
 class DemoResult:
+    """A finished demo: the executor's outcome, where the outputs are, and the profiles and their summary."""
+
     run_dir: Path
     batch: BatchResult
     output: S3Uri
@@ -137,6 +69,7 @@ class DemoResult:
 
 
 def dataset_cache(spec: DatasetSpec) -> Path:
+    """Where the synthetic images of `spec` are kept between runs ($IOBATCH_CACHE, default .iobatch/cache)."""
     root = Path(os.environ.get(CACHE_ENV) or ".iobatch/cache")
     return root / f"dataset-{spec.fingerprint}"
 
@@ -166,6 +99,7 @@ def _generate_with_progress(spec: DatasetSpec, cache: Path, progress: bool | Non
 
 def upload_dataset(spec: DatasetSpec, source: Path, prefix: S3Uri, endpoint: str | None, work: Path,
                    env: Mapping[str, str]) -> None:
+    """Upload the synthetic images under `prefix` with s5cmd."""
     copies = [Copy(str(source / spec.key(i)), str(prefix.join(spec.key(i)))) for i in range(spec.images)]
     command_file = work / "upload-dataset.cmds"
     run_copies(copies, command_file=command_file, endpoint=endpoint, workers=16, env={**os.environ, **env})
@@ -187,7 +121,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
                          f"{-(-options.images // options.images_per_child) - 1}")
     run_dir = options.run_dir
     prepare_run_dir(run_dir)
-    _write_run_file(run_dir, {"demo": True, "started": time.time()})
+    runfiles.write_run(run_dir, {"demo": True, "started": time.time()})
     spec = DatasetSpec(options.images, options.image_mib, options.seed)
     cache = dataset_cache(spec)
     width, height = spec.dimensions()
@@ -207,9 +141,9 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
                        images_per_child=options.images_per_child, workers=options.workers,
                        scratch_root=options.scratch_root, env=env, slow_child=options.slow_child,
                        sidecar=options.sidecar, train_size=options.train_size, force=True, contract=options.contract,
-                       job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S')}")
+                       job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
         batch = run_local(run, progress=progress, say=say)
-        profiles = list(runfiles.read_profiles(run_dir)) if (run_dir / runfiles.PROFILES).exists() else []
+        profiles = list(runfiles.read_profiles(run_dir))  # none when the sidecar was off
         return DemoResult(run_dir, batch, output, output_dir, summarize(profiles), profiles)
 
     if options.s3_endpoint:
@@ -219,3 +153,52 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
         with EmbeddedS3(data_dir, log_file=run_dir / "s3server.log") as server:
             result = with_server(server.endpoint, server.env(), data_dir / OUTPUT_BUCKET / "train")
     return result
+
+
+def demo_advice(profiles: list[StageProfile], workers: int, *, say: Callable[[str], None] = print) -> Advice | None:
+    """The advisor on the demo's own profiles, taking this machine as one instance that runs `workers`
+    children at once, back to back all day (the heaviest use of its volume's burst credits).
+
+    None when there are no profiles, or (said in one line) when the advisor cannot answer for this run.
+    """
+    from profiling.metrics import median
+    from tuning.advise import advise
+    from tuning.plan import AdviseError, Plan
+
+    per_child: dict[str, float] = {}
+    for profile in profiles:
+        key = profile.properties.get("ArrayIndex", "")
+        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
+    if not per_child:
+        return None
+    child_s = max(1.0, median(list(per_child.values())))
+    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    plan = Plan(jobs_per_instance=workers, memory_gib=round(memory_gib, 1),
+                jobs_per_day=max(1, int(workers * 86400 / child_s)))
+    try:
+        return advise(profiles, plan)
+    except (AdviseError, ValueError) as exc:
+        say(f"advice:   not given ({exc})")
+        return None
+
+
+def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None) -> RunBatch:
+    """The lab's batch (tuning.lab.RunBatch): the demo's synthetic batch of `plan`'s shape on the lab volume.
+
+    Run `number` under `setting` keeps its run directory (S3 data, profiles) in `run_dir`, off the lab volume;
+    the children's lines go to `stdout` (default: this process's). A run with failed children is a
+    UsageError, so the comparison stops rather than compare broken runs.
+    """
+
+    def run_batch(number: int, setting: str, scratch: Path) -> dict[str, dict[str, float | None]]:
+        options = DemoOptions(images=plan.images, image_mib=plan.image_mib, images_per_child=plan.images_per_child,
+                              workers=plan.workers, run_dir=run_dir / f"run-{number}-{setting}", scratch_root=scratch,
+                              report=False)
+        with contextlib.redirect_stdout(stdout or sys.stdout):
+            result = run_demo(options, progress=False, say=lambda _: None)
+        if result.batch.failed:
+            raise UsageError(f"lab run {number} ({setting}): {len(result.batch.failed)} children failed: "
+                             f"{result.batch.failed[0][2]}")
+        return result.summary
+
+    return run_batch

@@ -25,6 +25,7 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.errors import EXIT_RETRYABLE
+from pipeline.interface import batch_exit_code
 from pipeline.local.proxy import ThrottledProxy
 from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name
 from profiling import runfiles
@@ -83,6 +84,11 @@ class BatchResult:
     def skipped(self) -> int:
         return sum(1 for o in self.outcomes if o.skipped)
 
+    @property
+    def exit_code(self) -> int:
+        """The batch's exit code by the one rule (pipeline.interface.batch_exit_code): 0, or 65 over 75."""
+        return batch_exit_code(o.exit_code for o in self.outcomes if not o.ok)
+
 
 class _Progress:
     """Bars on a terminal; one plain line per finished child otherwise."""
@@ -129,9 +135,10 @@ class _Progress:
             print(f"{child_name(outcome.index)} {state} in {outcome.elapsed_s:.1f} s", flush=True)
 
 
-def child_settings(batch: LocalBatch, index: int, scratch_endpoint: str | None) -> JobSettings:
+def child_settings(batch: LocalBatch, index: int, proxy_endpoint: str | None) -> JobSettings:
+    """Child `index`'s settings; `proxy_endpoint` (the slow child's throttling proxy) replaces the S3 endpoint."""
     return replace(batch.template, array_index=index, job_id=f"{batch.template.job_id}:{index}",
-                   s3_endpoint=scratch_endpoint or batch.template.s3_endpoint)
+                   s3_endpoint=proxy_endpoint or batch.template.s3_endpoint)
 
 
 def child_environment(batch: LocalBatch, settings: JobSettings) -> dict[str, str]:
@@ -179,12 +186,13 @@ class _Runner:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
 
-    def run_child(self, index: int, endpoint: str | None) -> ChildOutcome:
+    def supervise_child(self, index: int, proxy_endpoint: str | None) -> ChildOutcome:
+        """Start child `index` (its job and sidecar processes), log and follow it until both have exited."""
         started = time.monotonic()
         if self.stopping.is_set():
             return ChildOutcome(index, EXIT_RETRYABLE, "not started: the run was interrupted", 0.0)
         batch = self.batch
-        settings = child_settings(batch, index, endpoint)
+        settings = child_settings(batch, index, proxy_endpoint)
         env = child_environment(batch, settings)
         name = settings.child
         settings.work_dir.mkdir(parents=True, exist_ok=True)
@@ -258,7 +266,8 @@ def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: 
         runner = _Runner(batch, bars)
         pool = ThreadPoolExecutor(max_workers=max(1, batch.workers), thread_name_prefix="child")
         try:
-            futures = [pool.submit(runner.run_child, i, proxy.endpoint if proxy and i == batch.slow_child else None)
+            futures = [pool.submit(runner.supervise_child, i,
+                                   proxy.endpoint if proxy and i == batch.slow_child else None)
                        for i in range(batch.children)]
             for future in futures:
                 while True:

@@ -1,15 +1,30 @@
-"""Probes: the sources of a stage's figures.
+"""Probes: the sources of a stage's figures, and the factories that pick the ones that can run here.
 
 - procfs.py: /proc/<pid>/io, /proc/diskstats, /proc/vmstat, /proc/pressure/io. Always on; exact bytes
   and call counts for any binary.
-- interpose.py / ebpf.py: per-call latency (optional). See `CallProbe`; callstats.py defines the
-  per-call dict they return (per call type, size class, path prefix and time frame).
+- ebpf.py (with bpftrace.py, its program) / interpose.py: per-call latency (optional). See `CallProbe`;
+  callstats.py defines the per-call dict they return (per call type, size class, path prefix and time
+  frame) and how the results of several probes are merged.
+
+Imports flow one way: this package's factories import the probes, the probes import callstats.py and
+procfs.py, and those import neither.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+from profiling.probes import ebpf, interpose
+from profiling.probes.callstats import merge_results
+from profiling.probes.interpose import preload_env
+
+__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe"]
+
+Warn = Callable[[str], None]
 
 
 class CallProbe(Protocol):
@@ -42,22 +57,41 @@ class CallProbe(Protocol):
     def stop(self) -> dict[str, Any] | None: ...
 
 
-def call_probes_for(scratch_dir: Path) -> list[CallProbe]:
-    """The per-call probes the sidecar runs for a job working in `scratch_dir` (seam for the interposer
-    and eBPF probes). The sidecar starts each with the stage's pid and stores the first non-empty
-    `stop()` result in StageProfile.calls, the others under calls[<probe name>]
-    (callstats.merge_results), and calls each probe's `close()`, if it has one, when it exits. Must not
-    raise for a missing tool: return fewer probes.
+def _warn(text: str) -> None:
+    print(f"note: profiler: {text}", file=sys.stderr, flush=True)
 
-    Best first: eBPF when root with bpftrace and tracefs (any binary, static Go included), then the
-    LD_PRELOAD interposer's records in `scratch_dir` (dynamically linked programs the job starts with
-    `profiling.probes.interpose.preload_env`). A missing eBPF prerequisite is one notice on stderr.
-    The dict `stop()` returns is described in profiling/probes/callstats.py."""
-    import sys
 
-    from profiling.probes.callstats import available_call_probes
+def call_probes_for(scratch_dir: Path | None, *, warn: Warn = _warn) -> list[CallProbe]:
+    """The per-call probes the sidecar runs for a job working in `scratch_dir`, best first.
 
-    def notice(text: str) -> None:
-        print(f"note: profiler: {text}", file=sys.stderr, flush=True)
+    eBPF when root with bpftrace and tracefs (any binary, static Go included; one bpftrace for the
+    whole job, closed by the sidecar), then the LD_PRELOAD interposer's records in `scratch_dir`
+    (dynamically linked programs the job starts with `preload_env`). The sidecar starts each with the
+    stage's pid and merges their `stop()` results (callstats.merge_results). A probe that cannot run
+    is left out with one notice through `warn`; nothing here raises.
+    """
+    probes: list[CallProbe] = []
+    reason = ebpf.available()
+    if reason is None:
+        probes.append(ebpf.EbpfProbe(keep_running=True))
+    else:
+        warn(f"{reason}; per-call latency only for programs run with the LD_PRELOAD interposer")
+    if scratch_dir is not None and interpose.library_path() is not None:
+        probes.append(interpose.InterposeProbe(interpose.record_dir(scratch_dir)))
+    return probes
 
-    return list(available_call_probes(scratch_dir, warn=notice))
+
+def start_command_probe(warn: Warn) -> CallProbe | None:
+    """An eBPF probe on the processes this process starts from now on (not on itself), started; or
+    None with one notice through `warn` when eBPF cannot run here. For `iobatch profile -- CMD`."""
+    reason = ebpf.available()
+    if reason is not None:
+        warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
+        return None
+    probe = ebpf.EbpfProbe(count_root=False)
+    try:
+        probe.start(os.getpid())
+    except RuntimeError as exc:
+        warn(f"eBPF probe did not start ({exc}): no per-call latency; counts and bytes come from procfs")
+        return None
+    return probe

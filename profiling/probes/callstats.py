@@ -8,7 +8,7 @@ probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from c
       "filter": "which processes were watched, in words",
       "duration_s": 12.3,             # from probe start to stop
       "interval_s": 1.0,              # length of each entry of "frames"
-      "calls":   {CALL: STATS},                       # per call type
+      "calls":   {CALL: STATS},                       # per call type (metrics.BY_CALL; read with by_call)
       "by_size": {CALL: {SIZE_LABEL: STATS}},         # per size class, read and write only
       "by_path": {PATH: {CALL: STATS}},               # per path prefix ("" = not a file opened while watched)
       "path_attribution": true,       # false when the probe cannot tell paths (eBPF): all under ""
@@ -35,13 +35,11 @@ Size class K of a read or write is the bit length of the bytes it moved: 0 for n
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from profiling.metrics import StageProfile
+from profiling.metrics import BY_CALL
 
 CALLS: tuple[str, ...] = ("read", "write", "open", "close", "fsync")
 NO_SIZE = -1
@@ -199,7 +197,7 @@ def calls_dict(
         "filter": filter_text,
         "duration_s": round(duration_s, 6),
         "interval_s": interval_s,
-        "calls": {c: by_call[c].to_dict() for c in CALLS if c in by_call},
+        BY_CALL: {c: by_call[c].to_dict() for c in CALLS if c in by_call},
         "by_size": {c: {label: s.to_dict() for label, s in sizes.items()} for c, sizes in by_size.items()},
         "by_path": {p: {c: s.to_dict() for c, s in calls.items()} for p, calls in by_path.items()},
         "cells": cells_to_list(cells),
@@ -212,23 +210,12 @@ def calls_dict(
     return out
 
 
-def with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any] | None) -> StageProfile:
-    """`profile` with a call probe's result: calls, the probe as source, and dirty throttling (eBPF)."""
-    if not calls:
-        return profile
-    sources = {**profile.sources, "calls": name}
-    throttle = calls.get("dirty_throttle_ms")
-    return dataclasses.replace(
-        profile,
-        calls=dict(calls),
-        sources=sources,
-        dirty_throttle_ms=profile.dirty_throttle_ms if throttle is None else float(throttle),
-    )
-
-
-def merge_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any] | None, str | None]:
-    """(calls, source name) from the non-empty results of the stage's probes, best first: the first is
-    StageProfile.calls, every later one is added under calls[<its name>] (see the module docstring)."""
+def merge_results(
+    results: Iterable[tuple[str, Mapping[str, Any] | None]],
+) -> tuple[dict[str, Any] | None, str | None]:
+    """(calls, source name) from the (probe name, `stop()` result) of the stage's probes, best first: the
+    first non-empty result is StageProfile.calls, every later one is added under calls[<its name>] (see
+    the module docstring). (None, None) when no probe saw anything."""
     calls: dict[str, Any] | None = None
     name: str | None = None
     for probe, result in results:
@@ -240,20 +227,3 @@ def merge_results(results: Iterable[tuple[str, Mapping[str, Any]]]) -> tuple[dic
             calls[probe] = dict(result)
     return calls, name
 
-
-def available_call_probes(scratch_dir: Path | None, *, warn: Callable[[str], None] | None = None) -> list[Any]:
-    """The call probes that can run here, best first: eBPF (any binary), then the interposer's records.
-
-    A probe that cannot run is left out with one notice through `warn`; nothing here raises.
-    """
-    from profiling.probes import ebpf, interpose  # late: both modules import this one
-
-    probes: list[Any] = []
-    reason = ebpf.available()
-    if reason is None:
-        probes.append(ebpf.EbpfProbe(keep_running=True))  # one bpftrace for the job: closed by the sidecar
-    elif warn is not None:
-        warn(f"{reason}; per-call latency only for programs run with the LD_PRELOAD interposer")
-    if scratch_dir is not None and interpose.library_path() is not None:
-        probes.append(interpose.InterposeProbe(interpose.record_dir(scratch_dir)))
-    return probes

@@ -14,6 +14,10 @@ some kernels where tracepoints work. No path attribution: every call is under pa
 says "path_attribution": false (contract rules on a path prefix need the interposer); keeping paths in
 the maps cost more than the probe itself and grew with every file opened.
 
+The interface the rest of the profiler uses is small on purpose: `NAME`, `available()` and `EbpfProbe`
+(a CallProbe with `close()`). The program text and its output format are bpftrace.py's; this module
+runs the program and cuts its cumulative states into stage windows (`frames_to_calls`).
+
 Lifetime: attaching takes bpftrace 1.5-5 s, so the sidecar's probe (`keep_running=True`) starts one
 bpftrace at the job's first stage and keeps it until the sidecar's `close()`; bpftrace prints its
 cumulative state every 0.1 s and a stage is the difference of two of those states (see `EbpfProbe`).
@@ -34,7 +38,6 @@ exact bytes and call counts for any binary) need none of this and work everywher
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import shutil
 import signal
@@ -42,118 +45,27 @@ import subprocess
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import IO, Any
 
-from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, calls_dict, cells_since
+from profiling.probes.bpftrace import (
+    READY_MARK,
+    TRACEFS,
+    Frame,
+    FrameParser,
+    build_script,
+    kernel_syscalls,
+    tracepoint_exists,
+)
+from profiling.probes.callstats import Cells, calls_dict, cells_since
+from profiling.probes.procfs import process_tree, read_start_time
 
 NAME = "ebpf"
 ENV_OFF = "IOBATCH_NO_EBPF"  # "1": never run the eBPF probe (as if not root)
-TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
 TICK_S = 0.1  # how often a long-running bpftrace prints its state: what a stage boundary waits at most
 READY_TIMEOUT_S = 30.0
 STATE_TIMEOUT_S = 5.0  # a running bpftrace that prints nothing for this long is broken
 CLOSE_TIMEOUT_S = 10.0
-
-# syscall tracepoint names per call type; the ones a kernel lacks are left out of the script
-SYSCALLS: dict[str, tuple[str, ...]] = {
-    "read": ("read", "pread64", "readv", "preadv", "preadv2"),
-    "write": ("write", "pwrite64", "writev", "pwritev", "pwritev2"),
-    "open": ("open", "openat", "openat2"),  # glibc and Go make creat() an openat
-    "close": ("close",),
-    "fsync": ("fsync", "fdatasync"),
-}
-
-
-def _bit_length(src: str, dst: str) -> str:
-    """bpftrace statements setting `dst` to the bit length of the unsigned value `src` (no loops there)."""
-    lines = [f"$v = (uint64){src}; {dst} = 0;"]
-    for shift in (32, 16, 8, 4, 2, 1):
-        lines.append(f"if ($v >= {1 << shift}) {{ {dst} += {shift}; $v = $v >> {shift}; }}")
-    lines.append(f"{dst} += (int64)$v;")
-    return "\n    ".join(lines)
-
-
-def tracepoint_exists(syscall: str, direction: str = "enter") -> bool:
-    return (TRACEFS / "events" / "syscalls" / f"sys_{direction}_{syscall}").is_dir()
-
-
-def build_script(pids: Iterable[int], interval_s: float, syscalls: dict[str, tuple[str, ...]] | None = None,
-                 follow_only: Iterable[int] = ()) -> str:
-    """The bpftrace program. Maps: @n[call, size, lat_bucket] = count, @b/@t[call, size] = bytes /
-    total ns, @mn/@mx = min / max ns; @dt = ms paused in balance_dirty_pages. Keys are small integers
-    only: a string key (a path) per call made the probe several times dearer, and grows without bound."""
-    table = syscalls if syscalls is not None else SYSCALLS
-    # 1: counted; 2: only its new children are (the CLI that runs the command it profiles)
-    marks = {pid: 1 for pid in pids} | {pid: 2 for pid in follow_only}
-    track = " ".join(f"@track[{pid}] = {mark};" for pid, mark in sorted(marks.items()))
-    interval_ms = max(100, int(interval_s * 1000))
-    parts = [
-        f'BEGIN {{ {track} printf("ready %llu\\n", nsecs); }}',
-        "tracepoint:sched:sched_process_fork /@track[pid]/ { @track[args->child_pid] = 1; }",
-        "tracepoint:sched:sched_process_exit /@track[pid] && pid == tid/ { delete(@track[pid]); }",
-        "tracepoint:writeback:balance_dirty_pages /@track[pid] == 1 && args->pause > 0/ { @dt = sum(args->pause); }",
-    ]
-    for index, call in enumerate(CALLS):
-        names = table.get(call, ())
-        if not names:
-            continue
-        enter = ", ".join(f"tracepoint:syscalls:sys_enter_{n}" for n in names)
-        leave = ", ".join(f"tracepoint:syscalls:sys_exit_{n}" for n in names)
-        parts.append(f"{enter} /@track[pid] == 1/ {{ @ts[tid] = nsecs; }}")
-        if call in ("read", "write"):
-            size = (
-                "$r = args->ret > 0 ? (uint64)args->ret : (uint64)0;\n    "
-                + _bit_length("$r", "$k")
-                + f"\n    @b[{index}, $k] = sum($r);"
-            )
-        else:
-            size = "$k = -1;"
-        # Exact extremes only for the rarer calls: on reads and writes two more map updates per call
-        # cost ~10 % of a 4 KiB write; their extremes come from the histogram's bucket bounds instead.
-        extremes = "" if call in ("read", "write") else f"@mn[{index}, $k] = min($lat); @mx[{index}, $k] = max($lat);"
-        parts.append(
-            f"{leave} /@ts[tid]/ {{\n"
-            f"    $lat = nsecs - @ts[tid]; delete(@ts[tid]);\n"
-            f"    {size}\n"
-            f"    {_bit_length('$lat', '$h')}\n"
-            f"    $h = $h > 0 ? $h - 1 : 0;\n"
-            f"    @n[{index}, $k, $h] = count(); @t[{index}, $k] = sum($lat);\n"
-            f"    {extremes}\n"
-            f"}}"
-        )
-    # "done" closes a state at once (else the reader would wait for the next marker: one more tick)
-    dump = ('printf("frame %llu\\n", nsecs); print(@n); print(@b); print(@t); print(@mn); print(@mx); print(@dt); '
-            'printf("done\\n");')
-    parts.append(f"interval:ms:{interval_ms} {{ {dump} }}")
-    parts.append(
-        f"END {{ {dump.replace('frame', 'final')} "
-        "clear(@n); clear(@b); clear(@t); clear(@mn); clear(@mx); clear(@dt); clear(@ts); clear(@track); }"
-    )
-    return "\n".join(parts) + "\n"
-
-
-def process_tree(root: int) -> set[int]:
-    """root and every process descending from it, from /proc (racy by nature; forks are followed after)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    tree, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        if pid not in tree:
-            tree.add(pid)
-            todo.extend(children.get(pid, []))
-    return tree
 
 
 def available() -> str | None:
@@ -174,91 +86,6 @@ def available() -> str | None:
     return None
 
 
-Frame = tuple[float, Cells, float]  # (monotonic seconds, cumulative cells, cumulative dirty throttle ms)
-
-
-class FrameParser:
-    """bpftrace -f json lines -> cumulative states, fed one line at a time (the probe's reader thread).
-
-    A state opens with a "frame <nsecs>" (or "final <nsecs>") printf, then one map line per map, and
-    closes with a "done" printf (or, in older output, with the next state's marker / `finish()`)."""
-
-    def __init__(self) -> None:
-        self._t: float | None = None
-        self._maps: dict[str, dict[str, Any]] = {}
-        self._dt = 0.0
-
-    def _close(self) -> Frame | None:
-        if self._t is None:
-            return None
-        frame = (self._t, _cells(self._maps), self._dt)
-        self._t, self._maps, self._dt = None, {}, 0.0
-        return frame
-
-    def feed(self, line: str) -> list[Frame]:
-        """The states this line completes (zero or one, two only for a marker after an unclosed one)."""
-        try:
-            event = json.loads(line)
-        except ValueError:
-            return []
-        if not isinstance(event, dict):
-            return []
-        kind = event.get("type")
-        out: list[Frame] = []
-        if kind == "printf":
-            words = str(event.get("data", "")).split()
-            if len(words) == 2 and words[0] in ("frame", "final"):
-                closed = self._close()
-                out += [closed] if closed else []
-                self._t = int(words[1]) / 1e9
-            elif words == ["done"]:
-                closed = self._close()
-                out += [closed] if closed else []
-        elif kind == "map" and self._t is not None:
-            for name, values in dict(event.get("data", {})).items():
-                if name == "@dt":
-                    self._dt = float(values) if not isinstance(values, dict) else float(sum(values.values()))
-                else:
-                    self._maps[name] = dict(values)
-        return out
-
-    def finish(self) -> list[Frame]:
-        closed = self._close()
-        return [closed] if closed else []
-
-
-def parse_output(lines: Iterable[str]) -> list[Frame]:
-    """bpftrace -f json lines -> cumulative states, one per "frame"/"final" marker, in order."""
-    parser = FrameParser()
-    frames: list[Frame] = []
-    for line in lines:
-        frames += parser.feed(line)
-    return frames + parser.finish()
-
-
-def _cells(maps: dict[str, dict[str, Any]]) -> Cells:
-    cells: Cells = {}
-
-    def cell(call: str, k: str, path: str) -> Stats:
-        return cells.setdefault((path, CALLS[int(call)], NO_SIZE if int(k) < 0 else int(k)), Stats())
-
-    for key, n in maps.get("@n", {}).items():
-        call, k, h = key.split(",")
-        stats = cell(call, k, "")
-        stats.count += int(n)
-        stats.hist[int(h)] = stats.hist.get(int(h), 0) + int(n)
-    for name, attr in (("@b", "bytes"), ("@t", "total_ns"), ("@mn", "min_ns"), ("@mx", "max_ns")):
-        for key, value in maps.get(name, {}).items():
-            call, k = key.split(",")
-            setattr(cell(call, k, ""), attr, int(value))
-    for stats in cells.values():
-        if stats.hist and stats.min_ns is None:
-            stats.min_ns = 1 << min(stats.hist) if min(stats.hist) else 0
-        if stats.hist and stats.max_ns is None:
-            stats.max_ns = (1 << (max(stats.hist) + 1)) - 1
-    return {key: s for key, s in cells.items() if s.count}
-
-
 def frames_to_calls(frames: list[Frame], start: float, stop: float,
                     base: Frame | None = None) -> tuple[Cells, list[tuple[float, Cells]], float]:
     """Total cells, per-interval cells and throttle ms of the window from `base` (the cumulative state
@@ -274,14 +101,6 @@ def frames_to_calls(frames: list[Frame], start: float, stop: float,
     # A frame's time stamp is its end; report its start like the interposer does.
     shifted = [(max(0.0, deltas[i - 1][0]) if i else 0.0, c) for i, (_t, c) in enumerate(deltas)]
     return total, shifted, max(0.0, frames[-1][2] - base_dt) if frames else 0.0
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): tells a reused pid from the same process."""
-    try:
-        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 _LIVE: weakref.WeakSet[EbpfProbe] = weakref.WeakSet()
@@ -344,7 +163,7 @@ class EbpfProbe:
         """bpftrace is up (and watching the tree of `pid`, when given)."""
         if self._proc is None or self._proc.poll() is not None:
             return False
-        return pid is None or (pid == self._root and _start_ticks(pid) == self._root_ticks)
+        return pid is None or (pid == self._root and read_start_time(pid) == self._root_ticks)
 
     def start(self, pid: int) -> None:
         if self.keep_running and self.running(pid):
@@ -363,13 +182,13 @@ class EbpfProbe:
         reason = available()
         if reason is not None:
             raise RuntimeError(reason)
-        table = {c: tuple(n for n in names if tracepoint_exists(n)) for c, names in SYSCALLS.items()}
+        table = kernel_syscalls()
         if self.count_root:
-            script = build_script(process_tree(pid), self.tick_s, table)
+            script = build_script(set(process_tree(pid)), self.tick_s, table)
         else:
             script = build_script((), self.tick_s, table, follow_only=[pid])
         env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"}
-        self._root, self._root_ticks = pid, _start_ticks(pid)
+        self._root, self._root_ticks = pid, read_start_time(pid)
         self._ready_at, self._eof, self._latest, self._stage = None, False, None, None
         self._stderr_text = ""
         # bpftrace gets its own session (a ^C to the job's group must not end it early), so it would
@@ -400,7 +219,7 @@ class EbpfProbe:
     def _read(self, stream: IO[str]) -> None:
         parser = FrameParser()
         for line in stream:
-            if self._ready_at is None and '"ready ' in line:
+            if self._ready_at is None and READY_MARK in line:
                 with self._cond:
                     self._ready_at = time.monotonic()
                     self._cond.notify_all()
@@ -495,19 +314,3 @@ class EbpfProbe:
             dirty_throttle_ms=throttle_ms,
             path_attribution=False,
         )
-
-
-def start_command_probe(warn: Callable[[str], None]) -> EbpfProbe | None:
-    """An eBPF probe on the processes this process starts from now on (not on itself), started; or
-    None with one notice through `warn` when eBPF cannot run here. For `iobatch profile -- CMD`."""
-    reason = available()
-    if reason is not None:
-        warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
-        return None
-    probe = EbpfProbe(count_root=False)
-    try:
-        probe.start(os.getpid())
-    except RuntimeError as exc:
-        warn(f"eBPF probe did not start ({exc}): no per-call latency; counts and bytes come from procfs")
-        return None
-    return probe

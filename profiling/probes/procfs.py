@@ -32,14 +32,19 @@ class DeviceError(ValueError):
 
 @dataclass(frozen=True)
 class ProcIo:
-    """The seven counters of /proc/<pid>/io."""
+    """The seven counters of /proc/<pid>/io.
+
+    rchar and wchar are the bytes the read and write calls moved (page cache, pipes, sockets included);
+    the kernel's read_bytes and write_bytes are the bytes sent to or fetched from storage, named
+    storage_read_bytes and storage_write_bytes here as in StageProfile.
+    """
 
     rchar: int = 0
     wchar: int = 0
     syscr: int = 0
     syscw: int = 0
-    read_bytes: int = 0
-    write_bytes: int = 0
+    storage_read_bytes: int = 0
+    storage_write_bytes: int = 0
     cancelled_write_bytes: int = 0
 
     def __add__(self, other: ProcIo) -> ProcIo:
@@ -52,6 +57,10 @@ class ProcIo:
         return ProcIo(*(max(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)))
 
 
+# The kernel's name of each ProcIo counter in /proc/<pid>/io.
+_PROC_IO_KEYS = {"storage_read_bytes": "read_bytes", "storage_write_bytes": "write_bytes"}
+
+
 def parse_proc_io(text: str) -> ProcIo:
     """Parse /proc/<pid>/io. Raises ValueError if a counter is missing or not a number."""
     values: dict[str, int] = {}
@@ -60,7 +69,7 @@ def parse_proc_io(text: str) -> ProcIo:
         if sep:
             values[key.strip()] = int(raw)
     try:
-        return ProcIo(**{f.name: values[f.name] for f in fields(ProcIo)})
+        return ProcIo(**{f.name: values[_PROC_IO_KEYS.get(f.name, f.name)] for f in fields(ProcIo)})
     except KeyError as exc:
         raise ValueError(f"/proc/<pid>/io has no {exc.args[0]} line") from None
 
@@ -84,6 +93,23 @@ def parse_stat_cpu_ticks(text: str) -> int:
     rest = text[text.rindex(")") + 2 :].split()
     # Fields after the comm: state(3) ppid(4) ... utime(14) stime(15): index = field - 3.
     return int(rest[11]) + int(rest[12])
+
+
+def parse_stat_state(text: str) -> str:
+    """The one-letter state (R, S, D, Z, X, ...) from /proc/<pid>/stat."""
+    return text[text.rindex(")") + 2 :].split()[0]
+
+
+def parse_stat_start_time(text: str) -> int:
+    """starttime (clock ticks after boot, field 22) from /proc/<pid>/stat: with the pid it names one process,
+    since a reused pid has a later start time."""
+    rest = text[text.rindex(")") + 2 :].split()
+    return int(rest[19])
+
+
+def parse_mount_points(text: str) -> set[str]:
+    """The mount points (second field) of /proc/<pid>/mounts, as the kernel writes them (octal escapes kept)."""
+    return {parts[1] for parts in (line.split() for line in text.splitlines()) if len(parts) > 1}
 
 
 @dataclass(frozen=True)
@@ -343,4 +369,28 @@ def read_cpu_ticks(pid: int, proc: Path = PROC) -> int | None:
     try:
         return parse_stat_cpu_ticks((proc / str(pid) / "stat").read_text())
     except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_process_state(pid: int, proc: Path = PROC) -> str | None:
+    """The state letter of one process, or None if it is gone."""
+    try:
+        return parse_stat_state((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_start_time(pid: int, proc: Path = PROC) -> int | None:
+    """The start time of one process (clock ticks after boot), or None if it is gone."""
+    try:
+        return parse_stat_start_time((proc / str(pid) / "stat").read_text())
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_mount_points(proc: Path = PROC) -> set[str] | None:
+    """The mount points this process sees, or None if /proc/self/mounts is unreadable."""
+    try:
+        return parse_mount_points((proc / "self" / "mounts").read_text())
+    except OSError:
         return None

@@ -8,13 +8,11 @@ from typing import Any
 import pytest
 
 from pipeline.local.dataset import DatasetSpec
-from pipeline.local.demo import LocalRun, run_local
+from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.settings import S3Uri
 from profiling import runfiles
-from tests.conftest import ROOT, upload_dir
-
-pytestmark = pytest.mark.e2e
+from tests.support.data import ROOT, upload_dir
 
 
 def test_case_study_contract_is_evaluated_per_stage(

@@ -14,14 +14,12 @@ from typing import Any
 import pytest
 
 from pipeline.local.dataset import DatasetSpec
-from pipeline.local.demo import LocalRun, run_local
 from pipeline.local.proxy import ThrottledProxy
+from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.settings import ENV, S3Uri
 from profiling import runfiles
-from tests.conftest import upload_dir
-
-pytestmark = pytest.mark.e2e
+from tests.support.data import upload_dir
 
 
 def objects(s3: Any, bucket: str, prefix: str) -> dict[str, tuple[str, Any]]:

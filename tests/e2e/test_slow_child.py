@@ -6,17 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from pipeline.local.dataset import DatasetSpec
-from pipeline.local.demo import LocalRun, run_local
+from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.settings import S3Uri
 from profiling import runfiles
 from profiling.outliers import find_outliers
-from tests.conftest import upload_dir
-
-pytestmark = pytest.mark.e2e
+from tests.support.data import upload_dir
 
 
 def test_slow_child_is_the_one_bad_apple(

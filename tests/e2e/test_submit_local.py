@@ -11,16 +11,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
 from typer.testing import CliRunner
 
-from pipeline import submit as submission
 from pipeline.cli import app
 from pipeline.local.dataset import DatasetSpec
 from pipeline.local.s3server import EmbeddedS3
-from tests.conftest import upload_dir
-
-pytestmark = pytest.mark.e2e
+from pipeline.local.submit import submit_local
+from tests.support.data import upload_dir
 
 
 def _submit(args: list[str]) -> dict[str, Any]:
@@ -64,7 +61,7 @@ def test_submit_local_uses_the_embedded_server_by_default(
     (data / "camera-bucket").mkdir(parents=True)
     # The embedded server's POSIX backend: a bucket is a folder, an object a file.
     shutil.copytree(images, data / "camera-bucket" / "images")
-    submitted, outcome = submission.submit_local(
+    submitted, outcome = submit_local(
         manifest=None, prefix="s3://camera-bucket/images/", images_per_child=8, run_dir=tmp_path / "run",
         s3_data_dir=data, workers=1, progress=False)
 

@@ -15,8 +15,6 @@ import pytest
 from pipeline.local.s3server import EmbeddedS3, free_port
 from pipeline.settings import ENV
 
-pytestmark = pytest.mark.functional
-
 CLI = [sys.executable, "-m", "pipeline.cli"]
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.functional, pytest.mark.container, pytest.mark.root]
+pytestmark = [pytest.mark.container, pytest.mark.root]
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / ".tools" / "container-base"
@@ -128,7 +128,7 @@ def test_image_runs_one_child_against_the_embedded_s3(
 ) -> None:
     from pipeline.s3 import freeze_batch
     from pipeline.settings import S3Uri
-    from tests.conftest import upload_dir
+    from tests.support.data import upload_dir
 
     _, source = small_dataset
     client = s3_server.client()

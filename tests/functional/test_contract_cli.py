@@ -14,8 +14,6 @@ import pytest
 
 from profiling.probes import ebpf
 
-pytestmark = pytest.mark.functional
-
 REPO = Path(__file__).resolve().parents[2]
 CASE_STUDY = REPO / "contracts" / "case-study.contract"
 OBJECTS = 12

@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from profiling.probes import ebpf
+from profiling.metrics import by_call
+from profiling.probes import bpftrace, ebpf
 
-pytestmark = [pytest.mark.functional, pytest.mark.root]
+pytestmark = pytest.mark.root
 
 WRITEBENCH = Path(__file__).resolve().parents[2] / "profiling" / "interpose" / "writebench"
-WRITE_SYSCALLS = ebpf.SYSCALLS["write"]
+WRITE_SYSCALLS = bpftrace.SYSCALLS["write"]
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +63,13 @@ def test_counts_every_write_of_the_process_tree(probe_ok: None, writebench: Path
         calls = probe.stop()
     assert calls is not None and calls["probe"] == "ebpf"
     # The shell writes nothing; the two writebench processes write exactly this, nothing else.
-    assert calls["calls"]["write"]["count"] == 150_000
-    assert calls["calls"]["write"]["bytes"] == 100_000 * 4096 + 50_000 * 512
+    assert by_call(calls)["write"]["count"] == 150_000
+    assert by_call(calls)["write"]["bytes"] == 100_000 * 4096 + 50_000 * 512
     assert set(calls["by_size"]["write"]) == {"4KiB-8KiB", "512B-1KiB"}
     assert calls["by_size"]["write"]["4KiB-8KiB"]["count"] == 100_000
     assert calls["by_size"]["write"]["512B-1KiB"]["count"] == 50_000
     assert sum(c["count"] for f in calls["frames"] for c in f["cells"] if c["call"] == "write") == 150_000
-    assert calls["calls"]["write"]["mean_us"] > 0
+    assert by_call(calls)["write"]["mean_us"] > 0
     assert calls["dirty_throttle_ms"] >= 0
 
 
@@ -113,11 +114,11 @@ def test_s5cmd_writes_match_strace(probe_ok: None, s5cmd_source: str, s3_server:
     assert len(list(dest.iterdir())) == 24
     theirs = sum(strace_counts(summary.read_text()).values())
     assert calls is not None
-    ours = calls["calls"]["write"]["count"]
+    ours = by_call(calls)["write"]["count"]
     assert theirs > 24
     assert abs(ours - theirs) <= 0.01 * theirs, f"eBPF {ours} write calls, strace {theirs}"
     # Every byte of the objects was written (the rest are requests and wake-ups: socket, eventfd).
-    assert calls["calls"]["write"]["bytes"] >= 24 * (1 << 20)
+    assert by_call(calls)["write"]["bytes"] >= 24 * (1 << 20)
 
 
 def test_unavailable_reason_is_one_line() -> None:
@@ -211,12 +212,12 @@ def test_one_bpftrace_for_the_job_exact_per_stage_and_gone_after(probe_ok: None,
     download, process = (p["calls"] for p in profiles)
     assert {p["sources"]["calls"] for p in profiles} == {"ebpf"}
     # Exact per stage across one bpftrace: the 777 writes between the stages belong to neither.
-    assert (download["calls"]["write"]["count"], download["calls"]["write"]["bytes"]) == (1000, 1000 * 4096)
-    assert (process["calls"]["write"]["count"], process["calls"]["write"]["bytes"]) == (500, 500 * 512)
+    assert (by_call(download)["write"]["count"], by_call(download)["write"]["bytes"]) == (1000, 1000 * 4096)
+    assert (by_call(process)["write"]["count"], by_call(process)["write"]["bytes"]) == (500, 500 * 512)
     assert profiles[0]["write_calls"] == 1000 and profiles[1]["write_calls"] == 500  # procfs agrees
     for calls in (download, process):
         assert sum(c["count"] for f in calls["frames"] for c in f["cells"] if c["call"] == "write") == \
-            calls["calls"]["write"]["count"]
+            by_call(calls)["write"]["count"]
     assert len(bpftraces) == 1, f"one bpftrace for the whole job, saw {sorted(bpftraces)}"
     assert all(_gone(pid) for pid in bpftraces)
 

@@ -18,7 +18,7 @@ import pytest
 
 from tuning.host import HostTuning, sysctl_path
 
-pytestmark = [pytest.mark.functional, pytest.mark.root]
+pytestmark = pytest.mark.root
 
 DIRTY_KEYS = ("vm.dirty_ratio", "vm.dirty_background_ratio", "vm.dirty_bytes", "vm.dirty_background_bytes")
 TOOLS = ("losetup", "mkfs.xfs", "mkfs.ext4", "blkid", "findmnt", "mount", "umount", "sysctl")

@@ -20,9 +20,10 @@ import pytest
 
 from tuning.ebs import Volume
 from tuning.host import HostTuning
-from tuning.lab import BLKIO_ROOT, DIRTY_SYSCTLS, Lab, LabConfig, read_state, read_sysctl, recover
+from tuning.lab import Lab, LabConfig, recover
+from tuning.lab.restore import BLKIO_ROOT, DIRTY_SYSCTLS, read_state, read_sysctl
 
-pytestmark = [pytest.mark.functional, pytest.mark.root]
+pytestmark = pytest.mark.root
 
 ROOT_OK = os.geteuid() == 0
 TOOLS_OK = all(shutil.which(t) for t in ("losetup", "mkfs.xfs", "mount", "umount"))

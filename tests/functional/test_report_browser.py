@@ -25,8 +25,6 @@ from profiling import runfiles
 from profiling.metrics import MIB, StageProfile, TimelinePoint
 from profiling.report import STAGE_PLOTS, write_report
 
-pytestmark = pytest.mark.functional
-
 CHROMIUM_FLAGS = (
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -23,8 +23,6 @@ from profiling.metrics import MIB, STAGES, StageProfile
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
-pytestmark = pytest.mark.functional
-
 GROUP = "/aws/batch/iobatch"
 SLOW = 2
 runner = CliRunner()

@@ -12,12 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from profiling import protocol
 from profiling.metrics import METRICS_BY_NAME
-
-pytestmark = pytest.mark.functional
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,8 +12,6 @@ import pytest
 
 from profiling.metrics import PROFILE_SCHEMA
 
-pytestmark = pytest.mark.functional
-
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -1,12 +1,11 @@
-"""The sidecar's seams, in process: per-call probes and the contract hook, with the real job client."""
+"""The sidecar's seams, in process: injected per-call probes and contract rules, with the real job client."""
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
-import sys
 import threading
-import types
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +13,9 @@ import pytest
 
 from profiling import protocol
 from profiling.emf import RecordingSink
-from profiling.metrics import StageProfile
+from profiling.metrics import StageProfile, by_call
 from profiling.protocol import StageReporter
 from profiling.sidecar import Sidecar, SidecarConfig
-
-pytestmark = pytest.mark.functional
 
 
 class FakeProbe:
@@ -71,20 +68,19 @@ def test_probe_results_are_stored_and_a_failing_probe_is_one_warning(tmp_path: P
     assert len(sink.lines) == 1
 
 
-def test_contract_hook_results_land_in_the_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_contract_rules_results_land_in_the_profile(tmp_path: Path) -> None:
     seen: list[tuple[Any, str]] = []
 
     def evaluate_stage(contract: Any, profile: StageProfile) -> list[dict[str, Any]]:
         seen.append((contract, profile.stage))
         return [{"label": "num_write", "value": float(profile.write_calls)}]
 
-    fake = types.ModuleType("profiling.contract")
-    fake.load_contract = lambda path: {"from": str(path)}  # type: ignore[attr-defined]
-    fake.evaluate_stage = evaluate_stage  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "profiling.contract", fake)
+    def load(path: Path) -> Any:
+        return functools.partial(evaluate_stage, {"from": str(path)})
+
     config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1,
                            contract_path=tmp_path / "rules.contract")
-    sidecar = Sidecar(config, probes=[])
+    sidecar = Sidecar(config, probes=[], rules_loader=load)
 
     def job(reporter: StageReporter) -> None:
         with reporter.stage("process"), (tmp_path / "y").open("wb", buffering=0) as out:
@@ -98,19 +94,14 @@ def test_contract_hook_results_land_in_the_profile(tmp_path: Path, monkeypatch: 
     assert seen == [({"from": str(tmp_path / "rules.contract")}, "process")]
 
 
-def test_a_contract_that_does_not_load_is_a_warning_not_a_failure(tmp_path: Path,
-                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_contract_that_does_not_load_is_a_warning_not_a_failure(tmp_path: Path) -> None:
     def broken(path: Path) -> Any:
         raise ValueError("line 3: no such field 'lat'")
 
-    fake = types.ModuleType("profiling.contract")
-    fake.load_contract = broken  # type: ignore[attr-defined]
-    fake.evaluate_stage = lambda c, p: []  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "profiling.contract", fake)
     warned: list[str] = []
     config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(),
                            contract_path=tmp_path / "bad.contract")
-    Sidecar(config, warn=warned.append, probes=[])
+    Sidecar(config, warn=warned.append, probes=[], rules_loader=broken)
     assert len(warned) == 1 and "line 3" in warned[0] and "bad.contract" in warned[0]
 
 
@@ -142,7 +133,7 @@ def test_a_second_probe_result_is_nested_and_probes_are_closed_at_job_end(tmp_pa
     _run(tmp_path, sidecar, job)
     assert [p.sources["calls"] for p in sidecar.profiles] == ["ebpf", "ebpf"]
     calls = sidecar.profiles[0].calls
-    assert calls is not None and calls["calls"] == {"write": {"count": 2}}
+    assert calls is not None and by_call(calls) == {"write": {"count": 2}}
     assert calls["interpose"]["by_path"] == {"/in": {"write": {"count": 2}}}
     pid = os.getpid()
     assert first.events == [f"start {pid}", "stop", f"start {pid}", "stop", "close"]

@@ -29,11 +29,10 @@ from typer.testing import CliRunner
 from pipeline import submit as submission
 from pipeline.cli import app
 from pipeline.errors import EXIT_PERMANENT, EXIT_USAGE
-from pipeline.settings import ENV
+from pipeline.interface import ENV
+from pipeline.settings import S3Uri
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
-
-pytestmark = pytest.mark.functional
 
 STACK = "iobatch-test"
 PARTIAL_STACK = "not-iobatch"
@@ -158,7 +157,7 @@ def test_prefix_submits_one_array_job_with_the_batch_in_its_environment(aws: Aws
 
     assert (result.images, result.children, len(result.jobs)) == (25, 7, 1)
     assert log.count()["SubmitJob"] == 1
-    assert result.request.output == submission.S3Uri(OUTPUT_BUCKET, "shards/images-k4/")
+    assert result.request.output == S3Uri(OUTPUT_BUCKET, "shards/images-k4/")
     frozen = boto3.session.Session().client("s3").get_object(Bucket=OUTPUT_BUCKET,
                                                            Key="shards/images-k4/_batch/manifest.jsonl")
     lines = frozen["Body"].read().decode().splitlines()
@@ -255,7 +254,7 @@ def test_multi_container_override_reaches_both_containers(aws: Aws) -> None:
                                              images_per_child=3, output=None, input_bucket=INPUT_BUCKET,
                                              output_bucket=OUTPUT_BUCKET, force=True)
     target = submission.BatchTarget(aws.queue, aws.job_definition)  # the multi-container shape
-    planned = submission.plan_requests(request, target, manifest=submission.S3Uri(OUTPUT_BUCKET, "m.jsonl"),
+    planned = submission.plan_requests(request, target, manifest=S3Uri(OUTPUT_BUCKET, "m.jsonl"),
                                        children=4, images=12)
     jobs = submission.submit_planned(batch, planned)
 
@@ -274,7 +273,7 @@ def test_submitting_the_same_manifest_twice_targets_the_same_outputs(aws: Aws) -
     second = submission.submit_to_stack(stack=STACK, manifest=manifest, prefix=None, images_per_child=3,
                                         force=True)
     # Same output folder and frozen manifest: the job finds earlier children's _SUCCESS markers there.
-    assert first.request.output == second.request.output == submission.S3Uri(OUTPUT_BUCKET,
+    assert first.request.output == second.request.output == S3Uri(OUTPUT_BUCKET,
                                                                                         "shards/2026-11-22-k3/")
     assert _objects(OUTPUT_BUCKET) == frozen == ["shards/2026-11-22-k3/_batch/manifest.idx",
                                                  "shards/2026-11-22-k3/_batch/manifest.jsonl"]

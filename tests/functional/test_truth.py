@@ -29,11 +29,9 @@ from pathlib import Path
 
 import pytest
 
+from profiling.command import profile_command
 from profiling.metrics import StageProfile
 from profiling.probes.procfs import BlockDevice, device_of
-from profiling.sidecar import profile_command
-
-pytestmark = pytest.mark.functional
 
 KIB, MIB = 1024, 1024 * 1024
 SMALL_WRITES = 10_000

@@ -14,9 +14,6 @@ os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
 
 import json
 import shutil
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -26,25 +23,7 @@ if shutil.which("node") is None:
 from aws_cdk import assertions
 
 from infra.app import build_app
-
-
-@dataclass(frozen=True)
-class Synthesized:
-    """The stack's template as a dict, as an assertions.Template, and where it was written."""
-
-    template: dict[str, Any]
-    assertions: assertions.Template
-    template_path: Path
-    outdir: Path
-    stack_name: str
-
-    def resources(self, cfn_type: str) -> dict[str, dict[str, Any]]:
-        return {k: v for k, v in self.template["Resources"].items() if v["Type"] == cfn_type}
-
-    def only(self, cfn_type: str) -> dict[str, Any]:
-        found = self.resources(cfn_type)
-        assert len(found) == 1, f"expected one {cfn_type}, found {sorted(found)}"
-        return next(iter(found.values()))
+from tests.support.synth import Synthesized
 
 
 @pytest.fixture(scope="session")

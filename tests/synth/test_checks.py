@@ -16,9 +16,7 @@ import boto3
 import pytest
 
 from pipeline.submit import StackOutputs
-from tests.synth.conftest import Synthesized
-
-pytestmark = pytest.mark.synth
+from tests.support.synth import Synthesized
 
 # The service-linked role real accounts already have; Batch uses it when the template names none.
 BATCH_SERVICE_LINKED_ROLE = "AWSServiceRoleForBatch"

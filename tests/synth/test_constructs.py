@@ -8,10 +8,9 @@ from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
 
 from infra.app import build_app
-from infra.compute import Compute
+from infra.compute import Compute, block_device_volume, ebs_volume_type
 from infra.settings import SettingsError, StackSettings
-
-pytestmark = pytest.mark.synth
+from tuning.ebs import LIMITS, VOLUME_TYPES, Volume
 
 
 def compute_template(settings: StackSettings) -> assertions.Template:
@@ -41,6 +40,26 @@ def test_gp3_with_iops_throughput_on_spot() -> None:
             "Type": "SPOT",
             "AllocationStrategy": "SPOT_PRICE_CAPACITY_OPTIMIZED",
             "InstanceTypes": ["m6i.2xlarge", "c7i"],
+        })
+    })
+
+
+@pytest.mark.parametrize("kind", VOLUME_TYPES)
+def test_every_kind_the_model_accepts_maps_to_a_cdk_volume_type(kind: str) -> None:
+    # infra keeps no list of kinds: whatever tuning.ebs accepts must be a CDK EbsDeviceVolumeType.
+    assert ebs_volume_type(kind).value == kind.upper()
+    limits = LIMITS[kind]
+    iops = limits.iops[0] if limits.iops is not None and limits.iops_required else None
+    block_device_volume(Volume(kind, max(limits.size_gib[0], 6), iops=iops))
+
+
+def test_io1_reaches_the_launch_template() -> None:
+    settings = StackSettings.from_context({"volumeType": "io1", "volumeSizeGiB": "100", "volumeIops": "4000"})
+    compute_template(settings).has_resource_properties("AWS::EC2::LaunchTemplate", {
+        "LaunchTemplateData": assertions.Match.object_like({
+            "BlockDeviceMappings": [{"DeviceName": "/dev/xvdb", "Ebs": {
+                "DeleteOnTermination": True, "Encrypted": True, "VolumeSize": 100, "VolumeType": "io1",
+                "Iops": 4000}}],
         })
     })
 

@@ -11,11 +11,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from tests.synth.conftest import Synthesized
-
-pytestmark = pytest.mark.synth
+from tests.support.synth import Synthesized
 
 # Actions that read object bytes or metadata, or list keys.
 READS = re.compile(r"^(s3:(Get|List)\w*|s3:\*|\*)$")

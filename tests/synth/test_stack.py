@@ -6,18 +6,25 @@ import json
 import re
 from typing import Any
 
-import pytest
 from aws_cdk import assertions
 
 from infra.dashboard import dashboard_metrics, slowest_download_query
-from infra.jobs import PROFILER_CONTAINER
-from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE
-from pipeline.submit import OUTPUT_KEYS
+from pipeline.interface import (
+    AWS_ENV,
+    CONTAINER_COMMANDS,
+    CONTAINERS,
+    ENV,
+    EXIT_PERMANENT,
+    EXIT_RETRYABLE,
+    OUTPUT_KEYS,
+    PROFILER_CONTAINER,
+    SCRATCH_MOUNT,
+    STACK_OUTPUT_KEYS,
+)
+from pipeline.settings import JobSettings
 from profiling.metrics import DEFAULT_NAMESPACE, STAGES
-from tests.synth.conftest import Synthesized
+from tests.support.synth import Synthesized
 from tuning.host import SYSCTL_CONF_PATH, HostTuning
-
-pytestmark = pytest.mark.synth
 
 
 def flatten(node: Any) -> str:
@@ -238,6 +245,29 @@ def test_outputs_are_the_keys_iobatch_submit_reads(synthesized: Synthesized) -> 
     assert outputs["VolumeType"]["Value"] == "st1"
     [definition] = synthesized.resources("AWS::Batch::JobDefinition")
     assert outputs["JobDefinitionArn"]["Value"] == {"Ref": definition}
+
+
+def test_the_job_definition_and_the_job_speak_one_interface(synthesized: Synthesized) -> None:
+    """Container names, commands, variable names and the scratch mount all come from pipeline.interface,
+    which the job reads: a name changed on one side only fails here."""
+    [task] = synthesized.only("AWS::Batch::JobDefinition")["Properties"]["EcsProperties"]["TaskProperties"]
+    containers = task["Containers"]
+    assert tuple(c["Name"] for c in containers) == CONTAINERS
+    for container in containers:
+        assert tuple(container["Command"]) == CONTAINER_COMMANDS[container["Name"]]
+        env = {e["Name"]: e["Value"] for e in container["Environment"]}
+        known = ENV.names() | AWS_ENV.names()
+        assert set(env) <= known, f"{container['Name']} sets variables the interface does not name: " \
+            f"{sorted(set(env) - known)}"
+        assert [m["ContainerPath"] for m in container["MountPoints"]] == [SCRATCH_MOUNT]
+        # What the job builds from the definition's own environment: its scratch is the mounted volume.
+        settings = JobSettings.from_env({**env, ENV.INPUT: "s3://in-bucket/i/", ENV.OUTPUT: "s3://out-bucket/o/",
+                                         ENV.IMAGES_PER_CHILD: "1"})
+        assert str(settings.scratch_root) == SCRATCH_MOUNT and settings.pipeline == env[ENV.PIPELINE]
+
+
+def test_outputs_are_exactly_the_interface_keys(synthesized: Synthesized) -> None:
+    assert sorted(synthesized.template["Outputs"]) == sorted(STACK_OUTPUT_KEYS.values())
 
 
 def test_cdk_nag_passes_and_every_acknowledgement_gives_a_specific_reason(synthesized: Synthesized) -> None:

@@ -8,24 +8,17 @@ from pathlib import Path
 import pytest
 
 from profiling.metrics import StageProfile
+from tuning.advice_text import render
 from tuning.advise import (
-    PRICES_AS_OF,
-    PRICES_REGION,
-    AdviseError,
-    Plan,
     advise,
     advise_cache,
     load_profiles,
-    monthly_cost,
-    parse_candidate,
     profiles_from_emf,
-    render,
-    workload_from_profiles,
 )
 from tuning.ebs import GIB, MIB, Volume
 from tuning.host import HostTuning
-
-pytestmark = pytest.mark.unit
+from tuning.plan import AdviseError, Plan, workload_from_profiles
+from tuning.prices import PRICES_AS_OF
 
 
 def case_study_profiles(children: int = 4, image_mib: int = 64, images: int = 5,
@@ -65,17 +58,6 @@ def test_no_successful_profiles_is_a_clear_error() -> None:
         workload_from_profiles(failed)
 
 
-def test_monthly_cost_uses_documented_prices() -> None:
-    assert PRICES_REGION == "us-east-1" and PRICES_AS_OF
-    assert monthly_cost(Volume("st1", 500)) == pytest.approx(22.50)
-    assert monthly_cost(Volume("sc1", 500)) == pytest.approx(7.50)
-    assert monthly_cost(Volume("gp2", 100)) == pytest.approx(10.00)
-    # gp3: 100 GiB + 1000 IOPS and 125 MiB/s above the free baseline.
-    assert monthly_cost(Volume("gp3", 100, iops=4000, throughput_mibps=250)) == pytest.approx(8 + 5 + 5)
-    # io2: tiered IOPS.
-    assert monthly_cost(Volume("io2", 100, iops=40_000)) == pytest.approx(12.5 + 32_000 * 0.065 + 8_000 * 0.0455)
-
-
 def test_cache_is_sized_from_the_burst_and_memory() -> None:
     workload = workload_from_profiles(case_study_profiles())
     plan = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=100)
@@ -112,8 +94,10 @@ def test_advice_recommends_and_prints_cdk_context() -> None:
     assert ctx["volumeSizeGiB"] == str(advice.recommended.volume.size_gib)
     assert ctx["dirtyBytes"] == str(advice.cache.tuning.dirty_bytes)
     assert ctx["dirtyRatio"] == "none"
-    # The context round-trips through the stack's reader.
+    # The context round-trips through the stack's readers: the volume keys beside the host keys.
     assert HostTuning.from_context(ctx) == advice.cache.tuning
+    assert ctx == {**advice.recommended.volume.to_context(), **advice.cache.tuning.to_context()}
+    assert Volume.from_context(ctx).to_context() == advice.recommended.volume.to_context()
     assert advice.cdk_args.startswith("-c volumeType=")
     body = advice.to_json()
     json.dumps(body)
@@ -140,20 +124,6 @@ def test_default_cache_is_slower_than_tuned_for_a_big_burst() -> None:
     plan = Plan(jobs_per_instance=4, memory_gib=8, jobs_per_day=100)
     advice = advise(profiles, plan, [Volume("st1", 500)])
     assert advice.untuned_download_s > advice.recommended.download_s * 2
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [("st1", "TYPE:SIZE_GIB"), ("st1:big", "not a whole number"), ("gp3:100:speed=3", "iops=N"),
-     ("st1:50", "outside 125")],
-)
-def test_bad_candidates(text: str, message: str) -> None:
-    with pytest.raises(AdviseError, match=message):
-        parse_candidate(text)
-
-
-def test_parse_candidate() -> None:
-    assert parse_candidate("gp3:200:iops=4000:throughput=250") == Volume("gp3", 200, 4000, 250.0)
 
 
 @pytest.mark.parametrize(

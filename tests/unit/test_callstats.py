@@ -6,11 +6,11 @@ import json
 
 import pytest
 
+from profiling.metrics import by_call
+from profiling.probes.bpftrace import build_script, parse_output
 from profiling.probes.callstats import Stats, calls_dict, size_class, size_label
-from profiling.probes.ebpf import build_script, frames_to_calls, parse_output
+from profiling.probes.ebpf import frames_to_calls
 from profiling.probes.interpose import Record, parse_record, stage_calls
-
-pytestmark = pytest.mark.unit
 
 
 def test_size_classes() -> None:
@@ -77,7 +77,7 @@ def test_bpftrace_json_output() -> None:
     assert throttle == 12.0
     calls = calls_dict("ebpf", total, per_frame, filter_text="t", duration_s=2.0, interval_s=1.0,
                        dirty_throttle_ms=throttle, path_attribution=False)
-    assert calls["calls"]["write"]["count"] == 25 and calls["dirty_throttle_ms"] == 12.0
+    assert by_call(calls)["write"]["count"] == 25 and calls["dirty_throttle_ms"] == 12.0
     assert calls["path_attribution"] is False
 
 
@@ -97,7 +97,7 @@ def test_record_is_frozen() -> None:
 
 
 def test_a_state_closes_on_done_and_a_window_starts_from_its_base() -> None:
-    from profiling.probes.ebpf import FrameParser
+    from profiling.probes.bpftrace import FrameParser
 
     parser = FrameParser()
     lines = [
@@ -124,7 +124,26 @@ def test_merge_keeps_the_first_probe_and_nests_the_others() -> None:
     interpose = {"probe": "interpose", "by_path": {"/scratch/in": {"write": {"count": 2}}}}
     calls, name = merge_results([("ebpf", ebpf), ("interpose", interpose)])
     assert name == "ebpf" and calls is not None
-    assert calls["calls"] == ebpf["calls"] and calls["interpose"] == interpose
+    assert by_call(calls) == by_call(ebpf) and calls["interpose"] == interpose
     assert "interpose" not in ebpf  # the probe's own dict is not modified
     assert merge_results([("ebpf", {}), ("interpose", interpose)]) == (interpose, "interpose")
     assert merge_results([]) == (None, None)
+
+
+def test_the_probe_modules_import_one_way() -> None:
+    """callstats and procfs import no probe; the probes import no factory; only the package picks probes."""
+    import ast
+    from pathlib import Path
+
+    probes = Path(__file__).resolve().parents[2] / "profiling" / "probes"
+
+    def imports(name: str) -> set[str]:
+        tree = ast.parse((probes / f"{name}.py").read_text())
+        found = {node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        found |= {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        return {m for m in found if m.startswith("profiling.probes")}
+
+    assert imports("callstats") == set() and imports("procfs") == set()
+    assert imports("bpftrace") == {"profiling.probes.callstats"}
+    assert imports("interpose") == {"profiling.probes.callstats"}
+    assert imports("ebpf") == {"profiling.probes.bpftrace", "profiling.probes.callstats", "profiling.probes.procfs"}

@@ -25,8 +25,6 @@ from profiling.emf import serialize
 from profiling.metrics import StageProfile
 from profiling.probes.callstats import Stats, calls_dict
 
-pytestmark = pytest.mark.unit
-
 CONTRACTS = Path(__file__).resolve().parents[2] / "contracts"
 CASE_STUDY = """2,monitortimeframe,1000s
 mean_lat_write,/,write,all,mean-latency,1us

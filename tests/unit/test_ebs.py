@@ -1,4 +1,4 @@
-"""EBS volume models and the burst-bucket simulator, against AWS's documented figures."""
+"""The EBS volume model: rates and credit buckets against AWS's documented figures, validation, CDK context."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ from typing import Any
 import pytest
 
 from tuning.ebs import (
-    GIB,
+    CONTEXT_KEYS,
+    IOPS_TYPES,
     KIB,
+    LIMITS,
     MIB,
-    StageLoad,
+    VOLUME_TYPES,
     Volume,
     VolumeError,
-    WriteCache,
-    simulate,
 )
-
-pytestmark = pytest.mark.unit
 
 
 def test_st1_500_gib_baseline_and_burst() -> None:
@@ -120,52 +118,72 @@ def test_instance_cap_limits_throughput() -> None:
     assert volume.throughput_bps(io_size=MIB, bursting=True, instance_cap_bps=100 * MIB) == 100 * MIB
 
 
-def test_write_cache_freerun_is_halfway() -> None:
-    cache = WriteCache.from_ratios(10 * GIB, 30, 20)
-    assert cache.limit_bytes == int(10 * GIB * 0.9 * 0.3)
-    assert cache.freerun_bytes == (cache.limit_bytes + cache.background_bytes) // 2
+def test_io1_is_modelled_with_its_own_limits() -> None:
+    io1 = Volume("io1", 100, iops=4000)
+    assert io1.label == "io1 100 GiB 4000 IOPS"
+    assert io1.max_mibps == 1000.0  # 4000 x 256 KiB, capped at io1's 1,000 MiB/s
+    assert Volume("io1", 100, iops=2000).max_mibps == pytest.approx(2000 * 256 / 1024)
+    assert not io1.bursts and io1.credit_capacity == 0
+    with pytest.raises(VolumeError, match="50 per GiB"):
+        Volume("io1", 100, iops=6000)
+    with pytest.raises(VolumeError, match="outside 100-64000"):
+        Volume("io1", 16384, iops=100_000)
+    with pytest.raises(VolumeError, match="needs provisioned iops"):
+        Volume("io1", 100)
 
 
-def test_simulator_without_cache_runs_at_burst_then_baseline() -> None:
-    volume = Volume("st1", 500)
-    # 1 GiB per round, no cache, no floor: each round is disk-bound.
-    stage = StageLoad("download", write_bytes=GIB, io_size=MIB)
-    credits = 10 * 1024.0  # MiB: ~100 s of burst
-    result = simulate(volume, [stage], waves=20, initial_credits=credits, dt=0.05)
-    times = result.stage_times("download")
-    assert times[0] == pytest.approx(1024 / 122.0703125, rel=0.02)
-    assert times[-1] == pytest.approx(1024 / 19.53125, rel=0.02)
-    assert result.credits_empty_at is not None
-    # Credits drain at burst - baseline while bursting.
-    assert result.credits_empty_at == pytest.approx(credits / (122.0703125 - 19.53125), rel=0.03)
+def smallest(kind: str) -> Volume:
+    """The smallest volume of a kind that EBS accepts."""
+    limits = LIMITS[kind]
+    low = limits.size_gib[0]
+    iops = limits.iops[0] if limits.iops is not None and limits.iops_required else None
+    # gp3 runs at 3,000 IOPS at least, and 500 IOPS per GiB needs 6 GiB for that.
+    return Volume(kind, low if kind != "gp3" else 6, iops=iops)
 
 
-def test_simulator_cache_absorbs_a_burst_but_not_durability() -> None:
-    volume = Volume("st1", 500)
-    stage = StageLoad("download", write_bytes=512 * MIB, io_size=MIB, floor_s=2.0)
-    small = WriteCache(limit_bytes=128 * MIB, background_bytes=64 * MIB)
-    large = WriteCache(limit_bytes=1024 * MIB, background_bytes=512 * MIB)
-    slow = simulate(volume, [stage], cache=small, dt=0.05).waves[0]
-    fast = simulate(volume, [stage], cache=large, dt=0.05).waves[0]
-    assert fast.stage_s["download"] == pytest.approx(2.0, abs=0.1)  # memory speed: the floor
-    assert slow.stage_s["download"] > 3.0  # past 96 MiB writers wait for the disk
-    # Time to durable is the disk's: 512 MiB at burst, give or take the background threshold wait.
-    assert slow.time_to_durable_s == pytest.approx(512 / 122.07, rel=0.1)
-    assert fast.time_to_durable_s is not None and fast.time_to_durable_s >= 512 / 122.07 * 0.95
+@pytest.mark.parametrize("kind", VOLUME_TYPES)
+def test_context_round_trip_for_every_kind(kind: str) -> None:
+    volume = smallest(kind)
+    ctx = volume.to_context()
+    assert set(ctx) <= set(CONTEXT_KEYS)
+    assert ("volumeIops" in ctx) == (kind in IOPS_TYPES)
+    back = Volume.from_context(ctx)
+    assert back.to_context() == ctx
+    assert (back.kind, back.size_gib, back.provisioned_iops, back.max_mibps) == (
+        volume.kind, volume.size_gib, volume.provisioned_iops, volume.max_mibps)
 
 
-def test_simulator_credit_cliff_over_hours() -> None:
-    volume = Volume("st1", 500)
-    stages = [StageLoad("download", 2 * GIB, floor_s=10), StageLoad("process", 0, floor_s=20)]
-    result = simulate(volume, stages, concurrency=2, waves=300, cache=WriteCache(0, 0))
-    assert result.credits_empty_at is not None and result.credits_empty_at > 3600
-    burst, base = 122.0703125, 19.53125
-    before = result.waves[0].stage_s["download"]
-    assert before == pytest.approx(4096 / burst, rel=0.02)
-    # After the cliff each round starts with the credits earned during the 20 s process stage: a short
-    # burst, then the rest at baseline.
-    earned = 20 * base
-    burst_s = earned / (burst - base)
-    expected = burst_s + (4096 - burst * burst_s) / base
-    assert result.waves[-1].stage_s["download"] == pytest.approx(expected, rel=0.02)
-    assert any(s.credits == 0 for s in result.samples)
+def test_context_defaults_and_explicit_round_trip() -> None:
+    assert Volume.from_context({}) == Volume() == Volume("st1", 500)
+    assert Volume.from_context({"volumeType": " ", "volumeIops": "none"}) == Volume()
+    gp3 = Volume("gp3", 300, iops=5000, throughput_mibps=400)
+    assert gp3.to_context() == {"volumeType": "gp3", "volumeSizeGiB": "300", "volumeIops": "5000",
+                                "volumeThroughput": "400"}
+    assert Volume.from_context(gp3.to_context()) == gp3
+    assert Volume.from_context({"volumeType": "io2", "volumeSizeGiB": 100, "volumeIops": 3000}) == Volume(
+        "io2", 100, iops=3000)
+    # gp3's free baseline is written out, so the deploy command shows what the volume gets.
+    assert Volume("gp3", 200).to_context()["volumeThroughput"] == "125"
+
+
+@pytest.mark.parametrize(
+    ("ctx", "message"),
+    [
+        ({"volumeType": "standard"}, "volumeType 'standard' is not one of st1, sc1, gp2, gp3, io1, io2"),
+        ({"volumeSizeGiB": "100"}, "volumeSizeGiB 100 is outside 125-16384 for st1"),
+        ({"volumeSizeGiB": "lots"}, "volumeSizeGiB='lots' is not a whole number"),
+        ({"volumeIops": "3000"}, "volumeIops applies to gp3, io1 and io2, not st1"),
+        ({"volumeType": "io1", "volumeSizeGiB": 100}, "io1 needs volumeIops"),
+        ({"volumeType": "gp3", "volumeThroughput": "2000"}, "volumeThroughput 2000 is outside 125-1000"),
+        ({"volumeType": "gp3", "volumeThroughput": True}, "volumeThroughput=True is not a whole number"),
+        ({"volumeType": "io2", "volumeIops": 3000, "volumeThroughput": 500}, "volumeThroughput applies to gp3"),
+    ],
+)
+def test_context_errors_name_the_key(ctx: dict[str, object], message: str) -> None:
+    with pytest.raises(VolumeError, match=message):
+        Volume.from_context(ctx)
+
+
+def test_throughput_is_whole_mibps() -> None:
+    with pytest.raises(VolumeError, match="whole number"):
+        Volume("gp3", 100, iops=3000, throughput_mibps=250.5)

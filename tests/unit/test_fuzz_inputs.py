@@ -18,8 +18,6 @@ from pipeline.errors import IobatchError, ManifestError
 from pipeline.manifest import ManifestEntry, parse_index_range, parse_line, parse_manifest
 from profiling.contract import CALL_TYPES, MEASUREMENTS, Contract, ContractError, parse_contract
 
-pytestmark = pytest.mark.unit
-
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -160,7 +158,7 @@ def test_the_shipped_contracts_and_a_manifest_line_parse() -> None:
 
 def test_error_classes_used_for_bad_input_are_ours() -> None:
     # The CLI prints `error: <headline>` for IobatchError; ContractError carries the same headline,
-    # and the CLI turns it into a UsageError (pipeline/cli.py, --contract).
+    # and the CLI turns it into a UsageError (pipeline/cli/local.py, --contract).
     assert issubclass(ManifestError, IobatchError)
     exc: Any = ContractError("f", 1, "LABEL", "x", "expected y")
     assert exc.headline == "f:1: LABEL 'x': expected y"

@@ -15,8 +15,6 @@ from tuning.host import (
     sysctl_path,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def test_defaults_are_the_case_study_tuning() -> None:
     tuning = HostTuning()

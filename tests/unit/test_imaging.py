@@ -13,8 +13,6 @@ from PIL import Image
 from pipeline.errors import BadImageError
 from pipeline.imaging import INDEX_NAME, SHARD_NAME, normalise, process_image, write_shard
 
-pytestmark = pytest.mark.unit
-
 
 def _png(path: Path, seed: int, size: tuple[int, int] = (80, 60)) -> Path:
     rng = np.random.default_rng(seed)

@@ -20,8 +20,6 @@ from pipeline.manifest import (
     shard_bounds,
 )
 
-pytestmark = pytest.mark.unit
-
 
 def test_parse_key_and_uri_forms() -> None:
     assert parse_line('{"key": "a/b.png"}', bucket="in", where="m line 1") == ManifestEntry("a/b.png")

@@ -2,9 +2,15 @@ from __future__ import annotations
 
 import pytest
 
-from profiling.metrics import METRICS, METRICS_BY_NAME, TABLE_METRICS, StageProfile, summarize, to_metrics
-
-pytestmark = pytest.mark.unit
+from profiling.metrics import (
+    METRICS,
+    METRICS_BY_NAME,
+    TABLE_METRICS,
+    Aggregate,
+    StageProfile,
+    summarize,
+    to_metrics,
+)
 
 
 def _profile(stage: str = "download", **kw: object) -> StageProfile:
@@ -53,3 +59,27 @@ def test_summary_takes_medians_of_rates_and_totals_of_bytes() -> None:
     assert row["children"] == 3
     assert row["StageDuration"] == 2.0
     assert row["WriteBytes"] == 60
+
+
+def test_every_metric_says_how_it_aggregates_across_children() -> None:
+    for spec in METRICS:
+        assert isinstance(spec.aggregate, Aggregate), spec.name
+    # The aggregations summarize has always used: totals of bytes, calls and images, peaks of the page cache.
+    assert {m.name for m in METRICS if m.aggregate is Aggregate.SUM} == {
+        "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Items", "StorageReadBytes", "StorageWriteBytes",
+        "DeviceReadBytes", "DeviceWriteBytes", "DeviceReadOps", "DeviceWriteOps"}
+    assert {m.name for m in METRICS if m.aggregate is Aggregate.MAX} == {
+        "PeakDirtyBytes", "PeakWritebackBytes", "DirtyThresholdBytes"}
+
+
+def test_summary_follows_each_metrics_aggregation() -> None:
+    # Three children with distinct values for every field: sum, max and median all differ.
+    fields = {spec.field for spec in METRICS} - {"throughput_bps"}
+    profiles = [_profile(duration_s=d, read_bytes=r, **{f: n * k for f in fields - {"duration_s", "read_bytes"}})
+                for n, (d, r, k) in enumerate(((1.0, 10, 1), (2.0, 40, 5), (9.0, 20, 2)), start=1)]
+    row = summarize(profiles)["download"]
+    for spec in METRICS:
+        values = sorted(v for v in (p.value(spec) for p in profiles) if v is not None)
+        expected = {Aggregate.SUM: sum(values), Aggregate.MAX: values[-1], Aggregate.MEDIAN: values[1]}
+        assert row[spec.name] == pytest.approx(expected[spec.aggregate]), spec.name
+    assert summarize([_profile()])["download"]["DeviceWriteLatency"] is None

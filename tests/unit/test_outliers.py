@@ -6,8 +6,6 @@ import pytest
 
 from profiling.outliers import find_outliers, median_absolute_deviation, robust_z_scores
 
-pytestmark = pytest.mark.unit
-
 
 def test_mad_of_worked_numbers() -> None:
     # median 3; |x - 3| = 2, 1, 0, 1, 97 -> median 1

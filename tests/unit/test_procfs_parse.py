@@ -1,4 +1,4 @@
-"""Parsers and delta arithmetic of the procfs probe, and the pure StageProfile builder."""
+"""Parsers and delta arithmetic of the procfs probe (the StageProfile builder is in test_sampler.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from profiling.probes.procfs import (
-    BlockDevice,
     DiskStats,
     PageCache,
     Pressure,
@@ -15,17 +14,17 @@ from profiling.probes.procfs import (
     device_delta,
     device_of,
     parse_diskstats,
+    parse_mount_points,
     parse_pressure,
     parse_proc_io,
     parse_stat_cpu_ticks,
     parse_stat_ppid,
+    parse_stat_start_time,
+    parse_stat_state,
     parse_vmstat,
     process_tree,
     read_tree_io,
 )
-from profiling.sidecar import Snapshot, build_profile, check_interval
-
-pytestmark = pytest.mark.unit
 
 PROC_IO = """rchar: 6976
 wchar: 40960000
@@ -124,7 +123,8 @@ def _fake_proc(root: Path, tree: dict[int, int], io: dict[int, ProcIo]) -> Path:
             c = io[pid]
             (d / "io").write_text(
                 f"rchar: {c.rchar}\nwchar: {c.wchar}\nsyscr: {c.syscr}\nsyscw: {c.syscw}\nread_bytes: "
-                f"{c.read_bytes}\nwrite_bytes: {c.write_bytes}\ncancelled_write_bytes: {c.cancelled_write_bytes}\n")
+                f"{c.storage_read_bytes}\nwrite_bytes: {c.storage_write_bytes}\n"
+                f"cancelled_write_bytes: {c.cancelled_write_bytes}\n")
     return root
 
 
@@ -160,49 +160,13 @@ def test_device_of_errors_and_notices(tmp_path: Path) -> None:
     assert device is None and "not a block device" in notice
 
 
-def _snap(mono: float, io: ProcIo | None, writes: int = 0, dirty: int = 0, some_us: int = 0) -> Snapshot:
-    disk = DiskStats(0, 0, 0, 0, writes, 0, writes * 8, writes * 2, 0, int(mono * 500), int(mono * 1000))
-    return Snapshot(mono, io, disk, PageCache(dirty, dirty // 2, 1000, 500), Pressure(some_us, some_us // 2))
+def test_parse_stat_state_and_start_time_after_the_command_name() -> None:
+    text = "4242 (evil ) (name) S 17 4242 17 0 -1 4194304 100 0 0 0 250 31 0 0 20 0 1 0 99 0 0"
+    assert parse_stat_state(text) == "S"
+    assert parse_stat_start_time(text) == 99
+    assert parse_stat_state(text.replace(") S ", ") Z ")) == "Z"
 
 
-def test_build_profile_totals_peaks_and_timeline() -> None:
-    dev = BlockDevice("vda", 254, 0)
-    snaps = [
-        _snap(0.0, ProcIo(100, 100, 1, 1, 0, 0, 0)),
-        _snap(1.0, ProcIo(200, 4196, 2, 2, 0, 4096, 0), writes=10, dirty=8192, some_us=1000),
-        # the tree sum dips (a child was being reaped): the timeline holds the maximum
-        _snap(2.0, ProcIo(150, 4196, 2, 2, 0, 4096, 0), writes=10, dirty=4096, some_us=1500),
-        _snap(3.0, ProcIo(300, 8292, 5, 3, 0, 8192, 0), writes=30, dirty=0, some_us=4000),
-    ]
-    p = build_profile(stage="download", outcome="ok", started_at=1.7e9, snapshots=snaps, device=dev, items=4,
-                      properties={"Pipeline": "x"})
-    assert (p.read_bytes, p.write_bytes, p.read_calls, p.write_calls) == (200, 8192, 4, 2)
-    assert p.storage_write_bytes == 8192 and p.duration_s == 3.0 and p.items == 4
-    assert p.device == "vda" and p.device_write_ops == 30 and p.device_write_bytes == 30 * 8 * 512
-    assert p.device_write_latency_ms == pytest.approx(2.0)
-    assert p.device_queue_depth == pytest.approx(1.0) and p.device_utilization_pct == pytest.approx(50.0)
-    assert p.peak_dirty_bytes == 8192 and p.peak_writeback_bytes == 4096 and p.dirty_threshold_bytes == 1000
-    assert p.io_stall_some_ms == pytest.approx(4.0) and p.io_stall_full_ms == pytest.approx(2.0)
-    assert [pt.t for pt in p.timeline] == [1.0, 2.0, 3.0]
-    assert [pt.read_bps for pt in p.timeline] == [100.0, 0.0, 100.0]
-    assert p.timeline[1].write_bps == 0.0 and p.timeline[2].device_write_bps == 20 * 8 * 512
-    assert p.sources == {"io": "procfs", "device": "procfs"} and p.properties == {"Pipeline": "x"}
-
-
-def test_build_profile_with_a_zero_baseline_and_no_device() -> None:
-    snaps = [Snapshot(0.0, ProcIo(5, 5, 5, 5, 0, 0, 0), None, None, None),
-             Snapshot(0.5, ProcIo(50, 60, 7, 8, 0, 0, 0), None, None, None)]
-    p = build_profile(stage="command", outcome="ok", started_at=0.0, snapshots=snaps, device=None,
-                      base_io=ProcIo())
-    assert (p.read_bytes, p.write_bytes, p.read_calls, p.write_calls) == (50, 60, 7, 8)
-    assert p.device is None and p.device_write_latency_ms is None and p.peak_dirty_bytes is None
-    assert p.io_stall_some_ms is None and p.sources == {"io": "procfs"}
-    with pytest.raises(ValueError):
-        build_profile(stage="x", outcome="ok", started_at=0.0, snapshots=snaps[:1], device=None)
-
-
-@pytest.mark.parametrize("bad", [0.0, 0.05, 61.0])
-def test_check_interval_rejects_out_of_range(bad: float) -> None:
-    with pytest.raises(ValueError, match="10 Hz"):
-        check_interval(bad)
-    assert check_interval(0.1) == 0.1
+def test_parse_mount_points_takes_the_second_field() -> None:
+    text = "sysfs /sys sysfs rw 0 0\n/dev/loop3 /srv/lab/mnt xfs rw,noatime 0 0\n\n"
+    assert parse_mount_points(text) == {"/sys", "/srv/lab/mnt"}

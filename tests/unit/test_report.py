@@ -14,8 +14,10 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import emf, runfiles
+from profiling.emf import profile_from_emf
 from profiling.metrics import METRICS, METRICS_BY_NAME, MIB, STAGES, StageProfile, TimelinePoint
 from profiling.report import (
+    PLOTTERS,
     STAGE_PLOTS,
     DamagedInputError,
     Entry,
@@ -25,15 +27,12 @@ from profiling.report import (
     find_bad_apples,
     load_run_dir,
     parse_since,
-    profile_from_emf,
     profiles_from_emf_lines,
     render_html,
     stage_figures,
     timeline_figure,
     write_report,
 )
-
-pytestmark = pytest.mark.unit
 
 # MiB/s per stage for the normal children: rates a st1-backed child sees.
 RATES = {"download": [240.0, 232.0, 251.0, 228.0, 245.0, 238.0], "process": [44.0, 46.0, 43.0, 45.0, 47.0, 44.5],
@@ -283,3 +282,7 @@ def test_timeline_puts_a_childs_stages_on_one_axis() -> None:
     assert len(read) == 3 and read[1].x[0] == pytest.approx(starts[1] + entries[1].profile.timeline[0].t, abs=1e-3)
     assert read[0].y[0] == pytest.approx(RATES["download"][0], rel=1e-4)  # MiB/s, from the Throughput spec
     assert [t.showlegend for t in read] == [True, False, False]
+
+
+def test_every_stage_plot_has_a_plot_function() -> None:
+    assert set(PLOTTERS) == {plot_id for plot_id, _, _ in STAGE_PLOTS}

@@ -5,9 +5,8 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import UsageError
-from pipeline.settings import ENV, JobSettings, S3Uri, parse_train_size
-
-pytestmark = pytest.mark.unit
+from pipeline.interface import ENV
+from pipeline.settings import JobSettings, S3Uri, parse_train_size
 
 BASE = {ENV.INPUT: "s3://in-bucket/images", ENV.OUTPUT: "s3://out-bucket/train/", ENV.IMAGES_PER_CHILD: "4"}
 

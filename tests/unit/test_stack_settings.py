@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 
 from infra.settings import CONTEXT_KEYS, SettingsError, StackSettings
-
-pytestmark = pytest.mark.unit
+from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
+from tuning.ebs import Volume, VolumeError
 
 
 def test_defaults() -> None:
     settings = StackSettings.from_context({})
     assert settings == StackSettings()
-    assert (settings.volume_type, settings.volume_size_gib, settings.vcpus_per_job) == ("st1", 500, 2)
+    assert (settings.volume.kind, settings.volume.size_gib, settings.vcpus_per_job) == ("st1", 500, 2)
     assert settings.memory_per_job_mib == 7168
     assert settings.host.sysctls() == {"vm.dirty_ratio": "30", "vm.dirty_background_ratio": "20"}
 
@@ -50,3 +50,42 @@ def test_round_trip_through_context() -> None:
 def test_bad_context_names_the_key_and_the_fix(ctx: dict[str, object], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
         StackSettings.from_context(ctx)
+
+
+VOLUME_CONTEXTS: list[dict[str, object]] = [
+    {},
+    {"volumeType": "gp3", "volumeSizeGiB": 300, "volumeIops": 5000, "volumeThroughput": 400},
+    {"volumeType": "io1", "volumeSizeGiB": "100", "volumeIops": "4000"},
+    {"volumeType": "io2", "volumeSizeGiB": "100", "volumeIops": "64000"},
+    {"volumeType": "io2", "volumeSizeGiB": 20000, "volumeIops": 3000},  # io2 goes to 64 TiB ...
+    {"volumeType": "sc1", "volumeSizeGiB": "125", "volumeIops": ""},
+]
+BAD_VOLUME_CONTEXTS: list[dict[str, object]] = [
+    {"volumeType": "standard"},
+    {"volumeType": "gp2", "volumeSizeGiB": 20000},  # ... gp2 to 16 TiB
+    {"volumeType": "io1", "volumeSizeGiB": 100, "volumeIops": 6000},  # io1 allows 50 IOPS per GiB
+    {"volumeType": "gp3", "volumeIops": 20000},
+    {"volumeType": "gp3", "volumeThroughput": 1000},  # needs 4000 IOPS
+]
+
+
+@pytest.mark.parametrize(("ctx", "good"), [(c, True) for c in VOLUME_CONTEXTS]
+                         + [(c, False) for c in BAD_VOLUME_CONTEXTS])
+def test_stack_reads_the_volume_exactly_as_the_model_does(ctx: dict[str, object], good: bool) -> None:
+    # One validator: the stack accepts a volume exactly when Volume.from_context does, with its message.
+    if not good:
+        with pytest.raises(VolumeError) as model:
+            Volume.from_context(ctx)
+        with pytest.raises(SettingsError) as stack:
+            StackSettings.from_context(ctx)
+        assert str(stack.value) == str(model.value)
+        return
+    volume = Volume.from_context(ctx)
+    settings = StackSettings.from_context(ctx)
+    assert settings.volume == volume
+    assert {k: v for k, v in settings.to_context().items() if k in VOLUME_CONTEXT_KEYS} == volume.to_context()
+    assert StackSettings.from_context(settings.to_context()).volume.to_context() == volume.to_context()
+
+
+def test_stack_context_keys_include_the_models() -> None:
+    assert set(VOLUME_CONTEXT_KEYS) <= set(CONTEXT_KEYS)

@@ -1,0 +1,112 @@
+"""Batches: `iobatch submit` (to AWS Batch, or --local) and `iobatch status` (pipeline/submit/,
+pipeline/local/submit.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from pipeline.errors import EXIT_PERMANENT, UsageError
+
+
+def _print_json(body: Any) -> None:
+    import json
+
+    print(json.dumps(body, separators=(",", ":")), flush=True)
+
+
+def submit(
+    manifest: str | None = typer.Option(None, "--manifest", help="s3://bucket/key.jsonl: one image a line; "
+                                        "keys are in the stack's input bucket (--local: the manifest's bucket)."),
+    prefix: str | None = typer.Option(None, "--prefix", help="s3://bucket/images/: every image under it."),
+    images_per_job: int | None = typer.Option(None, "--images-per-job", "-k", help="Images per array child."),
+    stack: str | None = typer.Option(None, "--stack", help="Deployed stack: queue, job definition, buckets."),
+    local: bool = typer.Option(False, "--local", help="Run on this machine with the local executor."),
+    output: str | None = typer.Option(None, "--output", help="s3://bucket/prefix/ for the shards "
+                                      "(default: the stack's output bucket /<batch name>/)."),
+    force: bool = typer.Option(False, "--force", help="Redo children whose _SUCCESS marker exists."),
+    s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", help="Another S3 (default: AWS, or the "
+                                           "embedded server with --local)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Validate and plan; write and submit nothing."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
+    run_dir: Path | None = typer.Option(None, "--run-dir", help="--local: run directory "
+                                        "(default .iobatch/local/<batch name>)."),
+    workers: int | None = typer.Option(None, "--workers", help="--local: children at once (default: cores)."),
+) -> None:
+    """Submit a batch: freeze its manifest once, then one array job per 10,000 children.
+
+    Every input is checked before anything is submitted. Children whose outputs are complete are
+    skipped unless --force, so submitting the same manifest twice processes nothing twice.
+    """
+    from pipeline import submit as submission
+    from pipeline.local.submit import outcome_json, outcome_lines, submit_local
+
+    if images_per_job is None:
+        raise UsageError("--images-per-job is missing: give K, the images each array child processes")
+    if (stack is None) == (not local):
+        raise UsageError("give exactly one of --stack NAME (AWS Batch) or --local (this machine)")
+    common: dict[str, Any] = dict(manifest=manifest, prefix=prefix, images_per_child=images_per_job,
+                                  output=output, force=force, s3_endpoint=s3_endpoint, dry_run=dry_run)
+    if stack is not None:
+        result = submission.submit_to_stack(stack=stack, **common)
+        if as_json:
+            _print_json(result.to_json())
+        else:
+            print("\n".join(result.lines()), flush=True)
+        return
+    result, outcome = submit_local(run_dir=run_dir, workers=workers, progress=None if not as_json else False,
+                                   **common)
+    body = result.to_json()
+    if outcome is not None:
+        body["local"] = outcome_json(outcome)
+    if as_json:
+        _print_json(body)
+    else:
+        lines = result.lines()[:2]
+        lines += outcome_lines(outcome) if outcome is not None else result.lines()[2:]
+        print("\n".join(lines), flush=True)
+    if outcome is not None and outcome.failed:
+        raise typer.Exit(outcome.exit_code)
+
+
+def status(
+    job_ids: list[str] = typer.Argument(..., help="The job id(s) `iobatch submit` printed."),
+    watch: bool = typer.Option(False, "--watch", help="Follow until every child has finished."),
+    as_json: bool = typer.Option(False, "--json", help="JSON on stdout (one line per poll with --watch)."),
+    interval: float = typer.Option(10.0, "--interval", help="Seconds between polls with --watch."),
+) -> None:
+    """Children pending, runnable, starting, running, succeeded and failed; images done; failed children.
+
+    Exit 0 when the status was read; with --watch, 65 if the batch finished with failed children.
+    """
+    import boto3
+
+    from pipeline import submit as submission
+
+    if interval <= 0:
+        raise UsageError(f"--interval is {interval}: give a number of seconds above 0")
+    session = boto3.session.Session()
+    submission.require_credentials(session)
+    _, batch = submission.aws_clients(session)
+
+    def show(state: submission.BatchStatus) -> None:
+        if as_json:
+            _print_json(state.to_json())
+        else:
+            print("\n".join(state.lines()), flush=True)
+
+    if not watch:
+        show(submission.poll_status(batch, job_ids))
+        return
+    if sys.stdout.isatty() and not as_json:
+        bar, update = submission.progress_view(0)
+        with bar:
+            final = submission.follow(batch, job_ids, interval_s=interval, show=update)
+        print("\n".join(final.lines()), flush=True)
+    else:
+        final = submission.follow(batch, job_ids, interval_s=interval, show=show)
+    if final.count("FAILED"):
+        raise typer.Exit(EXIT_PERMANENT)

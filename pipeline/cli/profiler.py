@@ -1,0 +1,154 @@
+"""The profiler: `iobatch sidecar` (beside the job) and `iobatch profile -- CMD` (any command) (profiling/)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from pipeline.errors import UsageError
+from profiling.protocol import SOCKET_NAME
+
+
+def _warn(text: str) -> None:
+    """A notice on stderr (stdout may carry EMF or the table)."""
+    print(f"note: {text}", file=sys.stderr, flush=True)
+
+
+def _device(path: str | None, fallback: Any = None) -> Any:
+    """The BlockDevice behind `path` (or `fallback`), printing a notice when none backs it."""
+    from profiling.probes.procfs import DeviceError, device_of
+
+    target = path or fallback
+    if target is None:
+        return None
+    try:
+        device, notice = device_of(Path(target))
+    except DeviceError as exc:
+        raise UsageError(f"--device: {exc}") from None
+    if notice:
+        print(f"notice: {notice}", file=sys.stderr, flush=True)
+    return device
+
+
+def _interval(interval: float) -> float:
+    from profiling.sampler import check_interval
+
+    try:
+        return check_interval(interval)
+    except ValueError as exc:
+        raise UsageError(f"--interval: {exc}") from None
+
+
+def sidecar(
+    socket_path: Path | None = typer.Option(None, "--socket", help="Unix socket to serve (default: "
+                                               f"$IOBATCH_PROFILER_SOCKET or <scratch>/<child>/{SOCKET_NAME})."),
+    emf: str = typer.Option("-", "--emf", help="EMF output file, or - for stdout (what CloudWatch reads)."),
+    profile_out: Path | None = typer.Option(None, "--profile-out", help="Append profile JSON lines here."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
+    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample."),
+    scratch_dir: Path | None = typer.Option(None, "--scratch-dir", help="The job's working directory; "
+                                               "its block device is sampled (default: the child's work dir)."),
+    namespace: str = typer.Option("", "--namespace", help="EMF namespace (default $AWS_EMF_NAMESPACE or IoBatch)."),
+    contract: Path | None = typer.Option(None, "--contract", help="Contract rules evaluated per stage."),
+    call_probes: bool = typer.Option(True, "--call-probes/--no-call-probes", help="Per-call latency probes "
+                                     "(eBPF when root, LD_PRELOAD records) beside the kernel counters."),
+) -> None:
+    """Profile the job beside it: one StageProfile and one EMF document per stage (container entrypoint).
+
+    Exits 0 after the job's job_end, when the job closes the socket, or on SIGTERM (the running stage is
+    flushed as interrupted). It never makes the job fail.
+    """
+    import os
+
+    from pipeline.interface import AWS_ENV, ENV
+    from pipeline.settings import job_identity
+    from profiling.emf import sink_for
+    from profiling.metrics import DEFAULT_NAMESPACE
+    from profiling.sidecar import Sidecar, SidecarConfig
+
+    identity = job_identity(dict(os.environ))
+    target = socket_path or identity.socket_path
+    if target is None:
+        raise UsageError(f"no socket: give --socket PATH or set {ENV.PROFILER_SOCKET}")
+    scratch = scratch_dir or identity.work_dir
+    if device is None and not scratch.exists():
+        scratch.mkdir(parents=True, exist_ok=True)
+    config = SidecarConfig(
+        socket_path=target,
+        emf_sink=sink_for(emf),
+        profile_out=profile_out,
+        interval_s=_interval(interval),
+        device=_device(device, scratch),
+        scratch_dir=scratch,
+        namespace=namespace or os.environ.get(AWS_ENV.EMF_NAMESPACE) or DEFAULT_NAMESPACE,
+        properties=identity.properties,
+        contract_path=contract,
+        call_probes=call_probes,
+    )
+    server = Sidecar(config)
+    server.install_sigterm()
+    try:
+        server.bind()
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot serve the profiler socket {target}: {exc}") from None
+    server.serve()
+
+
+def profile(
+    command: list[str] = typer.Argument(..., help="The command to profile, after --."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
+    json_out: Path | None = typer.Option(None, "--json", help="Write the profile JSON (schema 1) here."),
+    emf: str | None = typer.Option(None, "--emf", help="Write the EMF document here (- for stdout)."),
+    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample "
+                                         "(default: the current directory's)."),
+    contract: Path | None = typer.Option(None, "--contract", help="Contract rules to evaluate."),
+) -> None:
+    """Run a command as one profiled stage and print its I/O table; exits with the command's code.
+
+    Exact bytes and call counts for any binary (Python, C, static Go such as s5cmd): they come from the
+    kernel's /proc counters, not from hooking the program.
+    """
+    import json
+    import os
+
+    from rich.console import Console
+
+    from pipeline.settings import job_identity
+    from profiling.command import CommandNotFound, profile_command
+    from profiling.contract import format_results
+    from profiling.emf import emit_profile, sink_for
+    from profiling.finish import load_rules
+    from profiling.probes import start_command_probe
+    from profiling.table import profile_row, render_stage_table
+
+    properties = job_identity(dict(os.environ)).properties
+    dev = _device(device, Path.cwd())
+    step = _interval(interval)
+    try:
+        rules = load_rules(contract)
+    except ValueError as exc:
+        raise UsageError(f"--contract: {exc}") from None
+    # With a contract, per-call figures (latency) come from eBPF on the command's process tree when root.
+    call_probe = start_command_probe(_warn) if rules is not None else None
+    try:
+        result = profile_command(command, interval_s=step, device=dev, properties=properties,
+                                 call_probe=call_probe, rules=rules)
+    except CommandNotFound as exc:
+        raise UsageError(str(exc)) from None
+    prof = result.profile
+    if json_out is not None:
+        json_out.write_text(json.dumps(prof.to_dict(), indent=1) + "\n", encoding="utf-8")
+    if emf is not None:
+        emit_profile(prof, sink_for(emf))
+    title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {result.returncode}; device {prof.device or '-'})"
+    console = Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160)
+    console.print(render_stage_table({prof.stage: profile_row(prof)}, title))
+    if rules is not None:
+        console.print(f"contract {contract}: values at or above each rule's threshold, per time frame",
+                      highlight=False)
+        for line in format_results(prof.contract):
+            console.print(f"  {line}", highlight=False, markup=False)
+    raise typer.Exit(result.returncode)

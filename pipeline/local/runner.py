@@ -1,0 +1,88 @@
+"""A batch on this machine: `run_local` freezes a batch (prefix or manifest) beside its outputs and runs its
+children with the local executor against any S3 endpoint, recording the run in the run directory.
+
+`iobatch run`, `iobatch submit --local` and the demo (pipeline/local/demo.py) all run their batches here.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeline import s3 as s3io
+from pipeline.errors import UsageError
+from pipeline.local.executor import BatchResult, LocalBatch, run_batch
+from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri, default_workers
+from profiling import runfiles
+
+
+@dataclass(frozen=True)
+class LocalRun:
+    """A batch to run on this machine against an S3 endpoint."""
+
+    input: S3Uri
+    output: S3Uri
+    endpoint: str | None
+    run_dir: Path
+    images_per_child: int
+    manifest: S3Uri | None = None
+    workers: int = field(default_factory=default_workers)
+    scratch_root: Path | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    force: bool = False
+    skip_bad_images: bool = False
+    train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
+    slow_child: int | None = None
+    slow_child_bps: float = 4 * 2**20  # the slow child's S3 traffic, each direction
+    sidecar: bool = True
+    job_id: str = ""
+    contract: Path | None = None
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Empty a previous run's directory; refuse to empty anything that is not one of ours."""
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if not runfiles.is_run_dir(run_dir):
+            raise UsageError(f"run directory {run_dir} is not empty and holds no {runfiles.RUN_FILE}: "
+                             "give an empty or new directory with --run-dir")
+        for child in run_dir.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
+    run_dir.mkdir(parents=True, exist_ok=True)
+
+
+def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str], None] = print) -> BatchResult:
+    """Freeze the batch beside its outputs, then run its children with the local executor."""
+    s3 = s3io.client(run.endpoint, run.env)
+    frozen = s3io.freeze_batch(s3, input=run.input, manifest=run.manifest, output=run.output,
+                               per_child=run.images_per_child)
+    run.run_dir.mkdir(parents=True, exist_ok=True)
+    scratch = run.scratch_root or (run.run_dir / "scratch")
+    scratch.mkdir(parents=True, exist_ok=True)
+    job_id = run.job_id or f"local-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    template = JobSettings(input=run.input, output=run.output, manifest=frozen.manifest, scratch_root=scratch,
+                           images_per_child=run.images_per_child, array_index=0, job_id=job_id,
+                           s3_endpoint=run.endpoint, train_size=run.train_size, skip_bad_images=run.skip_bad_images,
+                           force=run.force, volume_type="local")
+    batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
+                       env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
+                       slow_child_bps=run.slow_child_bps, contract=run.contract)
+    meta: dict[str, Any] = {"job_id": job_id, "input": str(run.input), "output": str(run.output),
+                            "manifest": str(frozen.manifest), "children": frozen.children, "images": frozen.images,
+                            "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
+                            "started": time.time(), "slow_child": run.slow_child}
+    runfiles.write_run(run.run_dir, meta)
+    say(f"batch {job_id}: {frozen.images} images ({frozen.bytes / 2**20:,.0f} MiB) in {frozen.children} children, "
+        f"{run.workers} at a time")
+    result = run_batch(batch, progress=progress, images_total=frozen.images)
+    meta.update(finished=time.time(), elapsed_s=round(result.elapsed_s, 3),
+                failed=[{"child": i, "exit_code": c, "error": h} for i, c, h in result.failed],
+                succeeded=result.succeeded, skipped=result.skipped)
+    runfiles.write_run(run.run_dir, meta)
+    return result

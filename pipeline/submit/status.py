@@ -1,0 +1,253 @@
+"""Following a submitted batch: counts of its children by status, images done, and the failed children.
+
+`poll_status` uses ListJobs(arrayJobId, jobStatus) per status, paginated, never one DescribeJobs per
+child; every call goes through `pipeline.aws.Backoff`, which retries only throttling and 5xx answers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pipeline.aws import Backoff
+from pipeline.errors import UsageError
+from pipeline.interface import JOB_CONTAINER
+from pipeline.submit.plan import TAG_IMAGES, TAG_OFFSET, TAG_PER_CHILD
+
+STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+FINISHED = ("SUCCEEDED", "FAILED")
+
+
+@dataclass(frozen=True)
+class FailedChild:
+    """A failed child: its global index, why it failed, and where its log is."""
+
+    job_id: str
+    index: int
+    reason: str
+    exit_code: int | None
+    log_stream: str | None
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """Counts of one submitted (array or plain) job."""
+
+    job_id: str
+    name: str
+    status: str
+    size: int
+    offset: int
+    images: int
+    images_per_child: int
+    counts: Mapping[str, int]
+
+    @property
+    def images_done(self) -> int:
+        return min(self.counts.get("SUCCEEDED", 0) * self.images_per_child, self.images)
+
+
+@dataclass(frozen=True)
+class BatchStatus:
+    """Progress of a batch made of one or more submitted jobs."""
+
+    jobs: tuple[JobProgress, ...]
+    failed: tuple[FailedChild, ...]
+
+    def count(self, *statuses: str) -> int:
+        return sum(job.counts.get(s, 0) for job in self.jobs for s in statuses)
+
+    @property
+    def children(self) -> int:
+        return sum(job.size for job in self.jobs)
+
+    @property
+    def images(self) -> int:
+        return sum(job.images for job in self.jobs)
+
+    @property
+    def images_done(self) -> int:
+        return sum(job.images_done for job in self.jobs)
+
+    @property
+    def finished(self) -> bool:
+        return self.count(*FINISHED) >= self.children
+
+    def summary(self) -> dict[str, int]:
+        """The six user-facing counts (SUBMITTED counts as pending)."""
+        return {
+            "pending": self.count("SUBMITTED", "PENDING"),
+            "runnable": self.count("RUNNABLE"),
+            "starting": self.count("STARTING"),
+            "running": self.count("RUNNING"),
+            "succeeded": self.count("SUCCEEDED"),
+            "failed": self.count("FAILED"),
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "jobs": [{"jobId": j.job_id, "name": j.name, "status": j.status, "size": j.size,
+                      "offset": j.offset, "images": j.images, "imagesDone": j.images_done,
+                      "counts": dict(j.counts)} for j in self.jobs],
+            "children": self.children,
+            **self.summary(),
+            "images": self.images,
+            "imagesDone": self.images_done,
+            "finished": self.finished,
+            "failedChildren": [{"jobId": f.job_id, "index": f.index, "reason": f.reason,
+                                "exitCode": f.exit_code, "logStream": f.log_stream} for f in self.failed],
+        }
+
+    def lines(self) -> list[str]:
+        """Plain-text rendering for logs and non-TTY output (pure)."""
+        counts = " ".join(f"{k} {v}" for k, v in self.summary().items())
+        out = [f"children {self.children}: {counts}; images {self.images_done}/{self.images}"
+               + (" (finished)" if self.finished else "")]
+        for f in self.failed:
+            code = "-" if f.exit_code is None else str(f.exit_code)
+            out.append(f"failed child {f.index} ({f.job_id}): exit {code}: {f.reason or 'no reason given'}; "
+                       f"log stream {f.log_stream or '-'}")
+        hidden = self.count("FAILED") - len(self.failed)
+        if hidden > 0:
+            out.append(f"... and {hidden} more failed children (see --json or the Batch console)")
+        return out
+
+
+def _int_tag(tags: Mapping[str, str], key: str, default: int) -> int:
+    try:
+        return int(tags.get(key, default))
+    except (TypeError, ValueError):
+        return default
+
+
+def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def _log_stream(job: Mapping[str, Any]) -> str | None:
+    """The job container's log stream, wherever this job shape keeps it."""
+    for task in (job.get("ecsProperties") or {}).get("taskProperties") or []:
+        for container in task.get("containers", []):
+            if container.get("name") == JOB_CONTAINER and container.get("logStreamName"):
+                return str(container["logStreamName"])
+    stream = (job.get("container") or {}).get("logStreamName")
+    if not stream:
+        attempts = job.get("attempts") or []
+        stream = (attempts[-1].get("container") or {}).get("logStreamName") if attempts else None
+    return str(stream) if stream else None
+
+
+def _child_index(job_id: str, offset: int) -> int:
+    _, _, index = job_id.rpartition(":")
+    return offset + int(index) if index.isdigit() else offset
+
+
+def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff | None = None,
+                max_failed: int = 100) -> BatchStatus:
+    """The progress of the given jobs.
+
+    One DescribeJobs for the parents (sizes and tags), then ListJobs(arrayJobId, jobStatus) per status,
+    paginated (1,000 a page), and one DescribeJobs per 100 failed children (at most `max_failed`) for
+    their log streams.
+    """
+    if not job_ids:
+        raise UsageError("give the job id(s) `iobatch submit` printed")
+    backoff = backoff or Backoff()
+    parents: dict[str, Mapping[str, Any]] = {}
+    for chunk in _chunks(list(job_ids), 100):
+        for job in backoff.call(batch_client.describe_jobs, doing="describing jobs", jobs=list(chunk))["jobs"]:
+            parents[str(job["jobId"])] = job
+    unknown = [j for j in job_ids if j not in parents]
+    if unknown:
+        raise UsageError(f"no Batch job {', '.join(unknown)} in this account and region: check the id "
+                         "`iobatch submit` printed and AWS_REGION")
+    progress: list[JobProgress] = []
+    failed_summaries: list[tuple[Mapping[str, Any], int]] = []
+    for job_id in job_ids:
+        parent = parents[job_id]
+        tags = parent.get("tags") or {}
+        offset = _int_tag(tags, TAG_OFFSET, 0)
+        per_child = _int_tag(tags, TAG_PER_CHILD, 1)
+        size = int((parent.get("arrayProperties") or {}).get("size") or 0)
+        counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        if size == 0:  # a plain job: its own status is its one child's
+            size = 1
+            counts[str(parent.get("status"))] = 1
+            if parent.get("status") == "FAILED":
+                failed_summaries.append((parent, offset))
+        else:
+            for status in STATUSES:
+                for summary in _list_children(batch_client, backoff, job_id, status):
+                    counts[status] += 1
+                    if status == "FAILED":
+                        failed_summaries.append((summary, offset))
+        images = _int_tag(tags, TAG_IMAGES, size * per_child)
+        progress.append(JobProgress(job_id, str(parent.get("jobName", "")), str(parent.get("status", "")),
+                                    size, offset, images, per_child, counts))
+    return BatchStatus(tuple(progress), _failed_children(batch_client, backoff, failed_summaries[:max_failed]))
+
+
+def _list_children(batch_client: Any, backoff: Backoff, job_id: str, status: str) -> Iterable[Mapping[str, Any]]:
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"arrayJobId": job_id, "jobStatus": status, "maxResults": 1000}
+        if token:
+            kwargs["nextToken"] = token
+        page = backoff.call(batch_client.list_jobs, doing=f"listing {status} children of {job_id}", **kwargs)
+        yield from page.get("jobSummaryList", [])
+        token = page.get("nextToken")
+        if not token:
+            return
+
+
+def _failed_children(batch_client: Any, backoff: Backoff,
+                     summaries: Sequence[tuple[Mapping[str, Any], int]]) -> tuple[FailedChild, ...]:
+    if not summaries:
+        return ()
+    streams: dict[str, str | None] = {}
+    ids = [str(s["jobId"]) for s, _ in summaries]
+    for chunk in _chunks(ids, 100):
+        for job in backoff.call(batch_client.describe_jobs, doing="describing failed children",
+                                jobs=list(chunk))["jobs"]:
+            streams[str(job["jobId"])] = _log_stream(job)
+    out = []
+    for summary, offset in summaries:
+        job_id = str(summary["jobId"])
+        container = summary.get("container") or {}
+        reason = str(summary.get("statusReason") or container.get("reason") or "")
+        exit_code = container.get("exitCode")
+        out.append(FailedChild(job_id, _child_index(job_id, offset), reason,
+                               int(exit_code) if exit_code is not None else None, streams.get(job_id)))
+    return tuple(sorted(out, key=lambda f: f.index))
+
+
+def follow(batch_client: Any, job_ids: Sequence[str], *, interval_s: float, show: Callable[[BatchStatus], None],
+           sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None) -> BatchStatus:
+    """Poll until every child has finished, calling `show` after each poll; return the last status."""
+    backoff = backoff or Backoff(sleep=sleep)
+    while True:
+        status = poll_status(batch_client, job_ids, backoff=backoff)
+        show(status)
+        if status.finished:
+            return status
+        sleep(interval_s)
+
+
+def progress_view(total: int) -> tuple[Any, Callable[[BatchStatus], None]]:
+    """A rich progress bar (children finished of total) and the callback that updates it."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("[bold]children"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.description}"), transient=False)
+    task = bar.add_task("", total=total)
+
+    def update(status: BatchStatus) -> None:
+        s = status.summary()
+        bar.update(task, total=status.children, completed=s["succeeded"] + s["failed"],
+                   description=f"running {s['running']} runnable {s['runnable']} pending {s['pending']} "
+                               f"failed {s['failed']} | images {status.images_done}/{status.images}")
+
+    return bar, update

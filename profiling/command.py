@@ -1,0 +1,102 @@
+"""`iobatch profile -- CMD`: run one command as one profiled stage.
+
+The command's figures are exact for any binary (Python, C, static Go such as s5cmd): they come from
+the kernel's /proc counters (profiling/sampler.py), not from hooking the program. Per-call figures
+and contract results are added by the same `finish_stage` the sidecar uses.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TextIO
+
+from profiling.finish import Evaluator, finish_stage
+from profiling.metrics import StageProfile
+from profiling.probes import CallProbe
+from profiling.probes.procfs import BlockDevice, ProcIo
+from profiling.sampler import DEFAULT_INTERVAL_S, StageSampler, take_snapshot
+
+
+class CommandNotFound(ValueError):
+    """The command to profile does not exist or is not executable."""
+
+
+@dataclass
+class CommandResult:
+    """The command's exit code and its finished profile."""
+
+    returncode: int
+    profile: StageProfile
+
+
+def _wait_unreaped(pid: int) -> None:
+    """Wait for `pid` to exit without reaping it: its /proc/<pid>/io stays readable (as a zombie) and
+    still holds everything it and its reaped descendants did. Reaping would fold it into our own."""
+    while True:
+        try:
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+            return
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+
+
+def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | None, stage: str,
+            properties: Mapping[str, str] | None, stdout: TextIO | None) -> tuple[int, StageProfile]:
+    """Run `argv` under a StageSampler: (exit code, the profile of its kernel counters)."""
+    if not argv:
+        raise CommandNotFound("no command given: write it after --, e.g. iobatch profile -- dd ...")
+    try:
+        child = subprocess.Popen(list(argv), stdout=stdout)
+    except FileNotFoundError:
+        raise CommandNotFound(f"command {argv[0]!r} not found: check the name and PATH") from None
+    except PermissionError:
+        raise CommandNotFound(f"command {argv[0]!r} is not executable: check its permissions") from None
+    # A new process starts with all io counters at zero: that is the exact baseline, even if the
+    # command has already done I/O by the time the first snapshot is read.
+    sampler = StageSampler(stage=stage, pid=child.pid, device=device, interval_s=interval_s, base_io=ProcIo())
+    sampler.start()
+    outcome = "interrupted"
+    try:
+        _wait_unreaped(child.pid)
+        outcome = "ok"
+    finally:
+        final = take_snapshot(child.pid, device)
+        returncode = child.wait()
+        if outcome == "ok" and returncode != 0:
+            outcome = "failed"
+        profile = sampler.finish(outcome=outcome, final=final, properties=properties)
+    return returncode, profile
+
+
+def profile_command(
+    argv: Sequence[str],
+    *,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    device: BlockDevice | None = None,
+    stage: str = "command",
+    properties: Mapping[str, str] | None = None,
+    stdout: TextIO | None = None,
+    call_probe: CallProbe | None = None,
+    rules: Evaluator | None = None,
+) -> CommandResult:
+    """Run `argv` as one profiled stage.
+
+    `call_probe`, when given, is already watching the processes this one starts
+    (profiling.probes.start_command_probe): it is stopped when the command ends, however it ends, and
+    its figures join the profile. `rules` evaluates a contract on the finished profile
+    (profiling.finish.load_rules). Raises CommandNotFound when the command cannot be started.
+    """
+    calls = None
+    try:
+        returncode, profile = _sample(argv, interval_s=interval_s, device=device, stage=stage,
+                                      properties=properties, stdout=stdout)
+    finally:
+        if call_probe is not None:
+            calls = call_probe.stop()
+    results = [(call_probe.name, calls)] if call_probe is not None else []
+    return CommandResult(returncode, finish_stage(profile, results, rules))

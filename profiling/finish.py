@@ -1,0 +1,80 @@
+"""Finishing a stage: the sampled StageProfile, plus its per-call figures and its contract results.
+
+`finish_stage` is the one place that does it, for the sidecar (every stage of a job) and for
+`iobatch profile` (one command as one stage):
+
+- per-call figures: the probes' `stop()` results, best first, merged by callstats.merge_results; the
+  first non-empty one is StageProfile.calls and its probe is sources["calls"]; eBPF's time paused in
+  balance_dirty_pages becomes dirty_throttle_ms.
+- contract results: a contract is loaded once per job (`load_rules`) into an `Evaluator`, which gives
+  the rows stored in StageProfile.contract at every stage end (profiling/contract.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from profiling.contract import evaluate_stage, load_contract
+from profiling.metrics import StageProfile
+from profiling.probes import Warn, merge_results
+
+Evaluator = Callable[[StageProfile], list[dict[str, Any]]]
+RulesLoader = Callable[[Path], Evaluator]
+
+
+def contract_rules(path: Path) -> Evaluator:
+    """The contract in `path` as an Evaluator (ContractError on a mistake, OSError when unreadable)."""
+    return functools.partial(evaluate_stage, load_contract(path))
+
+
+def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evaluator | None:
+    """The Evaluator of the contract in `path`, or None when no contract was given.
+
+    Raises ValueError naming the file when the contract does not load."""
+    if path is None:
+        return None
+    try:
+        return loader(path)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"contract {path}: {exc}") from None
+
+
+def _with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> StageProfile:
+    """`profile` with a call probe's result: calls, the probe as source, and dirty throttling (eBPF)."""
+    throttle = calls.get("dirty_throttle_ms")
+    return dataclasses.replace(
+        profile,
+        calls=dict(calls),
+        sources={**profile.sources, "calls": name},
+        dirty_throttle_ms=profile.dirty_throttle_ms if throttle is None else float(throttle),
+    )
+
+
+def finish_stage(
+    profile: StageProfile,
+    results: Iterable[tuple[str, Mapping[str, Any] | None]] = (),
+    rules: Evaluator | None = None,
+    *,
+    warn: Warn | None = None,
+) -> StageProfile:
+    """`profile` (the stage's kernel counters) with its per-call figures and contract results.
+
+    `results` are (probe name, `stop()` result) of the stage's call probes, best first. A contract that
+    fails to evaluate is one warning through `warn` and the profile is kept without it (the sidecar
+    never fails the job); with no `warn` the error propagates.
+    """
+    calls, name = merge_results(results)
+    if calls is not None and name is not None:
+        profile = _with_calls(profile, name, calls)
+    if rules is not None:
+        try:
+            profile = dataclasses.replace(profile, contract=list(rules(profile)))
+        except Exception as exc:
+            if warn is None:
+                raise
+            warn(f"contract evaluation failed ({exc})")
+    return profile

@@ -1,0 +1,57 @@
+"""Bad apples: the children and instances whose throughput in a stage holds a batch back (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from profiling.metrics import median
+from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD, Outlier, find_outliers
+from profiling.report.sources import ReportData
+
+
+@dataclass(frozen=True)
+class BadApple:
+    """A child or instance whose throughput in one stage is an outlier against the rest."""
+
+    stage: str
+    scope: str  # "child" or "instance"
+    name: str
+    outlier: Outlier
+    detail: str = ""
+
+
+def find_bad_apples(
+    data: ReportData, *, threshold: float = DEFAULT_THRESHOLD, min_relative: float = DEFAULT_MIN_RELATIVE
+) -> list[BadApple]:
+    """Per stage: children, then instances, whose throughput is a robust outlier on the slow side
+    (profiling.outliers).
+
+    Only stages that finished ("ok") count: a failed stage's throughput says nothing about the machine.
+    An instance's value is the median over the children it ran; instances need three or more to compare,
+    and are only compared when some ran more than one child.
+    """
+    found: list[BadApple] = []
+    for stage in data.stages():
+        by_child: dict[str, float] = {}
+        instance_of: dict[str, str] = {}
+        for entry in data.of_stage(stage):
+            tput = entry.profile.throughput_bps
+            if entry.profile.outcome != "ok" or tput is None:
+                continue
+            by_child[entry.child] = tput
+            if entry.instance:
+                instance_of[entry.child] = entry.instance
+        # Only the slow side: a child faster than the rest holds nobody back.
+        for o in find_outliers(by_child, threshold=threshold, min_relative=min_relative, low_only=True):
+            detail = f"instance {instance_of[o.key]}" if o.key in instance_of else ""
+            found.append(BadApple(stage, "child", o.key, o, detail))
+        per_instance: dict[str, list[float]] = {}
+        for child, tput in by_child.items():
+            if child in instance_of:
+                per_instance.setdefault(instance_of[child], []).append(tput)
+        if len(per_instance) == len(by_child):
+            continue  # one child per instance: the child rows already name the instance
+        instance_values = {i: median(v) for i, v in per_instance.items()}
+        for o in find_outliers(instance_values, threshold=threshold, min_relative=min_relative, low_only=True):
+            found.append(BadApple(stage, "instance", o.key, o, f"{len(per_instance[o.key])} children"))
+    return found

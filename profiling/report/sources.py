@@ -1,0 +1,211 @@
+"""What a report reads: a local run directory, or EMF documents from CloudWatch Logs, as ReportData.
+
+A local run is read through profiling.runfiles (profile JSON with timelines, or its EMF files when it
+kept no profiles); CloudWatch Logs give the per-stage figures of a batch in AWS but no timelines.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profiling import runfiles
+from profiling.metrics import DEFAULT_NAMESPACE, STAGES, StageProfile
+
+
+class ReportInputError(ValueError):
+    """The report's input is missing or unusable; the message names the thing and the fix."""
+
+
+class DamagedInputError(ReportInputError):
+    """A profile or EMF file exists but a line in it does not parse (the message names file and line)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stage of one child, with the names the report shows for it."""
+
+    child: str
+    profile: StageProfile
+    instance: str | None = None
+
+
+@dataclass
+class ReportData:
+    """Everything a report shows, whatever it was read from."""
+
+    entries: list[Entry]
+    source: str
+    has_timelines: bool
+    run: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def stages(self) -> list[str]:
+        present = {e.profile.stage for e in self.entries}
+        return [s for s in STAGES if s in present] + sorted(present - set(STAGES))
+
+    def of_stage(self, stage: str) -> list[Entry]:
+        return [e for e in self.entries if e.profile.stage == stage]
+
+    def children(self) -> list[str]:
+        return sorted({e.child for e in self.entries}, key=natural_key)
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """'child 10' after 'child 9'."""
+    parts: list[Any] = []
+    number = ""
+    word = ""
+    for ch in text:
+        if ch.isdigit():
+            if word:
+                parts.append((1, word))
+                word = ""
+            number += ch
+        else:
+            if number:
+                parts.append((0, int(number)))
+                number = ""
+            word += ch
+    if number:
+        parts.append((0, int(number)))
+    if word:
+        parts.append((1, word))
+    return tuple(parts)
+
+
+def parse_since(text: str) -> float:
+    """'90s', '30m', '1h', '2d' (or a bare number of seconds) -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    body = text.strip().lower()
+    try:
+        value = float(body[:-1]) * units[body[-1]] if body and body[-1] in units else float(body)
+    except ValueError:
+        value = -1.0
+    if not math.isfinite(value) or value <= 0:
+        raise ReportInputError(f"--since {text!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
+    return value
+
+
+def profiles_from_emf_lines(
+    lines: Iterable[str], *, where: str, namespace: str | None = DEFAULT_NAMESPACE
+) -> list[StageProfile]:
+    """Stage profiles from EMF text lines (runfiles.profiles_from_emf_lines); lines that are not iobatch
+    EMF documents are skipped. A line that starts like JSON but does not parse is a DamagedInputError
+    naming `where` and the line number.
+    """
+    try:
+        return runfiles.profiles_from_emf_lines(lines, where=where, namespace=namespace)
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(str(exc)) from None
+
+
+def _child_labels(profiles: Sequence[tuple[StageProfile, str]]) -> list[str]:
+    """The name shown for each child: 'child N' from ArrayIndex (with the job id when a report spans
+    several jobs), else the name of the file the profile came from."""
+    jobs = {_parent_job(p) for p, _ in profiles}
+    labels = []
+    for profile, fallback in profiles:
+        index = profile.properties.get("ArrayIndex")
+        if index is None or index == "":
+            labels.append(fallback)
+        elif len(jobs) > 1:
+            labels.append(f"{_parent_job(profile) or '?'}[{index}]")
+        else:
+            labels.append(f"child {index}")
+    return labels
+
+
+def _parent_job(profile: StageProfile) -> str | None:
+    """The array job's id: AWS Batch gives each child '<parent id>:<index>' as its job id."""
+    job = profile.properties.get("JobId")
+    index = profile.properties.get("ArrayIndex")
+    if job and index and job.endswith(f":{index}"):
+        return job[: -len(index) - 1]
+    return job
+
+
+def _entries(profiles: Sequence[tuple[StageProfile, str]]) -> list[Entry]:
+    labels = _child_labels(profiles)
+    return [Entry(child=label, profile=p, instance=p.properties.get("InstanceId") or None)
+            for (p, _), label in zip(profiles, labels, strict=True)]
+
+
+def load_run_dir(run_dir: Path) -> ReportData:
+    """Read a local run directory: profile JSON when present (with timelines), else the EMF files."""
+    if not run_dir.is_dir():
+        raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
+    try:
+        kept = runfiles.read_run_profiles(run_dir)
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+    pairs = kept.profiles
+    if not pairs:
+        raise ReportInputError(
+            f"{run_dir} holds no {runfiles.PROFILES}/*.jsonl or {runfiles.EMF}/*.emf files: "
+            "pass the run directory of a finished run (iobatch demo --run-dir DIR)"
+        )
+    if kept.from_emf:
+        source = f"local run {run_dir}: {len(pairs)} EMF documents from {runfiles.EMF}/ (no profile files)"
+    else:
+        source = f"local run {run_dir}: {len(pairs)} stage profiles from {runfiles.PROFILES}/"
+    run: dict[str, Any] | None = None
+    if runfiles.is_run_dir(run_dir):
+        try:
+            run = runfiles.read_run(run_dir)
+        except (ValueError, OSError):
+            run = None  # the profiles make the report; a damaged run file only loses its own section
+    data = ReportData(entries=_entries(pairs), source=source, has_timelines=not kept.from_emf, run=run)
+    if not kept.from_emf and not any(e.profile.timeline for e in data.entries):
+        data.notes.append("The profiles carry no timeline samples.")
+    return data
+
+
+def fetch_log_messages(client: Any, log_group: str, *, start_ms: int, end_ms: int | None = None) -> Iterator[str]:
+    """Every message of a CloudWatch Logs group in [start_ms, end_ms], page by page.
+
+    `client` is a boto3 'logs' client; errors from it propagate to the caller.
+    """
+    args: dict[str, Any] = {"logGroupName": log_group, "startTime": start_ms}
+    if end_ms is not None:
+        args["endTime"] = end_ms
+    for page in client.get_paginator("filter_log_events").paginate(**args):
+        for event in page.get("events", []):
+            yield str(event.get("message", ""))
+
+
+def load_cloudwatch(
+    client: Any,
+    log_group: str,
+    *,
+    since_s: float,
+    namespace: str = DEFAULT_NAMESPACE,
+    now: float | None = None,
+) -> ReportData:
+    """The stage documents a batch's containers logged to CloudWatch Logs in the last `since_s` seconds."""
+    end = time.time() if now is None else now
+    start_ms = int((end - since_s) * 1000)
+    lines = fetch_log_messages(client, log_group, start_ms=start_ms, end_ms=int(end * 1000))
+    profiles = profiles_from_emf_lines(lines, where=f"log group {log_group}", namespace=namespace)
+    if not profiles:
+        raise ReportInputError(
+            f"log group {log_group} has no {namespace} EMF stage documents in the last {_duration(since_s)}: "
+            "widen --since, or check the log group and --namespace"
+        )
+    pairs = [(p, f"document {n}") for n, p in enumerate(profiles, 1)]
+    return ReportData(
+        entries=_entries(pairs),
+        source=f"CloudWatch Logs group {log_group}: {len(profiles)} EMF documents from the last {_duration(since_s)}",
+        has_timelines=False,
+    )
+
+
+def _duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"

@@ -1,0 +1,1 @@
+"""Helpers shared by test files: fakes and builders, never tests."""

@@ -1,0 +1,26 @@
+"""StageProfiles to test with."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from profiling.metrics import StageProfile
+
+# aws-embedded-metrics refuses timestamps more than 14 days old or 2 hours ahead: stages end "now".
+STARTED_AT = float(int(time.time()) - 60)
+PROPS = {"Pipeline": "demo", "JobId": "job-1:7", "ArrayIndex": "7", "InstanceId": "i-0abc",
+         "InstanceType": "m5.large", "VolumeType": "st1"}
+
+
+def full_profile(**overrides: Any) -> StageProfile:
+    """A download stage with every metric set (device, page cache, stalls), with these fields replaced."""
+    base: dict[str, Any] = dict(
+        stage="download", outcome="ok", started_at=STARTED_AT, duration_s=2.5, read_bytes=10 * 2**20,
+        write_bytes=40_960_000, read_calls=12, write_calls=10_000, storage_write_bytes=40_960_000, items=5,
+        device="vda", device_write_ops=300, device_write_bytes=41_000_000, device_write_latency_ms=3.5,
+        device_queue_depth=1.25, device_utilization_pct=40.0, peak_dirty_bytes=30 * 2**20,
+        peak_writeback_bytes=2**20, dirty_threshold_bytes=4 * 2**30, io_stall_some_ms=120.0,
+        io_stall_full_ms=80.0, properties=dict(PROPS))
+    base.update(overrides)
+    return StageProfile(**base)

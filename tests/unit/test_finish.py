@@ -1,0 +1,77 @@
+"""Finishing a stage: per-call figures and contract results merged into the StageProfile, in one place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiling.finish import contract_rules, finish_stage, load_rules
+from profiling.metrics import StageProfile, by_call
+from profiling.probes.callstats import Stats, calls_dict
+
+CASE_STUDY = Path(__file__).resolve().parents[2] / "contracts" / "case-study.contract"
+
+
+def profile(**fields: Any) -> StageProfile:
+    return StageProfile(stage="process", outcome="ok", started_at=0.0, duration_s=2.0,
+                        sources={"io": "procfs"}, **fields)
+
+
+def ebpf_calls(count: int, throttle_ms: float | None = None) -> dict[str, Any]:
+    cells = {("", "write", 13): Stats(count, count * 4096, count * 5000, 4000, 6000, {12: count})}
+    return calls_dict("ebpf", cells, [(0.0, cells)], filter_text="t", duration_s=2.0, interval_s=1.0,
+                      dirty_throttle_ms=throttle_ms, path_attribution=False)
+
+
+def test_the_first_result_is_the_calls_and_names_the_source() -> None:
+    interpose = {"probe": "interpose", "by_path": {"/scratch": {"write": {"count": 2}}}}
+    done = finish_stage(profile(), [("ebpf", ebpf_calls(10, 1.5)), ("interpose", interpose)])
+    assert done.calls is not None and by_call(done.calls)["write"]["count"] == 10
+    assert done.calls["interpose"] == interpose
+    assert done.sources == {"io": "procfs", "calls": "ebpf"}
+    assert done.dirty_throttle_ms == 1.5 and done.write_call_latency_us == 5.0
+
+
+def test_no_figures_leave_the_profile_as_it_was() -> None:
+    before = profile(dirty_throttle_ms=None)
+    assert finish_stage(before, [("ebpf", None), ("interpose", {})]) == before
+    assert finish_stage(before) == before
+
+
+def test_contract_results_come_from_the_finished_profile() -> None:
+    def rules(p: StageProfile) -> list[dict[str, Any]]:
+        return [{"label": "n", "value": by_call(p.calls)["write"]["count"] if p.calls else None}]
+
+    done = finish_stage(profile(), [("ebpf", ebpf_calls(7))], rules)
+    assert done.contract == [{"label": "n", "value": 7}]
+
+
+def test_the_shipped_contract_evaluates_through_the_default_loader() -> None:
+    rules = load_rules(CASE_STUDY)
+    assert rules is not None
+    done = finish_stage(profile(), [("ebpf", ebpf_calls(1000))], rules)
+    assert {r["label"]: r["source"] for r in done.contract} == {"mean_lat_write": "ebpf", "num_write": "ebpf",
+                                                                 "total_write": "ebpf"}
+
+
+def test_a_failing_evaluation_is_one_warning_with_warn_and_raises_without() -> None:
+    def broken(p: StageProfile) -> list[dict[str, Any]]:
+        raise KeyError("lat")
+
+    warned: list[str] = []
+    done = finish_stage(profile(), [], broken, warn=warned.append)
+    assert done.contract == [] and warned == ["contract evaluation failed ('lat')"]
+    with pytest.raises(KeyError):
+        finish_stage(profile(), [], broken)
+
+
+def test_load_rules_names_the_file(tmp_path: Path) -> None:
+    assert load_rules(None) is None
+    bad = tmp_path / "bad.contract"
+    bad.write_text("2,monitortimeframe,1s\nx,/,write,all,lat,1us\n")
+    with pytest.raises(ValueError, match=r"^contract .*bad\.contract: .*bad\.contract:2: MEASUREMENT"):
+        load_rules(bad)
+    with pytest.raises(ValueError, match=r"missing\.contract"):
+        load_rules(tmp_path / "missing.contract", contract_rules)

@@ -1,0 +1,59 @@
+"""The write cache and the burst-bucket simulator, against AWS's documented figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuning.ebs import GIB, MIB, Volume
+from tuning.simulator import StageLoad, WriteCache, simulate
+
+
+def test_write_cache_freerun_is_halfway() -> None:
+    cache = WriteCache.from_ratios(10 * GIB, 30, 20)
+    assert cache.limit_bytes == int(10 * GIB * 0.9 * 0.3)
+    assert cache.freerun_bytes == (cache.limit_bytes + cache.background_bytes) // 2
+
+
+def test_simulator_without_cache_runs_at_burst_then_baseline() -> None:
+    volume = Volume("st1", 500)
+    # 1 GiB per round, no cache, no floor: each round is disk-bound.
+    stage = StageLoad("download", write_bytes=GIB, io_size=MIB)
+    credits = 10 * 1024.0  # MiB: ~100 s of burst
+    result = simulate(volume, [stage], waves=20, initial_credits=credits, dt=0.05)
+    times = result.stage_times("download")
+    assert times[0] == pytest.approx(1024 / 122.0703125, rel=0.02)
+    assert times[-1] == pytest.approx(1024 / 19.53125, rel=0.02)
+    assert result.credits_empty_at is not None
+    # Credits drain at burst - baseline while bursting.
+    assert result.credits_empty_at == pytest.approx(credits / (122.0703125 - 19.53125), rel=0.03)
+
+
+def test_simulator_cache_absorbs_a_burst_but_not_durability() -> None:
+    volume = Volume("st1", 500)
+    stage = StageLoad("download", write_bytes=512 * MIB, io_size=MIB, floor_s=2.0)
+    small = WriteCache(limit_bytes=128 * MIB, background_bytes=64 * MIB)
+    large = WriteCache(limit_bytes=1024 * MIB, background_bytes=512 * MIB)
+    slow = simulate(volume, [stage], cache=small, dt=0.05).waves[0]
+    fast = simulate(volume, [stage], cache=large, dt=0.05).waves[0]
+    assert fast.stage_s["download"] == pytest.approx(2.0, abs=0.1)  # memory speed: the floor
+    assert slow.stage_s["download"] > 3.0  # past 96 MiB writers wait for the disk
+    # Time to durable is the disk's: 512 MiB at burst, give or take the background threshold wait.
+    assert slow.time_to_durable_s == pytest.approx(512 / 122.07, rel=0.1)
+    assert fast.time_to_durable_s is not None and fast.time_to_durable_s >= 512 / 122.07 * 0.95
+
+
+def test_simulator_credit_cliff_over_hours() -> None:
+    volume = Volume("st1", 500)
+    stages = [StageLoad("download", 2 * GIB, floor_s=10), StageLoad("process", 0, floor_s=20)]
+    result = simulate(volume, stages, concurrency=2, waves=300, cache=WriteCache(0, 0))
+    assert result.credits_empty_at is not None and result.credits_empty_at > 3600
+    burst, base = 122.0703125, 19.53125
+    before = result.waves[0].stage_s["download"]
+    assert before == pytest.approx(4096 / burst, rel=0.02)
+    # After the cliff each round starts with the credits earned during the 20 s process stage: a short
+    # burst, then the rest at baseline.
+    earned = 20 * base
+    burst_s = earned / (burst - base)
+    expected = burst_s + (4096 - burst * burst_s) / base
+    assert result.waves[-1].stage_s["download"] == pytest.approx(expected, rel=0.02)
+    assert any(s.credits == 0 for s in result.samples)

@@ -1,0 +1,120 @@
+"""pipeline.submit.status: counting children with ListJobs per status, failed children, following (fakes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pipeline import submit as sub
+from pipeline.errors import UsageError
+from tests.support.aws import client_error, no_sleep
+
+
+class FakeBatch:
+    """Children of array jobs with given statuses, served the way Batch pages them."""
+
+    def __init__(self, parents: dict[str, dict[str, Any]], children: dict[str, list[str]], page: int = 2,
+                 throttle_every: int = 0) -> None:
+        self.parents = parents
+        self.children = children
+        self.page = page
+        self.throttle_every = throttle_every
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def describe_jobs(self, jobs: list[str]) -> Any:
+        self.calls.append(("describe_jobs", {"jobs": jobs}))
+        assert len(jobs) <= 100
+        out = []
+        for job_id in jobs:
+            if job_id in self.parents:
+                out.append(self.parents[job_id])
+            elif ":" in job_id:
+                out.append({"jobId": job_id, "ecsProperties": {"taskProperties": [{"containers": [
+                    {"name": "profiler", "logStreamName": "p/" + job_id},
+                    {"name": "job", "logStreamName": "j/" + job_id}]}]}})
+        return {"jobs": out}
+
+    def list_jobs(self, arrayJobId: str, jobStatus: str, maxResults: int, nextToken: str | None = None) -> Any:
+        self.calls.append(("list_jobs", {"status": jobStatus, "token": nextToken}))
+        if self.throttle_every and len(self.calls) % self.throttle_every == 0:
+            raise client_error("TooManyRequestsException", 429)
+        matching = [(i, s) for i, s in enumerate(self.children[arrayJobId]) if s == jobStatus]
+        start = int(nextToken or 0)
+        page = matching[start:start + self.page]
+        body: dict[str, Any] = {"jobSummaryList": [
+            {"jobId": f"{arrayJobId}:{i}", "status": s, "statusReason": "Essential container in task exited",
+             "container": {"exitCode": 65}} for i, s in page]}
+        if start + self.page < len(matching):
+            body["nextToken"] = str(start + self.page)
+        return body
+
+
+def _parent(job_id: str, size: int, offset: int, per_child: int, images: int) -> dict[str, Any]:
+    return {"jobId": job_id, "jobName": f"iobatch-{job_id}", "status": "RUNNING", "arrayProperties": {"size": size},
+            "tags": {sub.TAG_OFFSET: str(offset), sub.TAG_PER_CHILD: str(per_child), sub.TAG_IMAGES: str(images)}}
+
+
+def test_status_counts_children_with_list_jobs_per_status_and_pages() -> None:
+    statuses = ["SUCCEEDED"] * 5 + ["FAILED"] * 2 + ["RUNNING", "RUNNABLE", "SUBMITTED", "PENDING", "STARTING"]
+    batch = FakeBatch({"a": _parent("a", 12, 10_000, 4, 46)}, {"a": statuses}, page=2, throttle_every=4)
+    backoff = no_sleep()
+    state = sub.poll_status(batch, ["a"], backoff=backoff)
+
+    assert state.summary() == {"pending": 2, "runnable": 1, "starting": 1, "running": 1, "succeeded": 5,
+                               "failed": 2}
+    assert (state.images_done, state.images, state.finished) == (20, 46, False)
+    assert [(f.index, f.exit_code, f.log_stream) for f in state.failed] == [
+        (10_005, 65, "j/a:5"), (10_006, 65, "j/a:6")]
+    assert backoff.waits  # throttled calls were retried, not fatal
+    describes = [c for c in batch.calls if c[0] == "describe_jobs"]
+    assert len(describes) == 2  # the parent, then the failed children together: never one per child
+    assert state.lines()[1] == ("failed child 10005 (a:5): exit 65: Essential container in task exited; "
+                                "log stream j/a:5")
+
+
+def test_images_done_is_capped_at_the_batch_total() -> None:
+    batch = FakeBatch({"a": _parent("a", 3, 0, 4, 10)}, {"a": ["SUCCEEDED"] * 3})
+    state = sub.poll_status(batch, ["a"], backoff=no_sleep())
+    assert (state.images_done, state.finished) == (10, True)
+    assert state.to_json()["imagesDone"] == 10
+
+
+def test_a_plain_job_counts_as_one_child() -> None:
+    plain = {"jobId": "p", "jobName": "iobatch-p", "status": "FAILED", "statusReason": "Timeout",
+             "tags": {sub.TAG_OFFSET: "20000", sub.TAG_PER_CHILD: "2", sub.TAG_IMAGES: "1"},
+             "container": {"exitCode": 75, "logStreamName": "j/p"}}
+    batch = FakeBatch({"p": plain}, {})
+    state = sub.poll_status(batch, ["p"], backoff=no_sleep())
+    assert state.children == 1 and state.summary()["failed"] == 1
+    assert state.failed == (sub.FailedChild("p", 20_000, "Timeout", 75, "j/p"),)
+    assert not [c for c in batch.calls if c[0] == "list_jobs"]
+
+
+def test_unknown_job_id_is_a_usage_error() -> None:
+    with pytest.raises(UsageError, match="no Batch job nope"):
+        sub.poll_status(FakeBatch({}, {}), ["nope"], backoff=no_sleep())
+
+
+def test_follow_polls_until_finished() -> None:
+    statuses = ["RUNNING", "SUCCEEDED"]
+    batch = FakeBatch({"a": _parent("a", 2, 0, 1, 2)}, {"a": statuses})
+    seen: list[int] = []
+    sleeps: list[float] = []
+
+    def emit(state: sub.BatchStatus) -> None:
+        seen.append(state.count("SUCCEEDED"))
+        statuses[0] = "SUCCEEDED"
+
+    final = sub.follow(batch, ["a"], interval_s=7, show=emit, sleep=sleeps.append, backoff=no_sleep())
+    assert final.finished and seen == [1, 2] and sleeps == [7]
+
+
+def test_progress_view_tracks_finished_children() -> None:
+    batch = FakeBatch({"a": _parent("a", 4, 0, 2, 7)}, {"a": ["SUCCEEDED", "FAILED", "RUNNING", "RUNNABLE"]})
+    state = sub.poll_status(batch, ["a"], backoff=no_sleep())
+    bar, update = sub.progress_view(0)
+    update(state)
+    task = bar.tasks[0]
+    assert (task.total, task.completed) == (4, 2)
+    assert "running 1 runnable 1 pending 0 failed 1 | images 2/7" in task.description

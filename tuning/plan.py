@@ -1,0 +1,147 @@
+"""What the advisor is told: the plan (jobs per instance, memory, jobs per day), the measured workload and
+the candidate volumes; and AdviseError for input it cannot use. Pure.
+
+The workload is the median child's load per stage: its bytes to and from the volume, its block I/O size and
+the time the stage needs when the volume is not what it waits on (its duration minus PSI io stall).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from profiling.metrics import STAGES, StageProfile, median
+from tuning.ebs import GIB, MIB, Volume, VolumeError
+from tuning.simulator import StageLoad
+
+# Default share of instance memory the write cache may hold (the jobs need the rest).
+DEFAULT_CACHE_BUDGET_PCT = 40.0
+# A stage's floor (time not spent waiting on the volume) is never taken below this share of its duration.
+MIN_FLOOR_SHARE = 0.1
+
+
+class AdviseError(ValueError):
+    """Input the advisor cannot use; the message names the input and the fix."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the user intends to run on each instance."""
+
+    jobs_per_instance: int
+    memory_gib: float
+    jobs_per_day: int  # per instance: each instance has its own scratch volume
+    instance_ebs_mibps: float | None = None
+    kernel_release: str | None = None
+    cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
+    io_size_kib: int | None = None  # overrides the measured block I/O size
+
+    def validate(self) -> None:
+        if self.jobs_per_instance < 1:
+            raise AdviseError(f"jobs per instance {self.jobs_per_instance} must be at least 1")
+        if not self.memory_gib > 0:
+            raise AdviseError(f"instance memory {self.memory_gib} GiB must be positive, e.g. --memory-gib 16")
+        if self.jobs_per_day < 1:
+            raise AdviseError(f"jobs per day {self.jobs_per_day} must be at least 1")
+        if self.instance_ebs_mibps is not None and not self.instance_ebs_mibps > 0:
+            raise AdviseError(f"instance EBS bandwidth {self.instance_ebs_mibps} MiB/s must be positive")
+        if not 1 <= self.cache_budget_pct <= 90:
+            raise AdviseError(f"cache budget {self.cache_budget_pct}% is outside 1-90% of memory")
+        if self.io_size_kib is not None and self.io_size_kib < 1:
+            raise AdviseError(f"I/O size {self.io_size_kib} KiB must be at least 1")
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gib * GIB)
+
+    @property
+    def waves_per_day(self) -> int:
+        return math.ceil(self.jobs_per_day / self.jobs_per_instance)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One job as the volume sees it, and where the figures came from."""
+
+    stages: tuple[StageLoad, ...]
+    children: int
+    notes: tuple[str, ...] = ()
+
+    def stage(self, name: str) -> StageLoad | None:
+        return next((s for s in self.stages if s.name == name), None)
+
+
+def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int | None = None) -> Workload:
+    """The median child's load per stage, from successful stage profiles."""
+    ok = [p for p in profiles if p.outcome == "ok"]
+    if not ok:
+        raise AdviseError("no successful stage profiles in the input: give the profiles/ or emf/ files of "
+                          "a run whose children finished")
+    notes: list[str] = []
+    loads: list[StageLoad] = []
+    children = 0
+    for stage in STAGES:
+        of_stage = [p for p in ok if p.stage == stage]
+        if not of_stage:
+            continue
+        children = max(children, len(of_stage))
+        writes = [float(_volume_writes(p)) for p in of_stage]
+        reads = [float(p.storage_read_bytes) for p in of_stage]
+        floors = [_floor(p) for p in of_stage]
+        io = _io_size(of_stage)
+        if io_size_kib is not None:
+            io = io_size_kib * 1024
+        elif io is None:
+            io = MIB
+            notes.append(f"{stage}: no block-device figures in the profiles; assuming 1 MiB I/O")
+        loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors)))
+    if not any(s.write_bytes or s.read_bytes for s in loads):
+        raise AdviseError("the profiles show no bytes written to or read from scratch: was the run empty?")
+    return Workload(tuple(loads), children, tuple(notes))
+
+
+def _volume_writes(p: StageProfile) -> int:
+    # Bytes the stage sends to storage; wchar stands in when the scratch filesystem does not count them
+    # (tmpfs). The upload stage's wchar is network traffic, never scratch.
+    if p.storage_write_bytes > 0:
+        return p.storage_write_bytes
+    return 0 if p.stage == "upload" else p.write_bytes
+
+
+def _floor(p: StageProfile) -> float:
+    stall = (p.io_stall_some_ms or 0.0) / 1000
+    return max(p.duration_s - stall, p.duration_s * MIN_FLOOR_SHARE, 0.0)
+
+
+def _io_size(of_stage: Sequence[StageProfile]) -> float | None:
+    nbytes = sum((p.device_write_bytes or 0) + (p.device_read_bytes or 0) for p in of_stage)
+    ops = sum((p.device_write_ops or 0) + (p.device_read_ops or 0) for p in of_stage)
+    return nbytes / ops if ops > 0 and nbytes > 0 else None
+
+
+
+def parse_candidate(text: str) -> Volume:
+    """'st1:500', 'gp3:200:iops=4000:throughput=250' or 'io2:100:iops=3000' -> Volume."""
+    parts = [p.strip() for p in text.split(":")]
+    if len(parts) < 2:
+        raise AdviseError(f"candidate {text!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500")
+    try:
+        size = int(parts[1])
+    except ValueError:
+        raise AdviseError(f"candidate {text!r}: size {parts[1]!r} is not a whole number of GiB") from None
+    extra: dict[str, float] = {}
+    for part in parts[2:]:
+        key, _, value = part.partition("=")
+        if key not in ("iops", "throughput") or not value:
+            raise AdviseError(f"candidate {text!r}: {part!r} is not iops=N or throughput=MIBPS")
+        try:
+            extra[key] = float(value)
+        except ValueError:
+            raise AdviseError(f"candidate {text!r}: {part!r} is not a number") from None
+    try:
+        return Volume(parts[0], size,
+                      iops=int(extra["iops"]) if "iops" in extra else None,
+                      throughput_mibps=extra.get("throughput"))
+    except VolumeError as exc:
+        raise AdviseError(f"candidate {text!r}: {exc}") from None

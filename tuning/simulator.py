@@ -1,0 +1,309 @@
+"""The write cache and the burst-bucket simulator: rounds of jobs replayed on one volume. Pure: no clock, no files.
+
+A WriteCache is the page cache between the jobs and the volume (the kernel's dirty limits); `simulate()`
+steps the jobs' stages through that cache and the volume's credit bucket (tuning.ebs.Volume) and reports
+each round's stage times, when its writes were durable and when the credits ran out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tuning.ebs import MIB, Volume
+
+# The share of an instance's memory the kernel counts as "dirtyable" (free + reclaimable page cache);
+# vm.dirty_ratio is a percentage of that, not of MemTotal. An approximation: it depends on what runs.
+DIRTYABLE_FRACTION = 0.9
+
+
+@dataclass(frozen=True)
+class WriteCache:
+    """The page cache between the job and the volume: the kernel's dirty limits, in bytes.
+
+    Writers run at memory speed until dirty data reaches the "freerun" point halfway between the
+    background and the hard limit (mm/page-writeback.c, dirty_freerun_ceiling); above it
+    balance_dirty_pages pauses them so they write at about the rate the device drains. The model uses
+    that midpoint as the point where writers fall to the volume's speed.
+    """
+
+    limit_bytes: int
+    background_bytes: int
+
+    @property
+    def freerun_bytes(self) -> int:
+        return (self.limit_bytes + self.background_bytes) // 2
+
+    @classmethod
+    def from_ratios(cls, memory_bytes: int, dirty_ratio: int, background_ratio: int) -> WriteCache:
+        """Limits as the kernel derives them from vm.dirty_ratio / vm.dirty_background_ratio."""
+        dirtyable = memory_bytes * DIRTYABLE_FRACTION
+        return cls(int(dirtyable * dirty_ratio / 100), int(dirtyable * background_ratio / 100))
+
+
+# ---- the simulator -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """One stage of one job as the volume sees it, usually taken from measured profiles.
+
+    write_bytes go through the page cache; read_bytes are cache misses read from the volume; floor_s is
+    the time the stage takes when the volume is not what it waits on (network, CPU).
+    """
+
+    name: str
+    write_bytes: int
+    read_bytes: int = 0
+    io_size: int = MIB
+    floor_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The volume at one moment of a simulation."""
+
+    t: float
+    throughput_bps: float
+    credits: float
+    dirty_bytes: float
+
+
+@dataclass(frozen=True)
+class WaveResult:
+    """One round of back-to-back jobs (all jobs of an instance running the same stage together)."""
+
+    index: int
+    started_at: float
+    stage_s: dict[str, float]
+    durable_at: float | None  # when the wave's writes were all on the volume
+    credits_at_start: float
+
+    @property
+    def time_to_durable_s(self) -> float | None:
+        return None if self.durable_at is None else self.durable_at - self.started_at
+
+
+@dataclass(frozen=True)
+class SimResult:
+    volume: Volume
+    waves: list[WaveResult]
+    samples: list[Sample]
+    credits_empty_at: float | None  # first time the bucket ran dry, seconds from the start
+    ended_at: float
+
+    def stage_times(self, stage: str) -> list[float]:
+        return [w.stage_s[stage] for w in self.waves if stage in w.stage_s]
+
+
+@dataclass(frozen=True)
+class _Rates:
+    """A volume's figures at one I/O size, computed once: the simulator's inner loop reads only these."""
+
+    burst_bps: float
+    base_bps: float
+    cost_per_byte: float
+    earn: float
+    capacity: float
+    bursts: bool
+
+    @classmethod
+    def of(cls, volume: Volume, io_size: float, instance_cap_bps: float | None) -> _Rates:
+        return cls(
+            burst_bps=volume.throughput_bps(io_size=io_size, bursting=True, instance_cap_bps=instance_cap_bps),
+            base_bps=volume.throughput_bps(io_size=io_size, bursting=False, instance_cap_bps=instance_cap_bps),
+            cost_per_byte=volume.cost_per_byte(io_size),
+            earn=volume.earn_rate(),
+            capacity=volume.credit_capacity,
+            bursts=volume.bursts,
+        )
+
+
+@dataclass
+class _State:
+    t: float = 0.0
+    credits: float = 0.0
+    dirty: float = 0.0
+    written_back: float = 0.0  # cumulative bytes moved from cache to volume
+    accepted: float = 0.0  # cumulative bytes written into the cache
+    empty_at: float | None = None
+    samples: list[Sample] = field(default_factory=list)
+    next_sample: float = 0.0
+    pending_durable: list[tuple[int, float]] = field(default_factory=list)  # (wave, accepted mark)
+    durable: dict[int, float] = field(default_factory=dict)
+    last_wb_t: float = 0.0  # when writeback last moved bytes
+    wb_rates: _Rates | None = None  # writeback's figures: those of the last stage that wrote
+
+
+def simulate(
+    volume: Volume,
+    stages: Sequence[StageLoad],
+    *,
+    concurrency: int = 1,
+    waves: int = 1,
+    gap_s: float = 0.0,
+    cache: WriteCache | None = None,
+    instance_cap_bps: float | None = None,
+    initial_credits: float | None = None,
+    dt: float | None = None,
+    sample_every_s: float = 10.0,
+) -> SimResult:
+    """Replay `waves` rounds of `concurrency` jobs on one volume, back to back with `gap_s` between.
+
+    All jobs of a round run the same stage at the same time (the worst case, and what happens when an
+    instance starts a batch of children together). Each step the volume serves reads first, then
+    writeback of dirty data; writers fill the cache at their own speed until it reaches the freerun
+    point, then at the rate writeback frees it. Credits are spent in the volume's accounting (HDD: an
+    I/O <= 1 MiB costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
+    (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form.
+    """
+    if concurrency < 1 or waves < 1:
+        raise ValueError("concurrency and waves must be at least 1")
+    if not stages:
+        raise ValueError("a workload needs at least one stage")
+    cache = cache or WriteCache(0, 0)
+    rates = {st.io_size: _Rates.of(volume, st.io_size, instance_cap_bps) for st in stages}
+    state = _State(credits=volume.credit_capacity if initial_credits is None else initial_credits)
+    state.wb_rates = rates[stages[0].io_size]
+    results: list[WaveResult] = []
+    for wave in range(waves):
+        started, credits_at_start = state.t, state.credits
+        stage_s: dict[str, float] = {}
+        for stage in stages:
+            step = dt if dt is not None else max(0.05, min(2.0, (stage.floor_s or 2.0) / 40))
+            stage_s[stage.name] = _run_stage(stage, rates[stage.io_size], concurrency, cache, step, state,
+                                             sample_every_s)
+        state.pending_durable.append((wave, state.accepted))
+        _check_durable(state, state.last_wb_t)
+        results.append(WaveResult(wave, started, stage_s, None, credits_at_start))
+        if wave < waves - 1:
+            _idle(gap_s, cache, state, sample_every_s)
+    # Let the last wave's writes reach the volume.
+    _idle(math.inf, cache, state, sample_every_s)
+    final = [WaveResult(w.index, w.started_at, w.stage_s, state.durable.get(w.index), w.credits_at_start)
+             for w in results]
+    return SimResult(volume, final, state.samples, state.empty_at, state.t)
+
+
+def _spend(state: _State, r: _Rates, dt: float, moved: float) -> None:
+    """Credits after moving `moved` bytes in `dt` seconds."""
+    if not r.bursts:
+        return
+    state.credits = min(r.capacity, state.credits + r.earn * dt - moved * r.cost_per_byte)
+    if state.credits <= 1e-9:
+        state.credits = 0.0
+        if state.empty_at is None:
+            state.empty_at = state.t + dt
+
+
+def _sample(state: _State, rate: float, sample_every_s: float) -> None:
+    if state.t >= state.next_sample:
+        state.samples.append(Sample(state.t, rate, state.credits, state.dirty))
+        state.next_sample = state.t + sample_every_s
+
+
+def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: float,
+          cache: WriteCache, sample_every_s: float) -> tuple[float, float]:
+    """Advance one step of a running stage; returns (bytes read, bytes accepted into the cache)."""
+    if state.credits > 0:
+        # Burst, but spend no more credits than the bucket holds plus what this step earns.
+        affordable = (state.credits + r.earn * dt) / r.cost_per_byte
+        cap = min(r.burst_bps * dt, max(affordable, r.base_bps * dt))
+    else:
+        cap = r.base_bps * dt
+    read = min(read_want, cap)
+    left = cap - read
+    freerun = cache.freerun_bytes
+    if freerun <= 0:
+        # No cache: writes go straight to the volume, sharing what reads left.
+        accepted = moved = min(write_want, left)
+    else:
+        # Writeback starts above the background threshold (below it, the data waits to expire).
+        moved = min(state.dirty, left) if state.dirty > cache.background_bytes else 0.0
+        accepted = min(write_want, max(0.0, freerun - state.dirty) + moved)
+        state.dirty = max(0.0, state.dirty + accepted - moved)
+    state.accepted += accepted
+    state.written_back += moved
+    _spend(state, r, dt, read + moved)
+    state.t += dt
+    if moved > 0:
+        state.last_wb_t = state.t
+    _check_durable(state, state.t)
+    _sample(state, (read + moved) / dt, sample_every_s)
+    return read, accepted
+
+
+def _check_durable(state: _State, when: float) -> None:
+    while state.pending_durable and state.written_back >= state.pending_durable[0][1] - 1:
+        wave, _ = state.pending_durable.pop(0)
+        state.durable[wave] = when
+
+
+def _run_stage(stage: StageLoad, r: _Rates, concurrency: int, cache: WriteCache, dt: float, state: _State,
+               sample_every_s: float) -> float:
+    total_w = float(stage.write_bytes * concurrency)
+    total_r = float(stage.read_bytes * concurrency)
+    floor = max(stage.floor_s, 0.0)
+    start = state.t
+    done_w = done_r = 0.0
+    if total_w > 0:
+        state.wb_rates = r
+    # The job's own speed: all of the stage's bytes over its floor time (no limit if the floor is 0).
+    w_rate = total_w / floor if floor > 0 else math.inf
+    r_rate = total_r / floor if floor > 0 else math.inf
+    limit = start + 30 * 86400
+    last_rate = 0.0
+    while (done_w < total_w - 0.5 or done_r < total_r - 0.5) and state.t < limit:
+        # Long stages take longer steps (1/10 of the time so far), so a day at baseline needs thousands,
+        # not millions, of steps; the last step is cut to what the remaining bytes need at the rate the
+        # previous step achieved, so a stage does not overshoot its end.
+        step = max(dt, (state.t - start) / 10)
+        if last_rate > 0:
+            need = max(total_w - done_w, total_r - done_r) / last_rate
+            step = min(step, max(dt, need))
+        read, accepted = _tick(state, r, dt=step, read_want=min(total_r - done_r, r_rate * step),
+                               write_want=min(total_w - done_w, w_rate * step), cache=cache,
+                               sample_every_s=sample_every_s)
+        done_r += read
+        done_w += accepted
+        last_rate = max(read, accepted) / step
+    if state.t - start < floor:
+        # All bytes are in; the job still runs (network, CPU) while writeback goes on.
+        _idle(floor - (state.t - start), cache, state, sample_every_s, flush=False)
+    return state.t - start
+
+
+def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: float, *,
+          flush: bool = True) -> None:
+    """Nothing reads or writes for `seconds`: writeback drains the cache, credits refill. Closed form.
+
+    With flush, all dirty data drains (the kernel writes it back once it expires); without, only what
+    lies above the background threshold.
+    """
+    r = state.wb_rates
+    assert r is not None
+    end = state.t + seconds
+    floor_dirty = 0.0 if flush else float(cache.background_bytes)
+    while state.t < end and state.dirty > floor_dirty + 0.5:
+        bursting = r.bursts and state.credits > 0
+        rate = r.burst_bps if bursting else r.base_bps
+        span = min(end - state.t, (state.dirty - floor_dirty) / rate)
+        if bursting:
+            drain = rate * r.cost_per_byte - r.earn  # credit units per second, net
+            if drain > 0:
+                span = min(span, state.credits / drain)
+        span = max(span, 1e-6)
+        moved = min(rate * span, state.dirty - floor_dirty)
+        state.dirty -= moved
+        state.written_back += moved
+        _spend(state, r, span, moved)
+        state.t += span
+        state.last_wb_t = state.t
+        _check_durable(state, state.t)
+        _sample(state, rate, sample_every_s)
+    if state.t < end and not math.isinf(end):
+        if r.bursts:
+            state.credits = min(r.capacity, state.credits + r.earn * (end - state.t))
+        state.t = end
+        _sample(state, 0.0, sample_every_s)
