@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .tools
 VERSITYGW_VERSION := v1.8.0
-SYSTEM_PACKAGES := podman buildah debootstrap bpftrace chromium strace xfsprogs faketime
+SYSTEM_PACKAGES := podman buildah debootstrap clang libbpf-dev bpftool chromium strace xfsprogs faketime fuse3 runc
 export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -19,7 +19,7 @@ DEMO_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m unit"`.
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-shifted-clock lint synth bench clean help
+.PHONY: setup bpf demo test test-shifted-clock lint synth bench clean help
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
@@ -28,7 +28,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 
-setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer
+setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer bpf
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Debian packages for the container build, eBPF, the slow-disk lab, the report's browser test and the
+# Debian packages for the container build, the eBPF probe's build, the slow-disk lab, the report's browser test and the
 # shifted-clock test run (faketime).
 $(TOOLS)/.system-packages: Makefile
 	@mkdir -p $(TOOLS)
@@ -62,11 +62,18 @@ $(TOOLS)/.system-packages: Makefile
 interposer: $(VENV)/.installed
 	@if [ -f profiling/interpose/Makefile ]; then $(MAKE) --no-print-directory -C profiling/interpose; fi
 
+# The eBPF probe's CO-RE program (profiling/bpf): needs clang, bpftool and libbpf-dev (installed above as root)
+# and the kernel's BTF; without them the probe says why it is off and the rest works.
+bpf: $(TOOLS)/.system-packages
+	@if command -v clang >/dev/null && command -v bpftool >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] \
+	    && [ -r /sys/kernel/btf/vmlinux ]; then $(MAKE) --no-print-directory -C profiling/bpf; \
+	else echo "note: not building the eBPF probe (needs clang, bpftool, libbpf-dev and /sys/kernel/btf/vmlinux)"; fi
+
 demo: setup
 	$(PY) -m pipeline.cli demo $(DEMO_ARGS)
 
 test: setup
-	$(PY) -m ruff check pipeline profiling tuning infra tests bench
+	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
 	$(PY) -m mypy
 	$(MAKE) --no-print-directory test-shifted-clock
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -78,13 +85,14 @@ SHIFTED_CLOCK := +400d
 test-shifted-clock: setup
 	@if command -v faketime >/dev/null 2>&1; then \
 	  echo "unit tier with the clock $(SHIFTED_CLOCK) ahead, TZ UTC+14:"; \
-	  TZ=IOB-14 faketime -f "$(SHIFTED_CLOCK)" $(PY) -m pytest -m unit -q -p no:cacheprovider; \
+	  TZ=IOB-14 faketime -f "$(SHIFTED_CLOCK)" $(PY) -m pytest -m unit -q \
+	    -p no:cacheprovider; \
 	else \
 	  echo "skipped: the shifted-clock unit run needs faketime (make setup installs it as root)"; \
 	fi
 
 lint: setup
-	$(PY) -m ruff check pipeline profiling tuning infra tests bench
+	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
 	$(PY) -m mypy
 
 synth: setup

@@ -57,6 +57,8 @@ RUNS: tuple[Run, ...] = (
     Run("percall_overhead", "Per-call probes: overhead and truth", needs_root=True, needs_tools=("strace",)),
     Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup")),
+    Run("lab_advise", "The advisor in the lab: predicted vs measured", needs_root=True,
+        needs_tools=("mkfs.xfs", "losetup", "fusermount3")),
 )
 
 

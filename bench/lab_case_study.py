@@ -157,15 +157,15 @@ def part_cliff(args: argparse.Namespace) -> None:
         while after_empty < args.cliff_rounds_after and number < 60:
             number += 1
             credits = lab.credits_gib
-            was_empty = lab.controller is not None and lab.controller.empty_at is not None
+            was_empty = lab.empty_at is not None
             r = write_files(lab, files=max(1, round_mib // 64), file_mib=64, threads=2, subdir=f"cliff-{number}")
-            empty = lab.controller.empty_at if lab.controller else None
+            empty = lab.empty_at
             rows.append([str(number), f"{time.monotonic() - start:.1f}",
                          f"{(time.monotonic() - start) * scale / 60:.0f}", f"{credits:,.1f}", f"{r.durable_s:.2f}",
                          f"{round_mib / r.durable_s:.1f}", f"{lab.limit_mibps:.1f}"])
             if was_empty and empty is not None:
                 after_empty += 1
-        empty_at = lab.controller.empty_at if lab.controller else None
+        empty_at = lab.empty_at
     print(table(["round", "lab s", "volume min", "credits GiB at start", "durable s", "MiB/s", "limit after MiB/s"],
                 rows))
     # The simulator on the same load, back to back, no cache (durable is what the volume does).

@@ -8,7 +8,7 @@ the probes started) and the stage's duration (to the closing snapshot, before th
     end cost   = stage_end log time - (started_at + duration_s)
 
 both bounded by the job's log resolution (1 ms). The first stage of a child is shown apart: it is
-where a per-call probe attaches (bpftrace: 1.5-5 s).
+where a per-call probe attaches (the eBPF program loads).
 
     python -m bench.stage_boundaries            runs the demo below into a temporary directory first
     python -m bench.stage_boundaries RUN        a finished run, e.g. of

@@ -21,6 +21,10 @@ from infra.settings import CONTEXT_KEYS, SettingsError, StackSettings
 FEATURE_FLAGS: dict[str, Any] = {
     # Access-log delivery by bucket policy, so every bucket can keep ACLs disabled (BucketOwnerEnforced).
     "@aws-cdk/aws-s3:serverAccessLogsUseBucketPolicy": True,
+    # aws-cdk-lib validates every template on synth (its bundled CloudFormation validation plugin; off only
+    # with CDK_VALIDATION=false or --no-validation) but reports findings as warnings unless this flag is
+    # set: a template CloudFormation would reject then fails the synth, in tests and in `cdk deploy` alike.
+    "@aws-cdk/core:validateAgainstDefaultRules": True,
 }
 
 

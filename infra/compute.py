@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aws_cdk import Tags
+from aws_cdk import Duration, Tags
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_ec2 as ec2
 from constructs import Construct
@@ -40,6 +40,22 @@ def _instance_class(family: str) -> ec2.InstanceClass:
         ) from None
 
 
+# UpdatePolicy.JobExecutionTimeoutMinutes takes 1-360 ("UpdatePolicy", AWS Batch API Reference: "Specifies
+# the job timeout (in minutes) when the compute environment infrastructure is updated. The default value is
+# 30"; terminateJobsOnUpdate "Specifies whether jobs are automatically terminated when the compute
+# environment infrastructure is updated. The default value is false").
+MAX_UPDATE_TIMEOUT_MINUTES = 360
+
+
+def update_policy_minutes(job_timeout_minutes: int) -> int:
+    """How long an infrastructure update waits for running children: a whole attempt, where Batch allows.
+
+    A child can have started just before the deploy, so it may need its whole timeout. Beyond six hours
+    Batch allows no longer wait: a deploy can then end an attempt that ran over six hours, which the
+    README says."""
+    return min(job_timeout_minutes, MAX_UPDATE_TIMEOUT_MINUTES)
+
+
 def host_user_data(tuning: HostTuning) -> ec2.MultipartUserData:
     """User data for a Batch host: Batch merges its own part into the launch template's, so it must be
     MIME multipart; ours is one shell-script part rendered by tuning.host."""
@@ -72,6 +88,8 @@ class Compute(Construct):
             block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME,
                                            volume=block_device_volume(settings.volume))],
             user_data=host_user_data(settings.host),
+            # A host whose scratch setup failed shuts itself down (tuning/host.py): gone, not stopped and paid for.
+            instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
         )
         Tags.of(self.launch_template).add("iobatch:pipeline", settings.pipeline_name)
 
@@ -94,6 +112,10 @@ class Compute(Construct):
             maxv_cpus=settings.max_vcpus,
             minv_cpus=settings.min_vcpus,
             update_to_latest_image_version=True,
+            # A deploy during a batch must not cut children short: an infrastructure update terminates no
+            # job and waits for running ones up to the job timeout (`update_policy_minutes`).
+            terminate_on_update=False,
+            update_timeout=Duration.minutes(update_policy_minutes(settings.job_timeout_minutes)),
         )
         # The L2 leaves the launch template version out, so Batch keeps the version it first saw and
         # user-data changes never reach new hosts: pin the latest version.

@@ -16,6 +16,7 @@ from pipeline.interface import (
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
     EXIT_USAGE,
+    HOST_CGROUP_MOUNT,
     JOB_CONTAINER,
     PROFILER_CONTAINER,
     SCRATCH_MOUNT,
@@ -23,6 +24,11 @@ from pipeline.interface import (
 from profiling.metrics import DEFAULT_NAMESPACE
 
 SCRATCH_VOLUME = "scratch"  # the task's name for the host's scratch mount
+# The host's cgroup v2 hierarchy, read-only in the profiler container: the job's io.stat, io.pressure and
+# memory.stat give its own device bytes, io stall and dirty pages (profiling/probes/cgroupfs.py, which
+# is handed HOST_CGROUP_MOUNT); the container's own /sys/fs/cgroup shows only its own cgroup.
+CGROUP_VOLUME = "host-cgroup"
+HOST_CGROUP_PATH = "/sys/fs/cgroup"
 
 
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
@@ -78,6 +84,10 @@ class Jobs(Construct):
             ENV.PIPELINE: settings.pipeline_name,
             ENV.SCRATCH: SCRATCH_MOUNT,
             ENV.VOLUME_TYPE: settings.volume.kind,
+            # The job stops itself at a soft deadline before this timeout (Batch does not retry a timed-out
+            # attempt), and runs only on the volume the user data prepared (else exit 75: another host).
+            ENV.TIMEOUT_S: str(settings.job_timeout_minutes * 60),
+            ENV.REQUIRE_PREPARED_SCRATCH: "1",
             # s5cmd and boto3 find the buckets' region without a lookup.
             AWS_ENV.REGION: Aws.REGION,
             # EMF goes to stdout, which awslogs ships and CloudWatch turns into metrics (no agent).
@@ -85,6 +95,8 @@ class Jobs(Construct):
             AWS_ENV.EMF_NAMESPACE: DEFAULT_NAMESPACE,
             AWS_ENV.EMF_SERVICE_NAME: settings.pipeline_name,
         }
+        if settings.process_command:  # else the image's own, or the built-in resizer
+            env[ENV.PROCESS_COMMAND] = settings.process_command
         environment_list = [
             batch.CfnJobDefinition.EnvironmentProperty(name=k, value=v) for k, v in sorted(env.items())
         ]
@@ -131,11 +143,18 @@ class Jobs(Construct):
             # A profiler that fails never fails the job.
             essential=False,
             environment=environment_list,
-            mount_points=[scratch_mount],
+            mount_points=[scratch_mount, batch.CfnJobDefinition.MountPointProperty(
+                container_path=HOST_CGROUP_MOUNT, source_volume=CGROUP_VOLUME, read_only=True)],
             log_configuration=log_configuration(PROFILER_CONTAINER),
             resource_requirements=[
                 batch.CfnJobDefinition.ResourceRequirementProperty(type="MEMORY", value=str(profiler_memory)),
             ],
+            # profilerEbpf: loading eBPF needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) in the effective set, so
+            # root; Batch job definitions cannot add single capabilities (LinuxParameters has no capabilities
+            # field, unlike ECS's), so privileged is the narrowest grant that works. Otherwise the profiler is
+            # the image's unprivileged user and says once that per-call figures are off.
+            privileged=True if settings.profiler_ebpf else None,
+            user="0" if settings.profiler_ebpf else None,
         )
         self.job_definition = batch.CfnJobDefinition(
             self,
@@ -158,7 +177,11 @@ class Jobs(Construct):
                                 host=batch.CfnJobDefinition.VolumesHostProperty(
                                     source_path=settings.host.mount_point
                                 ),
-                            )
+                            ),
+                            batch.CfnJobDefinition.VolumesProperty(
+                                name=CGROUP_VOLUME,
+                                host=batch.CfnJobDefinition.VolumesHostProperty(source_path=HOST_CGROUP_PATH),
+                            ),
                         ],
                     )
                 ]

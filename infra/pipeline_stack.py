@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from aws_cdk import Acknowledgment, Aws, CfnOutput, Stack, Validations
+from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
@@ -14,7 +15,7 @@ from infra.compute import Compute
 from infra.dashboard import Dashboard
 from infra.jobs import Jobs
 from infra.network import Network
-from infra.settings import StackSettings
+from infra.settings import ECR_IMAGE, StackSettings
 from infra.storage import Storage
 from pipeline.interface import STACK_OUTPUT_KEYS
 
@@ -44,7 +45,8 @@ class PipelineStack(Stack):
         self.network = Network(self, "Network", vpc_id=settings.vpc_id)
         self.storage = Storage(self, "Storage")
         self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets)
-        self.image = ecr_assets.DockerImageAsset(
+        # jobImage: the user's image, built FROM the project's (README "Your own processing"); else ours.
+        self.image = None if settings.job_image else ecr_assets.DockerImageAsset(
             self,
             "Image",
             directory=str(REPO_ROOT),
@@ -57,7 +59,7 @@ class PipelineStack(Stack):
             "Jobs",
             settings=settings,
             compute_environment=self.compute.compute_environment,
-            image_uri=self.image.image_uri,
+            image_uri=settings.job_image or self.image.image_uri,  # type: ignore[union-attr]
             environment={},
         )
         self.dashboard = Dashboard(
@@ -114,7 +116,14 @@ class PipelineStack(Stack):
         role.add_to_policy(iam.PolicyStatement(
             sid="ListOutputUploads", actions=["s3:ListBucketMultipartUploads"], resources=[outputs.bucket_arn],
         ))
-        self.image.repository.grant_pull(self.jobs.execution_role)
+        if self.image is not None:
+            self.image.repository.grant_pull(self.jobs.execution_role)
+        elif match := ECR_IMAGE.match(self.settings.job_image or ""):
+            arn = (f"arn:{Aws.PARTITION}:ecr:{match['region']}:{match['account']}:repository/"
+                   f"{match['repository']}")
+            repository = ecr.Repository.from_repository_attributes(
+                self, "JobImageRepository", repository_arn=arn, repository_name=match["repository"])
+            repository.grant_pull(self.jobs.execution_role)
 
     def _acknowledge(self) -> None:
         """cdk-nag findings that are deliberate, each with the reason it is right here."""

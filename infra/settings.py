@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.interface import process_command_problem
 from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
 from tuning.ebs import Volume, VolumeError
 from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
@@ -28,8 +29,14 @@ _PREFIX = re.compile(r"^([A-Za-z0-9!_.'()-]+/)*$")
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
     "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
-    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS,
+    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", "processCommand", "jobImage",
 )
+# An image reference: [registry/]repository[:tag][@digest] (the Docker reference grammar, simplified).
+_IMAGE = re.compile(r"^[a-z0-9][A-Za-z0-9._:/-]{0,254}(@sha256:[0-9a-f]{64})?$")
+# A private ECR image the execution role is granted to pull ("Private registry authentication",
+# Amazon ECR User Guide: ACCOUNT.dkr.ecr.REGION.amazonaws.com/REPOSITORY[:TAG|@DIGEST]).
+ECR_IMAGE = re.compile(r"^(?P<account>\d{12})\.dkr\.ecr\.(?P<region>[a-z0-9-]+)\.amazonaws\.com(?:\.cn)?/"
+                       r"(?P<repository>[a-z0-9._/-]+?)(?::[\w.-]+|@sha256:[0-9a-f]{64})?$")
 
 
 class SettingsError(ValueError):
@@ -54,6 +61,15 @@ class StackSettings:
     input_prefix: str = "images/"
     output_prefix: str = "shards/"
     host: HostTuning = field(default_factory=HostTuning)
+    # The profiler container privileged and root, so it can load the eBPF probe (per-call latency of any
+    # binary). Off by default: privileged means host-level power for the profiler (see the README).
+    profiler_ebpf: bool = False
+    # The process stage's command line in the job definition (pipeline.interface: {input} {output}); None
+    # leaves it to the image (its IOBATCH_PROCESS_COMMAND, else the built-in resizer).
+    process_command: str | None = None
+    # The job's image, built FROM the project's image with the user's code (README "Your own processing");
+    # None: the project's image, built from containers/job/Dockerfile by `cdk deploy`.
+    job_image: str | None = None
 
     @property
     def memory_per_job_mib(self) -> int:
@@ -90,6 +106,9 @@ class StackSettings:
             input_prefix=_text(ctx, "inputPrefix", base.input_prefix),
             output_prefix=_text(ctx, "outputPrefix", base.output_prefix),
             host=host,
+            profiler_ebpf=_bool(ctx, "profilerEbpf", base.profiler_ebpf),
+            process_command=_optional_text(ctx, "processCommand"),
+            job_image=_optional_text(ctx, "jobImage"),
         )
         settings.validate()
         return settings
@@ -128,6 +147,11 @@ class StackSettings:
             raise SettingsError(f"jobTimeoutMinutes {self.job_timeout_minutes} is outside 1-20160")
         if not 1 <= self.retry_attempts <= 10:
             raise SettingsError(f"retryAttempts {self.retry_attempts} is outside 1-10 (Batch's limits)")
+        if self.process_command is not None and (problem := process_command_problem(self.process_command)):
+            raise SettingsError(f"processCommand {self.process_command[:80]!r} {problem}")
+        if self.job_image is not None and not _IMAGE.match(self.job_image):
+            raise SettingsError(f"jobImage {self.job_image[:80]!r} is not an image reference: give e.g. "
+                                "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-iobatch:1")
 
     def to_context(self) -> dict[str, str]:
         """The context keys that rebuild these settings (strings, as `-c` passes them)."""
@@ -138,6 +162,7 @@ class StackSettings:
             "minvCpus": str(self.min_vcpus),
             "vcpusPerJob": str(self.vcpus_per_job),
             "spot": str(self.spot).lower(),
+            "profilerEbpf": str(self.profiler_ebpf).lower(),
             "jobTimeoutMinutes": str(self.job_timeout_minutes),
             "retryAttempts": str(self.retry_attempts),
             "inputPrefix": self.input_prefix,
@@ -145,6 +170,10 @@ class StackSettings:
         }
         if self.vpc_id:
             ctx["vpcId"] = self.vpc_id
+        if self.process_command:
+            ctx["processCommand"] = self.process_command
+        if self.job_image:
+            ctx["jobImage"] = self.job_image
         return {**ctx, **self.volume.to_context(), **self.host.to_context()}
 
 

@@ -4,16 +4,27 @@ Three callers talk to AWS through botocore: the job's S3 calls (pipeline/s3.py),
 (CloudFormation and Batch, pipeline/submit/) and the report's CloudWatch Logs reader. They share the code
 lists, `is_retryable` and `Backoff`; each has a translator below that turns a failure into one of
 pipeline.errors with a one-line headline naming what it was doing.
+
+Two failures look like others unless they are told apart here: a server that is not the AWS service at all
+(a web server's 404 page would read as "the key does not exist", its 200 page as an empty listing), which
+`refuse_foreign_answers` catches on every answer, and a region that does not exist (its endpoint never
+answers, which would read as a network fault to retry), which the translators tell from an outage with
+botocore's list of regions.
 """
 
 from __future__ import annotations
 
+import functools
 import random
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
+import botocore
+import botocore.loaders
 from boto3.exceptions import S3UploadFailedError
 from botocore.exceptions import (
     BotoCoreError,
@@ -50,7 +61,8 @@ NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
 def error_code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
+    """The AWS error code; the HTTP status when the answer carried none (an error without a body: HEAD)."""
+    return str(exc.response.get("Error", {}).get("Code", "") or _status(exc) or "")
 
 
 def _message(exc: ClientError) -> str:
@@ -73,6 +85,102 @@ def is_retryable(exc: Exception) -> bool:
     return is_throttling(exc) or error_code(exc) in TRANSIENT_CODES or _status(exc) >= 500
 
 
+# ---- who answered: the AWS service, or some other HTTP server -----------------------------------------
+
+#: Every answer of an AWS API carries its request id in a header: S3 in x-amz-request-id and x-amz-id-2
+#: ("Common Response Headers", Amazon S3 API Reference), Batch, CloudFormation and CloudWatch Logs in
+#: x-amzn-RequestId (botocore's JSON parsers take ResponseMetadata.RequestId from it). The S3 servers people
+#: run instead send them too (versitygw, MinIO, LocalStack; moto the second).
+REQUEST_ID_HEADERS = frozenset({"x-amz-request-id", "x-amz-id-2", "x-amzn-requestid"})
+#: What a proxy or load balancer answers for a service behind it that is down, slow or busy: 502 Bad Gateway,
+#: 503 Service Unavailable, 504 Gateway Timeout (RFC 9110, section 15.6) and 429 Too Many Requests (RFC 6585).
+GATEWAY_STATUSES = frozenset({429, 502, 503, 504})
+
+
+def foreign_answer(status: int, headers: Mapping[str, str], code: str) -> str | None:
+    """What shows that an HTTP answer came from some other server than an AWS API, or None when it may not.
+
+    Without a request id, a web page or an error without an AWS error code is some other server's. A gateway's
+    status without one is left to the retry rules: a proxy or load balancer in front of a service that is
+    down or busy answers so, and a later attempt can get past it.
+    """
+    fields = {name.lower(): value for name, value in headers.items()}
+    if REQUEST_ID_HEADERS & fields.keys() or status in GATEWAY_STATUSES:
+        return None
+    server = fields.get("server", "")[:40]
+    said = f" from server {server!r}" if server else ""
+    if fields.get("content-type", "").lower().startswith("text/html"):
+        return f"HTTP {status}{said}, a web page, with no AWS request id"
+    if status >= 300 and not code.strip("0123456789"):
+        return f"HTTP {status}{said}, with no AWS error code or request id"
+    return None
+
+
+def refuse_foreign_answers(events: Any, *, service: str, fix: str) -> None:
+    """Make every call of a client (its `meta.events`) or of a session's clients (`events`) fail with one
+    line (UsageError) when the server answering is not `service`; `fix` names the flag to correct.
+
+    botocore emits needs-retry.SERVICE.OPERATION for every answer, errors included, right after parsing it
+    (botocore/endpoint.py, Endpoint._send_request); handlers of a longer event name run before shorter ones
+    (botocore/hooks.py, prefix_search), so the check runs before the retry rules and before S3's redirect
+    handler (needs-retry.s3), which a web server's redirects would send round in circles.
+    """
+
+    def check(response: tuple[Any, Mapping[str, Any]] | None, operation: Any, **_: Any) -> None:
+        if response is None:  # no answer at all: the translators judge the connection error
+            return
+        http_response, parsed = response
+        error = parsed.get("Error") or {}
+        why = foreign_answer(int(http_response.status_code), http_response.headers, str(error.get("Code") or ""))
+        if why:
+            where = urlsplit(str(http_response.url))
+            raise UsageError(f"{where.scheme}://{where.netloc} is not {service}: it answered {operation.name} with "
+                             f"{why}: {fix}")
+
+    events.register_first("needs-retry.*.*", check)
+
+
+# ---- regions ----------------------------------------------------------------------------------------
+
+
+@functools.cache
+def _partitions() -> tuple[tuple[re.Pattern[str], frozenset[str]], ...]:
+    """Each AWS partition's pattern of region names and its known regions: botocore's partitions.json, the
+    data its endpoint rules resolve a region with ("regionRegex" and "regions" of each partition)."""
+    data = botocore.loaders.create_loader().load_data("partitions")
+    return tuple((re.compile(part["regionRegex"]), frozenset(part["regions"])) for part in data["partitions"])
+
+
+def region_shaped(name: str) -> bool:
+    """A name some AWS partition could give a region: us-east-1, cn-north-1, us-gov-west-1, eusc-de-east-1."""
+    return re.fullmatch(r"[a-z0-9-]+", name) is not None and any(p.match(name) for p, _ in _partitions())
+
+
+def known_region(name: str) -> bool:
+    """A region this botocore lists. A region opened later is shaped like one and works, but is not listed."""
+    return region_shaped(name) and any(name in regions for _, regions in _partitions())
+
+
+def _unknown_region(endpoint_url: str | None) -> str | None:
+    """The region named in an AWS endpoint's host (batch.us-east-1.amazonaws.com) when botocore lists no such
+    region; None for a known region or an endpoint that names none (--s3-endpoint http://127.0.0.1:9000)."""
+    for label in (urlsplit(endpoint_url or "").hostname or "").split("."):
+        if region_shaped(label):
+            return None if known_region(label) else label
+    return None
+
+
+def _no_such_region(exc: EndpointConnectionError) -> UsageError | None:
+    """An endpoint that does not answer in a region botocore does not list: a wrong region, not an outage."""
+    url = str(exc.kwargs.get("endpoint_url") or "")
+    region = _unknown_region(url)
+    if region is None:
+        return None
+    return UsageError(f"region {region!r} does not exist: botocore {botocore.__version__} lists no such region "
+                      f"and {urlsplit(url).hostname} does not answer; pass --region (or set AWS_REGION) to a "
+                      "region such as us-east-1")
+
+
 # ---- S3 (the job) -----------------------------------------------------------------------------------
 
 
@@ -81,8 +189,9 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
     if isinstance(exc, NoCredentialsError):
         return UsageError("no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
     if isinstance(exc, EndpointConnectionError):
-        return EndpointUnreachable(f"S3 endpoint does not answer for {what} ({exc.kwargs.get('endpoint_url')}): "
-                                   "check --s3-endpoint and the network")
+        return _no_such_region(exc) or EndpointUnreachable(
+            f"S3 endpoint does not answer for {what} ({exc.kwargs.get('endpoint_url')}): check --s3-endpoint and "
+            "the network")
     if isinstance(exc, ClientError):
         code = error_code(exc)
         if code == "NoSuchBucket":
@@ -127,6 +236,8 @@ def aws_error(exc: Exception, *, doing: str) -> IobatchError:
         if is_retryable(exc):
             return RetryableError(f"AWS kept answering {code} while {doing}: wait a minute and retry")
         return PermanentError(f"AWS answered {code} while {doing}: {message}".rstrip(": "))
+    if isinstance(exc, EndpointConnectionError) and (wrong := _no_such_region(exc)):
+        return wrong
     if isinstance(exc, BotoCoreError):
         return RetryableError(f"AWS request failed while {doing}: {exc}")
     if isinstance(exc, IobatchError):
@@ -176,8 +287,8 @@ def logs_error(exc: Exception, *, log_group: str) -> IobatchError:
     if isinstance(exc, NoCredentialsError):
         return UsageError("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
     if isinstance(exc, EndpointConnectionError):
-        return EndpointUnreachable(f"CloudWatch Logs endpoint does not answer ({exc}): check --region, "
-                                   "--logs-endpoint and the network")
+        return _no_such_region(exc) or EndpointUnreachable(
+            f"CloudWatch Logs endpoint does not answer ({exc}): check --region, --logs-endpoint and the network")
     if isinstance(exc, ClientError):
         code = error_code(exc)
         if code == "ResourceNotFoundException":
@@ -186,9 +297,14 @@ def logs_error(exc: Exception, *, log_group: str) -> IobatchError:
         if is_retryable(exc):
             return RetryableError(f"CloudWatch Logs kept answering {code} while reading {log_group}: wait a "
                                   "minute and retry")
-        error = exc.response.get("Error", {})
-        return UsageError(f"CloudWatch Logs refused the read ({error.get('Code')}: {error.get('Message')}): "
-                          "check the credentials' logs:FilterLogEvents permission")
+        if code in CREDENTIAL_CODES:
+            return UsageError(f"CloudWatch Logs refused the credentials ({code}): they are expired or invalid; "
+                              "refresh them")
+        if code in DENIED_CODES:
+            return UsageError(f"CloudWatch Logs refused the read of {log_group} ({code}): grant the credentials "
+                              "logs:FilterLogEvents on it")
+        message = _message(exc).splitlines()[0][:160] if _message(exc) else ""
+        return UsageError(f"CloudWatch Logs answered {code} while reading {log_group}: {message}".rstrip(": "))
     if isinstance(exc, BotoCoreError):
         return EndpointUnreachable(f"CloudWatch Logs read failed ({exc}): retry")
     if isinstance(exc, IobatchError):

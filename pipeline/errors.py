@@ -28,7 +28,8 @@ from pipeline.interface import EXIT_BUG, EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE
 __all__ = [
     "EXIT_BUG", "EXIT_CODES_HELP", "EXIT_OK", "EXIT_PERMANENT", "EXIT_RETRYABLE", "EXIT_USAGE", "BadImageError",
     "EndpointUnreachable", "IntegrityError", "Interrupted", "IobatchError", "ManifestError", "MissingObjectError",
-    "PermanentError", "RetryableError", "ScratchError", "ToolMissing", "TransferError", "UsageError", "print_error",
+    "PermanentError", "RetryableError", "ScratchError", "ScratchUnavailable", "ToolMissing", "TransferError",
+    "UsageError", "print_error",
 ]
 
 #: The exit codes in one sentence, for every command's --help.
@@ -87,6 +88,11 @@ class BadImageError(PermanentError):
 
 class ScratchError(PermanentError):
     """The scratch directory is missing, not writable or full."""
+
+
+class ScratchUnavailable(RetryableError):
+    """This host's scratch cannot take the child now (not the prepared volume, or full of other children's
+    files): the same child can succeed on another host or later."""
 
 
 class IntegrityError(PermanentError):

@@ -1,5 +1,5 @@
-"""The process stage: decode camera images, resize them to the training resolution, normalise them,
-and write one training shard per child.
+"""The built-in process command (`iobatch process IN OUT`, the default of the process stage: pipeline/process.py):
+decode camera images, resize them to the training resolution, normalise them, and write one training shard.
 
 A shard is a WebDataset-style tar: for sample NNNNN, `NNNNN.npy` (float16, HxWx3, per-image standardised)
 and `NNNNN.json` (its source key and statistics). Beside it, `index.json` lists every sample and every
@@ -14,7 +14,7 @@ import io
 import json
 import os
 import tarfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -150,3 +150,23 @@ def _write_samples(shard_tmp: Path, items: Sequence[tuple[str, Path]], size: tup
             _add(tar, f"{name}.json", json.dumps(meta, sort_keys=True).encode())
             index["samples"].append({"sample": name, "sha256": hashlib.sha256(payload).hexdigest(), **meta})
             result.images += 1
+
+
+def process_directory(input_dir: Path, output_dir: Path, *, images: Sequence[Mapping[str, Any]] | None,
+                      size: tuple[int, int], skip_bad_images: bool = False, child: str = "",
+                      check: Callable[[Mapping[str, Any], bytes], None] | None = None) -> ShardResult:
+    """The built-in command: the images of `input_dir` into one shard in `output_dir`.
+
+    `images` are the job's lines for them (pipeline.process.write_images_file: file, key, size, etag), which
+    name each sample by its S3 key; without them (a folder by hand) each image is named by its file name.
+    `check(line, data)` sees each image's bytes before they are decoded.
+    """
+    if images is None:
+        rows: list[Mapping[str, Any]] = [{"file": p.name, "key": p.name} for p in sorted(input_dir.iterdir())
+                                         if p.is_file()]
+    else:
+        rows = list(images)
+    by_key = {str(row["key"]): row for row in rows}
+    checker = None if check is None else (lambda key, data: check(by_key[key], data))
+    return write_shard([(str(row["key"]), input_dir / str(row["file"])) for row in rows], output_dir, size=size,
+                       skip_bad_images=skip_bad_images, child=child, check=checker)

@@ -1,5 +1,8 @@
 """One array child: download -> process -> upload, each stage announced to the profiler sidecar.
 
+The process stage runs a command line (pipeline/process.py: the built-in resizer by default, or the user's
+own), and the upload stage uploads everything it wrote, then the marker listing every object.
+
 This is the container entrypoint (`iobatch job`) in AWS Batch and the worker of the local executor;
 both give it the same environment (pipeline/settings.py).
 
@@ -7,22 +10,29 @@ Promises:
 - A child whose `_SUCCESS` marker exists is skipped (unless IOBATCH_FORCE is set).
 - `_SUCCESS` is written last, after every output object, so no marker exists without complete outputs;
   a child killed half-way leaves none, and a rerun redoes it from the start.
-- Scratch is cleaned before the child starts, after it succeeds, and when scratch runs full.
+- Each attempt works in its own scratch directory, named by its task id (pipeline/scratch.py): children
+  of several batches share a host's volume. The directory is removed on every exit path; directories of
+  attempts that died (SIGKILL) are swept by the next child on the host.
+- On a host whose scratch volume was not prepared (no marker from the user data), the child exits 75 so
+  Batch retries it elsewhere. A full volume is decided by evidence: 65 when the child's own files fill it,
+  75 when the neighbours' do.
+- With an attempt timeout (IOBATCH_TIMEOUT_S), the child stops itself at a soft deadline before Batch's
+  (pipeline.interface.soft_deadline_s) and exits 75: Batch retries that, not a timed-out attempt.
 - Every download is checked against the frozen manifest (size, and MD5 == ETag for single-part objects):
   an object whose bytes changed after the batch was frozen fails the child as permanent, naming the key.
 - Outputs are uploaded with CRC32C checksums that S3 verifies; multipart uploads a killed run left under
-  the child's output prefix are aborted before the upload stage.
+  the child's output prefix are aborted before the upload stage. `_SUCCESS` lists every object uploaded,
+  with its size and checksum.
 """
 
 from __future__ import annotations
 
-import errno
-import hashlib
 import json
 import os
-import shutil
 import signal
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -30,9 +40,21 @@ from typing import Any
 
 from pipeline import s3 as s3io
 from pipeline.errors import IntegrityError, Interrupted, IobatchError, ManifestError, ScratchError, print_error
-from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
+from pipeline.interface import soft_deadline_s
 from pipeline.manifest import ManifestEntry, shard_bounds
+from pipeline.process import (
+    Command,
+    Output,
+    check_md5,
+    collect_outputs,
+    failure,
+    find_command,
+    run_command,
+    scratch_filled,
+    write_images_file,
+)
 from pipeline.s5cmd import Copy, run_copies
+from pipeline.scratch import Scratch, tree_bytes
 from pipeline.settings import ENV, JobSettings
 from profiling.protocol import StageReporter
 
@@ -49,52 +71,32 @@ class ChildResult:
     child: str
     skipped: bool
     images: int = 0
-    bad_images: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise Interrupted("the child was stopped by SIGTERM (Batch timeout or Spot reclaim): it will be retried")
+def _stop_with(why: str) -> Callable[[int, FrameType | None], None]:
+    """A handler for SIGTERM, SIGINT or the soft deadline's SIGALRM: the first one stops the child (exit 75);
+    any later one is ignored, so cleaning up is not cut short."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGALRM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise Interrupted(why)
+
+    return handler
 
 
-def _prepare_scratch(settings: JobSettings) -> tuple[Path, Path]:
-    root = settings.scratch_root
-    if not root.is_dir():
-        raise ScratchError(f"scratch directory {root} does not exist: mount the scratch volume or set "
-                           "IOBATCH_SCRATCH")
-    work = settings.work_dir
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        probe = work / ".write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        raise ScratchError(f"scratch directory {work} is not writable ({exc.strerror}): fix its owner or "
-                           "mode, or set IOBATCH_SCRATCH") from None
-    incoming, outgoing = work / "input", work / "output"
-    for path in (incoming, outgoing):
-        shutil.rmtree(path, ignore_errors=True)
-        path.mkdir()
-    return incoming, outgoing
-
-
-def _clean_scratch(settings: JobSettings) -> None:
-    for name in ("input", "output", "download.cmds", "upload.cmds"):
-        path = settings.work_dir / name
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def scratch_full(settings: JobSettings, what: str) -> ScratchError:
-    usage = shutil.disk_usage(settings.scratch_root)
-    size = f"{usage.total / 2**30:.1f} GiB" if usage.total >= 2**30 else f"{usage.total / 2**20:.1f} MiB"
-    return ScratchError(
-        f"scratch volume {settings.scratch_root} ({size}) is full while {what}: "
-        "use a bigger volume (see `iobatch advise`) or fewer images per job"
-    )
+def arm_deadline(timeout_s: int | None) -> float | None:
+    """Stop the child at its soft deadline (SIGALRM), before Batch's timeout; return the seconds until it."""
+    if not timeout_s:
+        return None
+    soft = soft_deadline_s(timeout_s)
+    signal.signal(signal.SIGALRM, _stop_with(
+        f"the child reached its soft deadline ({soft:.0f} s of the {timeout_s} s attempt timeout): stopped so "
+        "that it is retried (Batch does not retry an attempt it stops for its timeout)"))
+    signal.setitimer(signal.ITIMER_REAL, max(soft, 0.001))
+    return soft
 
 
 def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
@@ -122,17 +124,10 @@ def verify_size(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
         raise IntegrityError(f"s3://{bucket}/{entry.key} is {size} bytes, the batch listed {entry.size}: {_CHANGED}")
 
 
-def verify_content(entry: ManifestEntry, data: bytes, *, bucket: str) -> None:
-    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with.
-
-    Called by the process stage on the bytes it reads anyway, so each image is read once, not twice.
-    Raises IntegrityError (permanent) naming the key.
-    """
-    etag = entry.etag
-    if etag and "-" not in etag and len(etag) == 32:
-        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
-        if md5 != etag.lower():
-            raise IntegrityError(f"s3://{bucket}/{entry.key} has MD5 {md5}, the batch listed ETag {etag}: {_CHANGED}")
+def verify_content(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
+    """The downloaded bytes have the MD5 the batch was frozen with (single-part objects): for a process command
+    other than the built-in one, which checks the bytes it reads anyway (so each image is read once there)."""
+    check_md5(entry.key, path.read_bytes(), entry.etag, bucket=bucket)
 
 
 def _s5cmd_retries() -> int | None:
@@ -146,7 +141,22 @@ def local_name(key: str, position: int) -> str:
 
 
 def run_stages(settings: JobSettings) -> ChildResult:
-    """Run one child's three stages (download, process, upload) in this process, or raise an IobatchError."""
+    """Run one child's three stages (download, process, upload) in this process, or raise an IobatchError.
+
+    The process command is found first (a usage error: nothing has run); then the attempt's scratch directory is
+    claimed, and removed on every way out, failures included."""
+    command = find_command(settings.process_command, settings.child)
+    scratch = Scratch(settings.scratch_root, settings.work_dir, require_prepared=settings.require_prepared_scratch)
+    swept = scratch.claim()
+    if swept:
+        log("swept", scratch=str(settings.scratch_root), attempts=swept)
+    try:
+        return _run_claimed(settings, scratch, command)
+    finally:
+        scratch.release()
+
+
+def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command) -> ChildResult:
     s3 = s3io.client(settings.s3_endpoint)
     success = settings.child_output.join(s3io.SUCCESS_MARKER)
     if not settings.force and s3io.exists(s3, success):
@@ -154,7 +164,9 @@ def run_stages(settings: JobSettings) -> ChildResult:
         return ChildResult(settings.child, skipped=True)
 
     entries = child_entries(s3, settings)
-    incoming, outgoing = _prepare_scratch(settings)
+    needed = sum(e.size or 0 for e in entries)
+    scratch.check_fits(needed)
+    incoming, outgoing = settings.work_dir / "input", settings.work_dir / "output"
     reporter = StageReporter(settings.socket_path)
     log("start", child=settings.child, images=len(entries), job_id=settings.job_id,
         profiled=reporter.active, scratch=str(settings.work_dir))
@@ -169,76 +181,92 @@ def run_stages(settings: JobSettings) -> ChildResult:
                                      endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
                                      retries=_s5cmd_retries())
             except ScratchError:
-                _clean_scratch(settings)
-                raise scratch_full(settings, "downloading") from None
+                raise scratch.full_error("downloading", at_least=needed) from None
             for i, entry in enumerate(entries):
                 verify_size(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
+                if not command.is_builtin:
+                    verify_content(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
             bytes_in = sum(r.size or 0 for r in results)
             stage.items = len(entries)
         log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
 
-        log("stage_start", stage="process")
+        images_file = settings.work_dir / "images.jsonl"  # written before the stage: not the command's bytes
+        write_images_file(images_file, [(local_name(e.key, i), e) for i, e in enumerate(entries)])
+        log("stage_start", stage="process", command=command.text)
         with reporter.stage("process") as stage:
-            items = [(e.key, incoming / local_name(e.key, i)) for i, e in enumerate(entries)]
-            listed = {e.key: e for e in entries}
-            try:
-                shard = write_shard(items, outgoing, size=settings.train_size,
-                                    skip_bad_images=settings.skip_bad_images, child=settings.child,
-                                    check=lambda key, data: verify_content(listed[key], data,
-                                                                           bucket=settings.input.bucket))
-            except OSError as exc:
-                if exc.errno == errno.ENOSPC:
-                    _clean_scratch(settings)
-                    raise scratch_full(settings, "writing the shard") from None
-                raise
-            stage.items = shard.images
-        for bad in shard.skipped:
-            log("bad_image", key=bad["key"], error=bad["error"])
-        log("stage_end", stage="process", images=shard.images, bad_images=len(shard.skipped),
-            bytes=shard.shard_bytes)
+            outputs = _process(settings, scratch, command, incoming, outgoing, images_file,
+                               profiled=reporter.active)
+            stage.items = len(entries)
+        bytes_out = sum(o.size for o in outputs)
+        log("stage_end", stage="process", images=len(entries), files=len(outputs), bytes=bytes_out)
 
         log("stage_start", stage="upload")
         with reporter.stage("upload") as stage:
-            out = settings.child_output
-            # A run killed mid-upload may have left multipart uploads behind: they cost storage until aborted.
-            try:
-                orphans = s3io.abort_multipart_uploads(s3, out)
-            except IobatchError as exc:
-                if exc.retryable:
-                    raise
-                # Not allowed to list them (s3:ListBucketMultipartUploads): the bucket's lifecycle
-                # rule still aborts incomplete uploads, so this is no reason to fail the child.
-                log("warning", error=f"could not clean up multipart uploads under {out}: {exc.headline}")
-                orphans = []
-            if orphans:
-                log("aborted_multipart_uploads", keys=orphans)
-            # boto3 rather than s5cmd here: two files, and s5cmd 2.3 cannot send CRC32C checksums.
-            checksums = {name: s3io.upload_verified(s3, str(outgoing / name), out.join(name))
-                         for name in (SHARD_NAME, INDEX_NAME)}
-            # The marker goes last: its presence means every output above is complete.
-            marker = {"child": settings.child, "job_id": settings.job_id, "images": shard.images,
-                      "bad_images": len(shard.skipped), "shard_bytes": shard.shard_bytes,
-                      "crc32c": checksums}
-            s3io.put_bytes(s3, success, json.dumps(marker, sort_keys=True).encode())
-            stage.items = shard.images
-        log("stage_end", stage="upload", images=shard.images, bytes=shard.shard_bytes + shard.index_bytes)
+            _upload(settings, s3, outputs, images=len(entries))
+            stage.items = len(entries)
+        log("stage_end", stage="upload", images=len(entries), files=len(outputs), bytes=bytes_out)
         outcome = "ok"
     except Interrupted:
         outcome = "interrupted"
         raise
     finally:
         reporter.close(outcome)
-    _clean_scratch(settings)
-    log("done", child=settings.child, images=shard.images, output=str(settings.child_output))
-    return ChildResult(settings.child, False, shard.images, len(shard.skipped), bytes_in,
-                       shard.shard_bytes + shard.index_bytes)
+    log("done", child=settings.child, images=len(entries), output=str(settings.child_output))
+    return ChildResult(settings.child, False, len(entries), bytes_in, bytes_out)
+
+
+def _process(settings: JobSettings, scratch: Scratch, command: Command, incoming: Path, outgoing: Path,
+             images_file: Path, *, profiled: bool) -> list[Output]:
+    """Run the process command; return what it wrote, or raise the error its exit code or output calls for."""
+    code, last_line = run_command(command, incoming, outgoing, images_file=images_file, cwd=settings.work_dir,
+                                  socket_path=settings.socket_path if profiled else None)
+    if code != 0:
+        if scratch_filled(settings.scratch_root):
+            raise scratch.full_error(f"running the process command {command.text[:80]!r}",
+                                     at_least=tree_bytes(scratch.work_dir))
+        raise failure(command, code, last_line)
+    return collect_outputs(command, outgoing, prefix=settings.child_output.key)
+
+
+UPLOAD_THREADS = 4  # files at once: many small outputs are bound by round trips, not bandwidth
+
+
+def _upload(settings: JobSettings, s3: Any, outputs: list[Output], *, images: int) -> None:
+    """Every output under the child's prefix with its CRC32C, then the marker that lists them all."""
+    out = settings.child_output
+    # A run killed mid-upload may have left multipart uploads behind: they cost storage until aborted.
+    try:
+        orphans = s3io.abort_multipart_uploads(s3, out)
+    except IobatchError as exc:
+        if exc.retryable:
+            raise
+        # Not allowed to list them (s3:ListBucketMultipartUploads): the bucket's lifecycle
+        # rule still aborts incomplete uploads, so this is no reason to fail the child.
+        log("warning", error=f"could not clean up multipart uploads under {out}: {exc.headline}")
+        orphans = []
+    if orphans:
+        log("aborted_multipart_uploads", keys=orphans)
+    # boto3 rather than s5cmd here: s5cmd 2.3 cannot send CRC32C checksums. A failed multipart upload is
+    # aborted by boto3's transfer manager; nothing counts as uploaded until the marker below exists.
+    with ThreadPoolExecutor(max_workers=UPLOAD_THREADS, thread_name_prefix="upload") as pool:
+        checksums = list(pool.map(lambda o: s3io.upload_verified(s3, str(o.path), out.join(o.name)), outputs))
+    # The marker goes last: its presence means every output it lists is complete.
+    objects = [{"key": o.name, "size": o.size, "crc32c": crc} for o, crc in zip(outputs, checksums, strict=True)]
+    marker = {"child": settings.child, "job_id": settings.job_id, "images": images,
+              "command": settings.process_command, "objects": objects}
+    s3io.put_bytes(s3, settings.child_output.join(s3io.SUCCESS_MARKER), json.dumps(marker, sort_keys=True).encode())
 
 
 def main(settings: JobSettings | None = None) -> int:
     """Entrypoint: returns the process exit code (see pipeline/errors.py)."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    signal.signal(signal.SIGTERM, _stop_with(
+        "the child was stopped by SIGTERM (Spot reclaim, a job cancelled, or Batch's timeout): it will be retried"))
+    # Ctrl-C stops it the same way (exit 75, the stage recorded as interrupted), not with a traceback.
+    signal.signal(signal.SIGINT, _stop_with("the child was interrupted (SIGINT, Ctrl-C): run it again to finish it"))
     try:
-        run_stages(settings or JobSettings.from_env())
+        settings = settings or JobSettings.from_env()
+        arm_deadline(settings.timeout_s)
+        run_stages(settings)
         return 0
     except IobatchError as exc:
         log("failed", error=exc.headline, exit_code=exc.exit_code, retryable=exc.retryable)

@@ -13,12 +13,18 @@ A batch is frozen once, before any child runs, into two objects beside the outpu
 Child i reads bytes [8i, 8i+16) of the index and then only its own byte range of the manifest, so a
 manifest of millions of lines costs each child two small ranged GETs, and nothing rides in job
 parameters.
+
+Every key is under the input prefix (the only objects the job may read), a plain path (no empty, `.` or
+`..` segment) and listed once (a key listed twice would be processed twice): anything else is bad input
+naming the line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import struct
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -53,8 +59,27 @@ def _shown(text: str) -> str:
     return text if text.isprintable() else repr(text)
 
 
-def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry | None:
-    """One manifest line -> entry (None for a blank line). `where` names the file and line for errors."""
+def key_problem(key: str, prefix: str) -> str | None:
+    """Why `key` cannot be an image of a batch whose input prefix is `prefix`, or None when it can.
+
+    Outside the prefix, the job has no right to read it (the stack grants s3:GetObject on the prefix alone).
+    An empty, `.` or `..` segment names another object than it seems once a tool or a file system
+    normalises the path, and a local file named after it could land outside the scratch directory.
+    """
+    if not key.startswith(prefix):
+        return f"key {_shown(key)} is outside the input prefix {_shown(prefix)}, the only keys the job may read: " \
+               "list only keys under it"
+    padded = f"/{key}/"  # a segment is empty, `.` or `..` exactly when one of these is in it
+    if "//" in padded or "/./" in padded or "/../" in padded:
+        return f"key {_shown(key)} has an empty, '.' or '..' path segment: give the object's plain key"
+    return None
+
+
+def parse_line(line: str | bytes, *, bucket: str, where: str, prefix: str | None = None) -> ManifestEntry | None:
+    """One manifest line -> entry (None for a blank line). `where` names the file and line for errors.
+
+    `prefix` is the input prefix a user's line must lie under (`key_problem`); None for a frozen manifest's
+    line, checked when the batch was frozen."""
     text = line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
     text = text.strip()
     if not text:
@@ -78,6 +103,8 @@ def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry |
             )
     if not isinstance(key, str) or not key or key.endswith("/"):
         raise ManifestError(f"{where} names no object: give \"key\" (in bucket {bucket}) or \"uri\"")
+    if prefix is not None and (problem := key_problem(key, prefix)):
+        raise ManifestError(f"{where}: {problem}")
     size = body.get("size")
     if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
         raise ManifestError(f"{where}: size {size!r} is not a byte count")
@@ -88,12 +115,48 @@ def parse_line(line: str | bytes, *, bucket: str, where: str) -> ManifestEntry |
     return ManifestEntry(key, size, etag.strip('"') if isinstance(etag, str) else None)
 
 
-def parse_manifest(lines: Iterable[str | bytes], *, bucket: str, source: str) -> Iterator[ManifestEntry]:
-    """Stream entries from manifest lines, naming `source:line` in any error."""
+class KeyRepeats:
+    """Finds a key listed twice among millions of lines in 24 bytes a key (a 128-bit digest of the key and its
+    line number) rather than a set of the keys themselves, which would take several times the memory."""
+
+    def __init__(self) -> None:
+        self._digests = bytearray()
+        self._lines = array("Q")
+
+    def add(self, key: str, line: int) -> None:
+        self._digests += hashlib.blake2b(key.encode(), digest_size=16).digest()
+        self._lines.append(line)
+
+    def first_repeat(self) -> tuple[int, int] | None:
+        """(an earlier line, the line) of the first line whose key an earlier line lists, or None."""
+        import numpy as np
+
+        if len(self._lines) < 2:
+            return None
+        halves = np.frombuffer(self._digests, dtype=">u8").reshape(-1, 2)
+        order = np.lexsort((halves[:, 1], halves[:, 0]))  # stable: equal digests stay in line order
+        ranked = halves[order]
+        same = np.flatnonzero((ranked[1:] == ranked[:-1]).all(axis=1))
+        if same.size == 0:
+            return None
+        # Two different keys share a 128-bit digest with a chance of about n^2 / 2^129: none, in practice.
+        later = same[np.argmin(order[same + 1])]
+        return int(self._lines[int(order[later])]), int(self._lines[int(order[later + 1])])
+
+
+def parse_manifest(lines: Iterable[str | bytes], *, bucket: str, source: str,
+                   prefix: str = "") -> Iterator[ManifestEntry]:
+    """Stream entries from manifest lines, naming `source:line` in any error; every key must lie under
+    `prefix` and be listed once (a repeat is found when the last line has been read)."""
+    repeats = KeyRepeats()
     for number, line in enumerate(lines, 1):
-        entry = parse_line(line, bucket=bucket, where=f"{source} line {number}")
+        entry = parse_line(line, bucket=bucket, where=f"{source} line {number}", prefix=prefix)
         if entry is not None:
+            repeats.add(entry.key, number)
             yield entry
+    if repeat := repeats.first_repeat():
+        raise ManifestError(f"{source} line {repeat[1]} lists the key of line {repeat[0]} again: list each image "
+                            "once (a repeat would be processed twice)")
 
 
 def is_image_key(key: str, prefix: str) -> bool:

@@ -26,22 +26,25 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
-from pipeline.aws import NOT_FOUND_CODES, Backoff, error_code, s3_error
+from pipeline.aws import Backoff, refuse_foreign_answers, s3_error
 from pipeline.errors import ManifestError, MissingObjectError, TransferError
+from pipeline.interface import ENV
+from pipeline.interface import SUCCESS_MARKER as SUCCESS_MARKER  # re-exported: callers read s3io.SUCCESS_MARKER
 from pipeline.manifest import (
     FROZEN_INDEX,
     FROZEN_MANIFEST,
+    OFFSET,
     FrozenManifestWriter,
     ManifestEntry,
     index_range,
     is_image_key,
+    key_problem,
     parse_index_range,
     parse_line,
     parse_manifest,
 )
 from pipeline.settings import S3Uri
 
-SUCCESS_MARKER = "_SUCCESS"
 _BODY_ATTEMPTS = 4
 
 
@@ -61,19 +64,44 @@ def client(endpoint: str | None, credentials: Mapping[str, str] | None = None) -
         aws_session_token=creds.get("AWS_SESSION_TOKEN"),
         region_name=creds.get("AWS_REGION") or creds.get("AWS_DEFAULT_REGION"),
     )
-    return session.client("s3", endpoint_url=endpoint, config=config)
+    s3 = session.client("s3", endpoint_url=endpoint, config=config)
+    # Any web server's 404 page would otherwise read as a missing key, and its 200 page as an empty listing.
+    refuse_foreign_answers(s3.meta.events, service="an S3 server",
+                           fix=f"point --s3-endpoint (a job: {ENV.S3_ENDPOINT}) at S3")
+    return s3
+
+
+def _listed(s3: Any, uri: S3Uri) -> dict[str, Any] | None:
+    """The listing entry of exactly this key, or None when it does not exist.
+
+    A listing rather than HeadObject: for a missing key, HeadObject answers 404 only to a caller allowed
+    s3:ListBucket on the bucket, else 403 ("HeadObject", Amazon S3 API Reference: "If you don't have the
+    s3:ListBucket permission, Amazon S3 returns an HTTP status code 403"), and whether a ListBucket grant
+    scoped by an s3:prefix condition counts for a request that carries no prefix is not what the job
+    should rest on. ListObjectsV2 with the key as its prefix is exactly what the job role is granted
+    (s3:ListBucket with s3:prefix under its input and output prefixes; tests/synth checks the policy).
+    The first key listed under a prefix equal to the key is the key itself when it exists (keys list in
+    UTF-8 binary order, and a key sorts before every longer key it begins).
+    """
+    try:
+        page = s3.list_objects_v2(Bucket=uri.bucket, Prefix=uri.key, MaxKeys=1)
+    except (ClientError, BotoCoreError) as exc:
+        raise s3_error(exc, what=str(uri)) from None
+    for item in page.get("Contents") or []:
+        if item.get("Key") == uri.key:
+            return dict(item)
+    return None
 
 
 def exists(s3: Any, uri: S3Uri) -> bool:
-    try:
-        s3.head_object(Bucket=uri.bucket, Key=uri.key)
-        return True
-    except ClientError as exc:
-        if error_code(exc) in NOT_FOUND_CODES:
-            return False
-        raise s3_error(exc, what=str(uri)) from None
-    except BotoCoreError as exc:
-        raise s3_error(exc, what=str(uri)) from None
+    """Whether the object exists (a marker, the frozen index): see `_listed` for why it is a listing."""
+    return _listed(s3, uri) is not None
+
+
+def _size(s3: Any, uri: S3Uri) -> int | None:
+    """The object's size, or None when it does not exist."""
+    item = _listed(s3, uri)
+    return None if item is None else int(item["Size"])
 
 
 def put_bytes(s3: Any, uri: S3Uri, body: bytes) -> None:
@@ -111,19 +139,21 @@ def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:
         for page in paginator.paginate(Bucket=prefix.bucket, Prefix=prefix.key):
             for item in page.get("Contents", []):
                 if is_image_key(item["Key"], prefix.key):
+                    if problem := key_problem(item["Key"], prefix.key):
+                        raise ManifestError(f"the listing of {prefix}: {problem}")
                     etag = str(item.get("ETag") or "").strip('"') or None
                     yield ManifestEntry(item["Key"], int(item["Size"]), etag)
     except (ClientError, BotoCoreError) as exc:
         raise s3_error(exc, what=str(prefix)) from None
 
 
-def read_manifest(s3: Any, uri: S3Uri, *, bucket: str) -> Iterator[ManifestEntry]:
-    """Stream a user manifest from S3 line by line."""
+def read_manifest(s3: Any, uri: S3Uri, *, bucket: str, prefix: str = "") -> Iterator[ManifestEntry]:
+    """Stream a user manifest from S3 line by line; its keys must be in `bucket` under `prefix`, once each."""
     try:
         body = s3.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
     except (ClientError, BotoCoreError) as exc:
         raise s3_error(exc, what=str(uri)) from None
-    yield from parse_manifest(body.iter_lines(keepends=True), bucket=bucket, source=str(uri))
+    yield from parse_manifest(body.iter_lines(keepends=True), bucket=bucket, source=str(uri), prefix=prefix)
 
 
 @dataclass(frozen=True)
@@ -144,7 +174,8 @@ def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri
     Streams to spooled temporary files (memory up to 8 MiB, then disk), so a manifest of millions of
     lines is read once in constant memory. Nothing is written to S3 unless every line is valid.
     """
-    entries = read_manifest(s3, manifest, bucket=input.bucket) if manifest else list_images(s3, input)
+    entries = read_manifest(s3, manifest, bucket=input.bucket, prefix=input.key) if manifest \
+        else list_images(s3, input)
     with tempfile.SpooledTemporaryFile(8 << 20) as body, tempfile.SpooledTemporaryFile(1 << 20) as index:
         writer = FrozenManifestWriter(body, index, per_child)  # type: ignore[arg-type]
         for entry in entries:
@@ -166,7 +197,13 @@ def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri
 def read_child_entries(s3: Any, manifest: S3Uri, child: int, *, bucket: str) -> list[ManifestEntry]:
     """This child's entries: two ranged GETs when the frozen index exists, else a streamed scan."""
     index_uri = S3Uri(manifest.bucket, manifest.key.removesuffix(".jsonl") + ".idx")
-    if exists(s3, index_uri):
+    index_size = _size(s3, index_uri)
+    if index_size is not None:
+        # The index holds children + 1 offsets: a child past them does not exist and must write nothing.
+        children = max(0, index_size // OFFSET.size - 1)
+        if child >= children:
+            raise ManifestError(f"array index {child} is beyond the batch: {manifest} has {children} children; "
+                                "submit with an array size of at most that")
         start, end = parse_index_range(get_range(s3, index_uri, *index_range(child)), child)
         data = get_range(s3, manifest, start, end)
         found = (parse_line(line, bucket=bucket, where=f"{manifest} byte {start}")

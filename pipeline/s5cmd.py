@@ -6,8 +6,10 @@ per-object line is parsed for sizes and errors; the process itself is the only I
 
 from __future__ import annotations
 
+import ctypes
 import json
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Iterable, Mapping, Sequence
@@ -139,6 +141,17 @@ def classify_failure(failed: CopyResult) -> Exception:
     return TransferError(f"copying {failed.source} failed: {short[:200]}")
 
 
+def die_with_parent() -> None:
+    """Run in the s5cmd child before exec: the kernel kills it when the job dies.
+
+    A job killed with SIGKILL (a container killed, a host's OOM killer) would otherwise leave s5cmd writing
+    into the attempt's scratch directory after the next child swept it. prctl(2) PR_SET_PDEATHSIG (1 in
+    linux/prctl.h): "Set the parent-death signal of the calling process to arg2".
+    """
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+
+
 def run_copies(
     copies: Sequence[Copy],
     *,
@@ -158,6 +171,7 @@ def run_copies(
     command_file.write_text(run_file(copies, flags=flags), encoding="utf-8")
     args = s5cmd_args(s5cmd_binary(), command_file, endpoint=endpoint, workers=workers, retries=retries)
     proc = subprocess.run(args, capture_output=True, text=True, env=dict(env) if env is not None else None,
+                          preexec_fn=die_with_parent,
                           check=False)
     results = parse_json_lines(proc.stdout.splitlines() + proc.stderr.splitlines())
     failures = [r for r in results if not r.ok]

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeline.errors import UsageError
-from pipeline.interface import ENV, PROFILER_OFF, SCRATCH_MOUNT
+from pipeline.interface import (
+    DEFAULT_PROCESS_COMMAND,
+    ENV,
+    PROFILER_OFF,
+    SCRATCH_MOUNT,
+    process_command_problem,
+    task_dir_name,
+)
+from profiling.identity import TASK_ID, JobEnv, resolve_task_id, safe_task_id
 from profiling.protocol import SOCKET_NAME
 
 if TYPE_CHECKING:
@@ -24,6 +33,21 @@ if TYPE_CHECKING:
 DEFAULT_SCRATCH = SCRATCH_MOUNT
 DEFAULT_TRAIN_SIZE = (512, 384)
 DEFAULT_S5CMD_WORKERS = 16
+# Bounds of what one child can be asked to do. Beyond them a child runs out of memory or time instead of
+# failing with a clear line; the CLI shows them in --help and the job checks its variables against them.
+MIN_TRAIN_SIDE = 8
+MAX_TRAIN_SIDE = 4096  # pixels; the process stage holds a 4096x4096 image as float32 (192 MiB) at a time
+MAX_IMAGES_PER_CHILD = 100_000
+MAX_S5CMD_WORKERS = 1024
+MAX_WORKERS = 256  # children at once on one machine
+# The demo's synthetic batch: generating one image holds about 30 bytes a pixel (pipeline/local/dataset.py),
+# so 256 MiB images (~117 Mpixel) need about 3.5 GiB per generating process.
+MAX_DEMO_IMAGES = 100_000
+MAX_IMAGE_MIB = 256.0
+# The executor sets a child's global index as its array index (no offset); the batch's own size is checked
+# against the frozen manifest (pipeline/job.py), this bound only stops a typo from naming a child.
+MAX_CHILD_INDEX = 10**9
+MAX_TIMEOUT_S = 14 * 24 * 3600  # the stack's longest jobTimeoutMinutes; beyond it a typo, not a timeout
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
 
 
@@ -61,31 +85,63 @@ def default_workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def counted(count: int, one: str, many: str) -> str:
+    """`count` with its noun in the right number: "1 child", "2 children"."""
+    return f"{count:,} {one if count == 1 else many}"
+
+
 def child_name(index: int) -> str:
     """The name of a child's output folder and scratch subdirectory."""
     return f"part-{index:05d}"
 
 
-def parse_train_size(text: str) -> tuple[int, int]:
-    match = re.fullmatch(r"\s*(\d+)\s*[xX]\s*(\d+)\s*", text)
-    if not match or int(match[1]) < 8 or int(match[2]) < 8:
-        raise UsageError(f"{ENV.TRAIN_SIZE}={text!r} is not a size: write WIDTHxHEIGHT, e.g. 512x384")
-    return int(match[1]), int(match[2])
+def parse_train_size(text: str, *, what: str = ENV.TRAIN_SIZE) -> tuple[int, int]:
+    match = re.fullmatch(r"\s*(\d{1,6})\s*[xX]\s*(\d{1,6})\s*", text)
+    if not match:
+        raise UsageError(f"{what} {text!r} is not a size: write WIDTHxHEIGHT, e.g. 512x384")
+    width, height = int(match[1]), int(match[2])
+    if not (MIN_TRAIN_SIDE <= width <= MAX_TRAIN_SIDE and MIN_TRAIN_SIDE <= height <= MAX_TRAIN_SIDE):
+        raise UsageError(f"{what} {text!r} is out of range: each side {MIN_TRAIN_SIDE} to {MAX_TRAIN_SIDE} pixels")
+    return width, height
 
 
-def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: int) -> int:
+def parse_process_command(text: str, *, what: str = ENV.PROCESS_COMMAND) -> str:
+    """A process command line with {input} and {output} (pipeline.interface); a usage error otherwise."""
+    if problem := process_command_problem(text):
+        raise UsageError(f"{what} {text[:80]!r} {problem}")
+    return text.strip()
+
+
+def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int) -> int:
     raw = environ.get(name)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         if default is None:
             raise UsageError(f"{name} is not set: the job needs it (see `iobatch job --help`)")
         return default
     try:
-        value = int(raw)
+        value = int(raw.strip()) if len(raw) <= 20 else None
     except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a whole number") from None
-    if value < minimum:
-        raise UsageError(f"{name}={value} is below {minimum}")
+        value = None
+    if value is None:
+        raise UsageError(f"{name}={raw[:40]!r} is not a whole number: give one from {minimum} to {maximum}")
+    if not minimum <= value <= maximum:
+        raise UsageError(f"{name}={value} is out of range: give {minimum} to {maximum}")
     return value
+
+
+def _yes(environ: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable: 1, true or yes; 0, false, no or unset. Anything else is a usage error, not a no."""
+    raw = environ.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes"):
+        return True
+    if raw in ("", "0", "false", "no"):
+        return False
+    raise UsageError(f"{name}={raw[:40]!r} is not yes or no: set it to 1 or 0 (or leave it unset)")
+
+
+def env_yes(environ: Mapping[str, str], name: str) -> bool:
+    """A yes/no variable (1, true, yes; 0, false, no or unset); anything else is a usage error naming it."""
+    return _yes(environ, name)
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:
@@ -115,6 +171,10 @@ class JobSettings:
     profiler_enabled: bool = True  # False when IOBATCH_PROFILER_SOCKET=off: stages are not announced
     volume_type: str = "unknown"
     force: bool = False  # redo a child even when its _SUCCESS marker exists
+    task_id: str = ""  # names this attempt's scratch directory (`attempt`); empty: from the job id
+    timeout_s: int | None = None  # the attempt's hard timeout: the job stops itself before it
+    require_prepared_scratch: bool = False  # the scratch root must carry the host's marker (AWS hosts)
+    process_command: str = DEFAULT_PROCESS_COMMAND  # the process stage: a command line with {input} {output}
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> JobSettings:
@@ -126,18 +186,23 @@ class JobSettings:
             output=S3Uri.parse(_required(env, ENV.OUTPUT), what=ENV.OUTPUT).as_prefix(),
             manifest=S3Uri.parse(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None,
             scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
-            images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1),
-            array_index=_int(env, ENV.ARRAY_INDEX, 0, 0) + _int(env, ENV.ARRAY_OFFSET, 0, 0),
+            images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1, MAX_IMAGES_PER_CHILD),
+            array_index=(_int(env, ENV.ARRAY_INDEX, 0, 0, MAX_CHILD_INDEX)
+                         + _int(env, ENV.ARRAY_OFFSET, 0, 0, MAX_CHILD_INDEX)),
             job_id=env.get(ENV.JOB_ID) or "local",
             s3_endpoint=env.get(ENV.S3_ENDPOINT) or None,
             train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,
-            skip_bad_images=env.get(ENV.SKIP_BAD_IMAGES, "").lower() in ("1", "true", "yes"),
-            s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1),
+            skip_bad_images=_yes(env, ENV.SKIP_BAD_IMAGES),
+            s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1, MAX_S5CMD_WORKERS),
             pipeline=env.get(ENV.PIPELINE) or "iobatch",
             profiler_socket=Path(socket_raw) if socket_raw and socket_raw != PROFILER_OFF else None,
             profiler_enabled=socket_raw != PROFILER_OFF,
             volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",
-            force=env.get(ENV.FORCE, "").lower() in ("1", "true", "yes"),
+            force=_yes(env, ENV.FORCE),
+            task_id=_task_id(env),
+            timeout_s=_int(env, ENV.TIMEOUT_S, 0, 0, MAX_TIMEOUT_S) or None,
+            require_prepared_scratch=_yes(env, ENV.REQUIRE_PREPARED_SCRATCH),
+            process_command=parse_process_command(env.get(ENV.PROCESS_COMMAND) or DEFAULT_PROCESS_COMMAND),
         )
 
     @property
@@ -145,9 +210,14 @@ class JobSettings:
         return child_name(self.array_index)
 
     @property
+    def attempt(self) -> str:
+        """The task id of this attempt: children of several batches share one host's scratch volume."""
+        return self.task_id or safe_task_id(self.job_id)
+
+    @property
     def work_dir(self) -> Path:
-        """This child's own scratch subdirectory: tasks on one host share the scratch volume."""
-        return self.scratch_root / self.child
+        """This attempt's own scratch subdirectory, named by the attempt, never by the index alone."""
+        return self.scratch_root / task_dir_name(self.attempt)
 
     @property
     def socket_path(self) -> Path | None:
@@ -173,7 +243,12 @@ class JobSettings:
             ENV.S5CMD_WORKERS: str(self.s5cmd_workers),
             ENV.PIPELINE: self.pipeline,
             ENV.VOLUME_TYPE: self.volume_type,
+            ENV.TASK_ID: self.attempt,
         }
+        if self.timeout_s:
+            env[ENV.TIMEOUT_S] = str(self.timeout_s)
+        if self.require_prepared_scratch:
+            env[ENV.REQUIRE_PREPARED_SCRATCH] = "1"
         if self.manifest:
             env[ENV.MANIFEST] = str(self.manifest)
         if self.s3_endpoint:
@@ -186,17 +261,36 @@ class JobSettings:
             env[ENV.PROFILER_SOCKET] = str(self.profiler_socket)
         if self.force:
             env[ENV.FORCE] = "1"
+        if self.process_command != DEFAULT_PROCESS_COMMAND:
+            env[ENV.PROCESS_COMMAND] = self.process_command
         return env
+
+
+def _job_env() -> JobEnv:
+    """The job's variable names and scratch layout, as the profiler's identity reader takes them."""
+    return JobEnv(pipeline=ENV.PIPELINE, job_id=ENV.JOB_ID, array_index=ENV.ARRAY_INDEX,
+                  array_offset=ENV.ARRAY_OFFSET, volume_type=ENV.VOLUME_TYPE, scratch=ENV.SCRATCH,
+                  profiler_socket=ENV.PROFILER_SOCKET, default_scratch=SCRATCH_MOUNT, profiler_off=PROFILER_OFF,
+                  task_id=ENV.TASK_ID, attempt=ENV.ATTEMPT, ecs_metadata=ENV.ECS_METADATA, task_dir=task_dir_name)
+
+
+def _task_id(environ: Mapping[str, str]) -> str:
+    """This attempt's task id, by the rule the sidecar follows too (profiling.identity.resolve_task_id)."""
+    raw = environ.get(ENV.TASK_ID, "").strip()
+    if raw and not TASK_ID.match(raw):
+        raise UsageError(f"{ENV.TASK_ID}={raw[:40]!r} is not a task id: use 1-80 letters, digits, '.', '_' "
+                         "or '-', starting with a letter or digit (or leave it unset in AWS)")
+    return resolve_task_id(environ, _job_env())
+
+
+def new_task_id(index: int) -> str:
+    """A fresh task id for one local attempt of child `index`: unique across runs sharing a scratch root."""
+    return f"{index:05d}-{uuid.uuid4().hex[:6]}"
 
 
 def job_identity(environ: Mapping[str, str]) -> JobIdentity:
     """The profiled job's identity (profiling.identity.JobIdentity), read from `environ` with the job's own
     variable names and scratch layout: the profiler never imports them, so they are handed over here."""
-    from profiling.identity import JobEnv
     from profiling.identity import job_identity as read_identity
 
-    names = JobEnv(pipeline=ENV.PIPELINE, job_id=ENV.JOB_ID, array_index=ENV.ARRAY_INDEX,
-                   array_offset=ENV.ARRAY_OFFSET, volume_type=ENV.VOLUME_TYPE, scratch=ENV.SCRATCH,
-                   profiler_socket=ENV.PROFILER_SOCKET, default_scratch=SCRATCH_MOUNT, profiler_off=PROFILER_OFF,
-                   child_dir=child_name)
-    return read_identity(environ, names)
+    return read_identity(environ, _job_env())

@@ -17,7 +17,7 @@ from profiling.finish import Evaluator, finish_stage
 from profiling.metrics import StageProfile
 from profiling.probes import CallProbe
 from profiling.probes.procfs import BlockDevice, ProcIo
-from profiling.sampler import DEFAULT_INTERVAL_S, StageSampler, take_snapshot
+from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
 
 
 class CommandNotFound(ValueError):
@@ -58,14 +58,15 @@ def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | Non
         raise CommandNotFound(f"command {argv[0]!r} is not executable: check its permissions") from None
     # A new process starts with all io counters at zero: that is the exact baseline, even if the
     # command has already done I/O by the time the first snapshot is read.
-    sampler = StageSampler(stage=stage, pid=child.pid, device=device, interval_s=interval_s, base_io=ProcIo())
+    sampler = StageSampler(stage=stage, pid=child.pid, device=device, interval_s=interval_s, base_io=ProcIo(),
+                           sources=Sources())
     sampler.start()
     outcome = "interrupted"
     try:
         _wait_unreaped(child.pid)
         outcome = "ok"
     finally:
-        final = take_snapshot(child.pid, device)
+        final = sampler.snapshot()
         returncode = child.wait()
         if outcome == "ok" and returncode != 0:
             outcome = "failed"

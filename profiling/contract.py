@@ -34,7 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profiling.metrics import METRICS_BY_NAME, StageProfile
+from aws_embedded_metrics.constants import MAX_DATAPOINTS_PER_METRIC, MAX_DIMENSION_NAME_LENGTH, MAX_METRICS_PER_EVENT
+
+from profiling.metrics import EMF_BODY_KEYS, METRICS_BY_NAME, StageProfile
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, cells_from_list
 
 CONTRACT_VERSION = "2"
@@ -42,6 +44,9 @@ CALL_TYPES: tuple[str, ...] = (*CALLS, "all")
 MEASUREMENTS: tuple[str, ...] = ("count", "bandwidth", "mean-latency", "max-latency", "min-latency", "total-latency")
 PATHS_UNAVAILABLE = "unavailable: the {probe} probe does not attribute calls to paths (the interposer does)"
 LATENCY_UNAVAILABLE = "latency unavailable (static binary, no eBPF): counts and bytes are from procfs"
+# The probes keep cumulative extremes: a stage's or frame's extreme call is known only to its log2 bucket
+# when the cumulative one did not move in it (callstats.Stats.since).
+EXTREME_BOUND = "bucket bound, not a measured call: the extreme call took at most 2x less (max) or more (min)"
 
 TIME_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 BYTE_UNITS = {"B": 1, "kB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30}
@@ -50,8 +55,18 @@ LATENCY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
 # CloudWatch unit names for the unit each value is reported in.
 EMF_UNITS = {"": "Count", "k": "Count", "M": "Count", "B": "Bytes", "kB": "Kilobytes", "MB": "Megabytes",
              "GB": "Gigabytes", "us": "Microseconds", "ms": "Milliseconds", "s": "Seconds"}
+# What one stage's EMF can carry, from the EMF library's own limits (aws_embedded_metrics/constants.py:
+# MAX_METRICS_PER_EVENT, MAX_DATAPOINTS_PER_METRIC): a metric per rule, a value per time frame. A contract
+# file past MAX_CONTRACT_BYTES cannot be 100 rules of sane lines, and is refused before it is read whole.
+MAX_RULES = MAX_METRICS_PER_EVENT
+MAX_FRAMES = MAX_DATAPOINTS_PER_METRIC
+MAX_CONTRACT_BYTES = 256 * 1024
+FRAMES_WIDENED = "time frame widened to {seconds:g} s: a stage reports at most {frames} frames a rule"
 MAX_QUANTITY = 1e15  # far above any real figure; keeps sizes exact integers and out of float overflow
-LABEL_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_.\-]{0,254}$")
+# A label is an EMF metric name: aws_embedded_metrics.validator.validate_metric refuses names longer than
+# MAX_DIMENSION_NAME_LENGTH (250), and a name equal to a key of the document's body (a dimension or a
+# property, metrics.EMF_BODY_KEYS) would overwrite it.
+LABEL_RE = re.compile(rf"^[A-Za-z][A-Za-z0-9_.\-]{{0,{MAX_DIMENSION_NAME_LENGTH - 1}}}$")
 QUANTITY_RE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)$")
 
 
@@ -127,6 +142,9 @@ def parse_contract(text: str, source: str = "<contract>") -> Contract:
             if timeframe <= 0:
                 raise ContractError(source, number, "time frame", fields[2], "expected a duration above zero")
             continue
+        if len(rules) == MAX_RULES:
+            raise ContractError(source, number, "rule", line[:40], f"expected at most {MAX_RULES} rules (one EMF "
+                                "metric each, and an EMF document holds at most that many): split the contract")
         rules.append(_parse_rule(fields, line, source, number, labels))
     if timeframe is None:
         raise ContractError(source, 1, "header", "", "expected VERSION,monitortimeframe,DURATION; the file is empty")
@@ -142,11 +160,15 @@ def _parse_rule(fields: list[str], line: str, source: str, number: int, labels: 
     label, path, call, size, measurement, threshold = fields
     if not LABEL_RE.match(label):
         raise ContractError(source, number, "LABEL", label,
-                            "expected a name of letters, digits, '_', '.', '-' starting with a letter")
+                            f"expected a name of letters, digits, '_', '.', '-' starting with a letter, at most "
+                            f"{MAX_DIMENSION_NAME_LENGTH} characters (EMF's limit for a metric name)")
     if label in labels:
         raise ContractError(source, number, "LABEL", label, "expected a label not used by an earlier rule")
     if label in METRICS_BY_NAME:
         raise ContractError(source, number, "LABEL", label, "expected a name that is not one of iobatch's metrics")
+    if label in EMF_BODY_KEYS:
+        raise ContractError(source, number, "LABEL", label,
+                            "expected a name that is not a dimension or property of the EMF document")
     labels.add(label)
     if not path.startswith("/"):
         raise ContractError(source, number, "PATH", path, "expected an absolute path prefix such as / or /scratch")
@@ -180,12 +202,38 @@ def _size_range(text: str, source: str, number: int) -> tuple[int, int | None]:
     high = int(high_q * (BYTE_UNITS.get(high_u, 1)))
     if high <= low:
         raise ContractError(source, number, "SIZERANGE", text, "expected LOW below HIGH")
+    # Calls are kept in power-of-two size classes, matched by their smallest size (rule_matches): a range
+    # that holds none of 0, 1, 2, 4, 8, ... could never match a call.
+    smallest = 0 if low == 0 else 1 << (low - 1).bit_length()
+    if smallest >= high:
+        raise ContractError(source, number, "SIZERANGE", text, f"expected a range holding a power of two (sizes are "
+                            f"kept in power-of-two classes), e.g. {_bytes_text(smallest)}-{_bytes_text(2 * smallest)}")
     return low, high
 
 
+def _bytes_text(size: int) -> str:
+    for unit in ("GB", "MB", "kB"):
+        if size >= BYTE_UNITS[unit] and size % BYTE_UNITS[unit] == 0:
+            return f"{size // BYTE_UNITS[unit]}{unit}"
+    return f"{size}B"
+
+
 def load_contract(path: Path) -> Contract:
-    """Read and parse a contract file (ContractError on a mistake, OSError when it cannot be read)."""
-    return parse_contract(Path(path).read_text(encoding="utf-8"), str(path))
+    """Read and parse a contract file (ContractError on a mistake, OSError when it cannot be read).
+
+    The one reader of contract files: `profile`, `run`, `demo` and the sidecar all come here."""
+    with Path(path).open("rb") as file:
+        data = file.read(MAX_CONTRACT_BYTES + 1)
+    if len(data) > MAX_CONTRACT_BYTES:
+        raise ContractError(str(path), 1, "file", f"over {MAX_CONTRACT_BYTES // 1024} KiB",
+                            f"expected a contract of at most {MAX_RULES} rules")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[:exc.start].count(b"\n") + 1
+        raise ContractError(str(path), line, "byte", f"{data[exc.start]:#04x}",
+                            "expected UTF-8 text: is this a contract file?") from None
+    return parse_contract(text, str(path))
 
 
 # ---- evaluation ---------------------------------------------------------------------------------------
@@ -261,9 +309,13 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
     duration = max(profile.duration_s, 0.0)
     calls = profile.calls
     source = str(calls.get("probe", "calls")) if calls else "procfs"
-    frames = frame_cells(calls, contract.timeframe_s, duration) if calls else None
+    # A stage longer than MAX_FRAMES time frames is cut into MAX_FRAMES wider ones, and each row says so.
+    timeframe = max(contract.timeframe_s, duration / MAX_FRAMES)
+    widened = (FRAMES_WIDENED.format(seconds=round(timeframe, 3), frames=MAX_FRAMES)
+               if timeframe > contract.timeframe_s else None)
+    frames = frame_cells(calls, timeframe, duration) if calls else None
     beside = calls.get("interpose") if calls else None
-    path_frames = (frame_cells(beside, contract.timeframe_s, duration)
+    path_frames = (frame_cells(beside, timeframe, duration)
                    if isinstance(beside, Mapping) and beside.get("path_attribution", True) else None)
     for rule in contract.rules:
         if frames is None:
@@ -278,11 +330,15 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
                 continue
             rule_frames, rule_source = path_frames, "interpose"
         for index, cells in enumerate(rule_frames):
-            value = measure(rule, _select(rule, cells))
+            selected = _select(rule, cells)
+            value = measure(rule, selected)
             if value is not None and value >= rule.threshold:
-                start = index * contract.timeframe_s
-                results.append(_row(rule, value, index, start, min(duration, start + contract.timeframe_s),
-                                    rule_source, None))
+                start = index * timeframe
+                note = widened
+                if rule.measurement in ("max-latency", "min-latency") and selected.extremes_bound:
+                    note = "; ".join(n for n in (EXTREME_BOUND, widened) if n)
+                results.append(_row(rule, value, index, start, min(duration, start + timeframe), rule_source,
+                                    note))
     return results
 
 
@@ -312,6 +368,8 @@ def _procfs_value(rule: Rule, profile: StageProfile) -> tuple[float | None, str 
     calls, nbytes = (
         (profile.read_calls, profile.read_bytes) if rule.call == "read" else (profile.write_calls, profile.write_bytes)
     )
+    if calls is None or nbytes is None:
+        return None, "unavailable: the job's /proc/<pid>/io could not be read (see the profile's notices)"
     stats = Stats(count=calls, bytes=nbytes)
     return measure(rule, stats), None
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
@@ -24,6 +24,7 @@ from profiling.contract import contract_metrics
 from profiling.metrics import (
     DEFAULT_NAMESPACE,
     METRICS,
+    METRICS_BY_NAME,
     OUTCOMES,
     PROPERTY_KEYS,
     StageProfile,
@@ -52,6 +53,13 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) 
         context.set_property("Device", profile.device)
     if profile.error:
         context.set_property("Error", profile.error)
+    # What each shared figure is of (a metric's scope is not part of its name): {"DeviceWriteBytes": "device"}.
+    scopes = {name: METRICS_BY_NAME[name].scope_note for name, _, _ in to_metrics(profile)
+              if METRICS_BY_NAME[name].scope_note}
+    if scopes:
+        context.set_property("Scopes", scopes)
+    if profile.notices:
+        context.set_property("Notices", list(profile.notices))
     context.set_timestamp(datetime.fromtimestamp(profile.started_at + profile.duration_s, tz=UTC))
     return context
 
@@ -123,6 +131,8 @@ def emit_profile(profile: StageProfile, sink: EmfSink, *, namespace: str = DEFAU
 # ---- reading EMF back: the inverse of emit_profile, for the report and the advisor -----------------
 
 _INT_FIELDS = {f.name for f in dataclasses.fields(StageProfile) if str(f.type).startswith("int")}
+# Fields whose dataclass default is 0: a document without their metric had no figure (absent), not zero.
+_ZERO_DEFAULT = {f.name for f in dataclasses.fields(StageProfile) if f.default == 0}
 
 
 def _scalar(value: Any) -> float | None:
@@ -137,11 +147,63 @@ def _scalar(value: Any) -> float | None:
     return None
 
 
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def stage_key(doc: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """Which stage of which attempt an EMF document is of: (namespace, Pipeline, JobId, ArrayIndex, Stage,
+    end time).
+
+    The documents of one stage (split by the library: at most 100 metrics, and 100 values a metric, a
+    document) share all of them; a retried attempt of the same child ends its stage at another time.
+    None for a document without metadata."""
+    meta = doc.get("_aws")
+    if not isinstance(meta, Mapping):
+        return None
+    directives = meta.get("CloudWatchMetrics")
+    namespaces = sorted({str(d.get("Namespace")) for d in directives if isinstance(d, Mapping)}
+                        if isinstance(directives, list) else [])
+    return (*namespaces, *(str(doc.get(k, "")) for k in ("Pipeline", "JobId", "ArrayIndex", "Stage")),
+            str(meta.get("Timestamp", "")))
+
+
+def merge_documents(docs: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The documents of each stage merged into one, in the order their stages first appear: the values of
+    a metric split across documents are joined, and every document's metric directives are kept."""
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
+    for doc in docs:
+        key = stage_key(doc)
+        if key is None:
+            continue
+        if key not in merged:
+            merged[key] = {**doc, "_aws": dict(doc["_aws"])}
+            continue
+        into = merged[key]
+        directives = [d for d in doc["_aws"].get("CloudWatchMetrics") or [] if isinstance(d, Mapping)]
+        into["_aws"]["CloudWatchMetrics"] = [*(into["_aws"].get("CloudWatchMetrics") or []), *directives]
+        for directive in directives:
+            for metric in directive.get("Metrics") or []:
+                name = metric.get("Name") if isinstance(metric, Mapping) else None
+                if isinstance(name, str) and name in doc:
+                    into[name] = _as_list(into[name]) + _as_list(doc[name]) if name in into else doc[name]
+    return list(merged.values())
+
+
+def profiles_from_emf(docs: Iterable[Mapping[str, Any]], *,
+                      namespace: str | None = DEFAULT_NAMESPACE) -> list[StageProfile]:
+    """The StageProfiles EMF documents describe, exactly one per stage that ran (see merge_documents);
+    documents that are not iobatch stage documents (of `namespace`, when given) are skipped."""
+    found = (profile_from_emf(doc, namespace=namespace) for doc in merge_documents(docs))
+    return [profile for profile in found if profile is not None]
+
+
 def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_NAMESPACE) -> StageProfile | None:
     """The StageProfile an EMF document describes, or None if it is not an iobatch stage document.
 
     EMF carries the metric values, the dimensions (Pipeline, Stage) and the properties (JobId,
     ArrayIndex, ...), not timelines. Throughput is derived from bytes and duration, as the sidecar does.
+    One document may be only part of a stage: read several with `profiles_from_emf`, which merges them.
     """
     meta = doc.get("_aws")
     if not isinstance(meta, Mapping):
@@ -163,14 +225,19 @@ def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_
         value = _scalar(doc[spec.name])
         if value is not None:
             kwargs[spec.field] = round(value) if spec.field in _INT_FIELDS else value
+    for spec in METRICS:
+        if spec.field in _ZERO_DEFAULT and spec.field not in kwargs:
+            kwargs[spec.field] = None
     duration = float(kwargs.pop("duration_s", 0.0))
     timestamp = meta.get("Timestamp")
     ended = float(timestamp) / 1000 if isinstance(timestamp, int | float) else 0.0
     outcome = doc.get("Outcome")
     contract = doc.get("Contract")
     properties = {k: str(doc[k]) for k in ("Pipeline", *PROPERTY_KEYS) if k in doc and doc[k] is not None}
+    notices = doc.get("Notices")
     return StageProfile(
         stage=stage,
+        notices=[str(n) for n in notices] if isinstance(notices, list) else [],
         outcome=outcome if isinstance(outcome, str) and outcome in OUTCOMES else "ok",
         started_at=ended - duration,
         duration_s=duration,

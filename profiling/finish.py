@@ -5,7 +5,9 @@
 
 - per-call figures: the probes' `stop()` results, best first, merged by callstats.merge_results; the
   first non-empty one is StageProfile.calls and its probe is sources["calls"]; eBPF's time paused in
-  balance_dirty_pages becomes dirty_throttle_ms.
+  balance_dirty_pages becomes dirty_throttle_ms (wall time with a writer paused) and
+  dirty_throttle_thread_sum_ms (summed over threads), and its socket bytes the child's network bytes
+  (in place of the host-wide interface counters).
 - contract results: a contract is loaded once per job (`load_rules`) into an `Evaluator`, which gives
   the rows stored in StageProfile.contract at every stage end (profiling/contract.py).
 """
@@ -44,14 +46,22 @@ def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evalu
 
 
 def _with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> StageProfile:
-    """`profile` with a call probe's result: calls, the probe as source, and dirty throttling (eBPF)."""
-    throttle = calls.get("dirty_throttle_ms")
-    return dataclasses.replace(
-        profile,
-        calls=dict(calls),
-        sources={**profile.sources, "calls": name},
-        dirty_throttle_ms=profile.dirty_throttle_ms if throttle is None else float(throttle),
-    )
+    """`profile` with a call probe's result: calls, the probe as source, dirty throttling and socket bytes
+    (eBPF)."""
+    wall, summed = calls.get("dirty_throttle_wall_ms"), calls.get("dirty_throttle_ms")
+    changes: dict[str, Any] = {
+        "calls": dict(calls),
+        "sources": {**profile.sources, "calls": name},
+        "dirty_throttle_ms": profile.dirty_throttle_ms if wall is None else float(wall),
+        "dirty_throttle_thread_sum_ms": profile.dirty_throttle_thread_sum_ms if summed is None else float(summed),
+    }
+    sockets = calls.get("socket")
+    if isinstance(sockets, Mapping) and "sent_bytes" in sockets and "received_bytes" in sockets:
+        # The job's own sockets (its cgroup): the host's interface counters are no longer needed.
+        changes.update(net_sent_bytes=int(sockets["sent_bytes"]), net_received_bytes=int(sockets["received_bytes"]),
+                       host_net_sent_bytes=None, host_net_received_bytes=None)
+        changes["sources"]["network"] = name
+    return dataclasses.replace(profile, **changes)
 
 
 def finish_stage(

@@ -4,12 +4,22 @@ The profiler reads the job's own environment, but the names of its variables and
 belong to the job's interface, which profiling never imports: the caller passes them in as a `JobEnv`.
 The profiler does not need the job's S3 settings, so nothing here fails for a variable that is
 missing or malformed: it falls back to a default.
+
+The job and its profiler meet at a socket in the attempt's scratch directory, named by a task id both
+containers of one task share (`resolve_task_id`): the launcher's variable when it sets one (the local
+executor does), else the ECS task id from the task metadata endpoint, which the ECS agent offers to
+every container of a task. The array index is not used for this: AWS Batch documents
+AWS_BATCH_JOB_ARRAY_INDEX for the container of a single-container job, and a sidecar that does not see
+it would wait at another socket while the job ran unprofiled.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
 import socket
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +29,10 @@ from profiling.protocol import SOCKET_NAME
 
 IMDS_URL = "http://169.254.169.254/latest"
 IMDS_TIMEOUT_S = 0.5
+METADATA_TIMEOUT_S = 1.0
+METADATA_ATTEMPTS = 5
+#: A task id as it may appear in a path: an ECS task id is 32 hex digits; launchers may use these characters.
+TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,79}$")
 
 
 @dataclass(frozen=True)
@@ -34,7 +48,10 @@ class JobEnv:
     profiler_socket: str  # the sidecar's socket; `profiler_off` there: no profiler
     default_scratch: str
     profiler_off: str
-    child_dir: Callable[[int], str]  # a child's scratch subdirectory, from its global index
+    task_id: str  # the attempt's id, set by a launcher; else the ECS task id (`resolve_task_id`)
+    attempt: str  # the Batch attempt number (the last fallback names the attempt by job id and attempt)
+    ecs_metadata: str  # the ECS task metadata endpoint (v4)
+    task_dir: Callable[[str], str]  # an attempt's scratch subdirectory, from its task id
 
 
 @dataclass(frozen=True)
@@ -51,12 +68,19 @@ class JobIdentity:
     instance_type: str = "unknown"
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str], names: JobEnv) -> JobIdentity:
-        """The identity in `environ` (pure: the instance is left unknown, see `job_identity`)."""
-        index = _whole(environ.get(names.array_index))
+    def from_env(cls, environ: Mapping[str, str], names: JobEnv, task_id: str) -> JobIdentity:
+        """The identity in `environ` of the attempt `task_id` (pure: the instance is left unknown, see
+        `job_identity`)."""
+        raw_index = environ.get(names.array_index)
+        if raw_index is None:
+            # Not handed to this container: an array child's job id ends in ":<index>" ("Array jobs",
+            # AWS Batch User Guide), and Batch sets the job id in every container of the task.
+            head, _, tail = (environ.get(names.job_id) or "").rpartition(":")
+            raw_index = tail if head and tail.isdigit() else None
+        index = _whole(raw_index)
         offset = _whole(environ.get(names.array_offset))
         array_index = index + offset if index is not None and offset is not None else 0
-        work_dir = Path(environ.get(names.scratch) or names.default_scratch) / names.child_dir(array_index)
+        work_dir = Path(environ.get(names.scratch) or names.default_scratch) / names.task_dir(task_id)
         raw_socket = environ.get(names.profiler_socket, "").strip()
         socket_path = None if raw_socket == names.profiler_off else Path(raw_socket or work_dir / SOCKET_NAME)
         return cls(
@@ -86,11 +110,53 @@ def _whole(raw: str | None) -> int | None:
     return value if value >= 0 else None
 
 
-def job_identity(environ: Mapping[str, str], names: JobEnv, *, base_url: str = IMDS_URL) -> JobIdentity:
-    """The job's identity, with the instance it runs on (`instance_identity`)."""
+def safe_task_id(text: str) -> str:
+    """`text` as a task id that is safe in a path (runs of other characters become one '-')."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", text).strip("-._")[:80]
+    return cleaned or "local"
+
+
+def ecs_task_id(metadata_uri: str, *, attempts: int = METADATA_ATTEMPTS, timeout_s: float = METADATA_TIMEOUT_S,
+                sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """The task id from the ECS task metadata endpoint v4, or None when it does not answer.
+
+    GET ${ECS_CONTAINER_METADATA_URI_V4}/task answers JSON whose "TaskARN" is
+    arn:aws:ecs:REGION:ACCOUNT:task/CLUSTER/TASK_ID ("Amazon ECS task metadata v4 JSON response",
+    Amazon ECS Developer Guide). The agent may not answer in a container's first moments: a few tries.
+    """
+    url = metadata_uri.rstrip("/") + "/task"
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(url, timeout=timeout_s) as response:
+                arn = json.loads(response.read().decode()).get("TaskARN")
+            task_id = str(arn or "").rsplit("/", 1)[-1]
+            return task_id if TASK_ID.match(task_id) else None
+        except (OSError, ValueError, AttributeError):
+            if attempt < attempts - 1:
+                sleep(0.2 * (attempt + 1))
+    return None
+
+
+def resolve_task_id(environ: Mapping[str, str], names: JobEnv,
+                    fetch: Callable[[str], str | None] = ecs_task_id) -> str:
+    """The attempt's task id, the same in the job and in its sidecar: the launcher's variable, else the
+    ECS task id, else (neither: a job run by hand) the job id and attempt number."""
+    explicit = environ.get(names.task_id, "").strip()
+    if explicit:
+        return safe_task_id(explicit)
+    uri = environ.get(names.ecs_metadata, "").strip()
+    found = fetch(uri) if uri else None
+    if found:
+        return found
+    return safe_task_id(f"{environ.get(names.job_id) or 'local'}-{environ.get(names.attempt) or '1'}")
+
+
+def job_identity(environ: Mapping[str, str], names: JobEnv, *, base_url: str = IMDS_URL,
+                 fetch: Callable[[str], str | None] = ecs_task_id) -> JobIdentity:
+    """The job's identity, with its task id and the instance it runs on (`instance_identity`)."""
     instance_id, instance_type = instance_identity(environ, base_url=base_url)
-    return dataclasses.replace(JobIdentity.from_env(environ, names), instance_id=instance_id,
-                               instance_type=instance_type)
+    return dataclasses.replace(JobIdentity.from_env(environ, names, resolve_task_id(environ, names, fetch)),
+                               instance_id=instance_id, instance_type=instance_type)
 
 
 def _imds_get(base_url: str, path: str, token: str) -> str:

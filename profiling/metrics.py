@@ -9,7 +9,7 @@ Everything here is pure: no /proc, no files, no clock.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -22,6 +22,10 @@ DEFAULT_NAMESPACE = "IoBatch"
 DIMENSIONS: tuple[str, ...] = ("Pipeline", "Stage")
 # Per-job and per-instance values travel as EMF properties, never as dimensions.
 PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType")
+# Every key of an EMF document's body besides its metrics (profiling/emf.py writes them): no metric may be
+# named like one, or its value would overwrite it.
+EMF_BODY_KEYS: frozenset[str] = frozenset(
+    {*DIMENSIONS, *PROPERTY_KEYS, "Outcome", "Contract", "Device", "Error", "Scopes", "Notices", "_aws"})
 
 MIB = 1024 * 1024
 
@@ -45,6 +49,23 @@ class Aggregate(StrEnum):
 SUM, MAX, MEDIAN = Aggregate.SUM, Aggregate.MAX, Aggregate.MEDIAN
 
 
+class Scope(StrEnum):
+    """What a figure measures: whose I/O it is. A figure that is not the child's own says so wherever it is
+    shown (`MetricSpec.scope_note`), and is never summed across the children that share it."""
+
+    TREE = "process tree"  # the child's processes, /proc/<pid>/io or a per-call probe: exact
+    CONTAINER = "container"  # the child's cgroup v2 (io.stat, io.pressure, memory.stat) or network namespace
+    DEVICE = "device"  # the block device behind scratch: shared by every child on it
+    HOST = "host"  # the whole host: /proc/vmstat, /proc/pressure/io, the host's network interfaces
+
+    @property
+    def shared(self) -> bool:
+        return self in (Scope.DEVICE, Scope.HOST)
+
+
+TREE, CONTAINER, DEVICE, HOST = Scope.TREE, Scope.CONTAINER, Scope.DEVICE, Scope.HOST
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """One CloudWatch metric: its name, unit, the StageProfile field it reads, how its values across
@@ -53,12 +74,28 @@ class MetricSpec:
     name: str
     unit: str  # a CloudWatch unit name, as aws_embedded_metrics.unit.Unit accepts it
     field: str
-    label: str  # column heading in the console table and the report
+    label: str  # column heading in the console table and the report: says its unit, and of what
     aggregate: Aggregate  # across the children of a stage (summarize, the report's summary, comparisons)
     scale: float = 1.0  # divide the raw value by this for display
     display_unit: str = ""
     description: str = ""
     on_dashboard: bool = False
+    scope: Scope = TREE
+
+    def __post_init__(self) -> None:
+        # Two children on one device each see the device's whole traffic: a sum counts it twice.
+        if self.scope.shared and self.aggregate is SUM:
+            raise ValueError(f"{self.name} is {self.scope.value}-wide: it cannot be summed across children")
+
+    @property
+    def scope_note(self) -> str:
+        """'' for the child's own figures; else what the figure is of, e.g. "device", shown beside it."""
+        return self.scope.value if self.scope.shared else ""
+
+    @property
+    def scoped_label(self) -> str:
+        """The label with its scope when the figure is not the child's own, e.g. 'dev write MiB [device]'."""
+        return f"{self.label} [{self.scope_note}]" if self.scope_note else self.label
 
     def display(self, value: float | None) -> str:
         if value is None:
@@ -79,50 +116,88 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("ReadCalls", "Count", "read_calls", "read calls", SUM, description="read-type system calls (syscr)"),
     MetricSpec("WriteCalls", "Count", "write_calls", "write calls", SUM,
                description="write-type system calls (syscw)"),
-    MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write call us", MEDIAN, display_unit="us",
+    MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write µs/call", MEDIAN,
+               display_unit="µs",
                description="Mean latency of the job tree's write calls (per-call probe: eBPF or interposer)"),
     MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be fetched from storage (read_bytes)"),
     MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be sent to storage (write_bytes)"),
-    MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s", MEDIAN, MIB, "MiB/s",
+    MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s moved", MEDIAN, MIB, "MiB/s",
                "Bytes moved per second: max(read, written) over the stage's wall time", on_dashboard=True),
     MetricSpec("Items", "Count", "items", "images", SUM, description="Images the stage handled"),
-    MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads", SUM,
-               description="Reads completed by the scratch device"),
-    MetricSpec("DeviceWriteOps", "Count", "device_write_ops", "dev writes", SUM,
-               description="Writes completed by the scratch device"),
-    MetricSpec("DeviceReadBytes", "Bytes", "device_read_bytes", "dev read MiB", SUM, MIB, "MiB",
-               "Bytes read from the scratch device"),
-    MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", SUM, MIB, "MiB",
-               "Bytes written to the scratch device"),
-    MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev read ms", MEDIAN,
-               display_unit="ms", description="Mean time per completed device read"),
-    MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev write ms", MEDIAN,
-               display_unit="ms", description="Mean time per completed device write", on_dashboard=True),
-    MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "queue", MEDIAN,
-               description="Average requests in flight on the scratch device", on_dashboard=True),
+    MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads", MAX,
+               description="Reads completed by the scratch device", scope=DEVICE),
+    MetricSpec("DeviceWriteOps", "Count", "device_write_ops", "dev writes", MAX,
+               description="Writes completed by the scratch device", scope=DEVICE),
+    MetricSpec("DeviceReadBytes", "Bytes", "device_read_bytes", "dev read MiB", MAX, MIB, "MiB",
+               "Bytes read from the scratch device", scope=DEVICE),
+    MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", MAX, MIB, "MiB",
+               "Bytes written to the scratch device", scope=DEVICE),
+    MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev ms/read", MEDIAN,
+               display_unit="ms", description="Mean time per completed device read", scope=DEVICE),
+    MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev ms/write", MEDIAN,
+               display_unit="ms", description="Mean time per completed device write", on_dashboard=True,
+               scope=DEVICE),
+    MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "dev queue", MEDIAN,
+               description="Average requests in flight on the scratch device", on_dashboard=True, scope=DEVICE),
     MetricSpec("DeviceUtilization", "Percent", "device_utilization_pct", "util %", MEDIAN, display_unit="%",
-               description="Share of the stage the device was busy"),
+               description="Share of the stage the device was busy", scope=DEVICE),
     MetricSpec("PeakDirtyBytes", "Bytes", "peak_dirty_bytes", "peak dirty MiB", MAX, MIB, "MiB",
-               "Most dirty page-cache bytes seen during the stage (host-wide)", on_dashboard=True),
+               "Most dirty page-cache bytes seen during the stage (host-wide)", on_dashboard=True, scope=HOST),
     MetricSpec("PeakWritebackBytes", "Bytes", "peak_writeback_bytes", "peak writeback MiB", MAX, MIB, "MiB",
-               "Most bytes under writeback seen during the stage (host-wide)"),
+               "Most bytes under writeback seen during the stage (host-wide)", scope=HOST),
     MetricSpec("DirtyThresholdBytes", "Bytes", "dirty_threshold_bytes", "dirty limit MiB", MAX, MIB, "MiB",
-               "The kernel's dirty threshold: writers block above it"),
+               "The kernel's dirty threshold: writers block above it", scope=HOST),
     MetricSpec("IoStallSome", "Milliseconds", "io_stall_some_ms", "io stall ms", MEDIAN, display_unit="ms",
-               description="PSI io 'some': time at least one task waited on I/O", on_dashboard=True),
+               description="PSI io 'some': time at least one task waited on I/O (host-wide)", on_dashboard=True,
+               scope=HOST),
     MetricSpec("IoStallFull", "Milliseconds", "io_stall_full_ms", "io stall full ms", MEDIAN, display_unit="ms",
-               description="PSI io 'full': time all non-idle tasks waited on I/O"),
+               description="PSI io 'full': time all non-idle tasks waited on I/O (host-wide)", scope=HOST),
     MetricSpec("DirtyThrottle", "Milliseconds", "dirty_throttle_ms", "dirty throttle ms", MEDIAN, display_unit="ms",
-               description="Time writers spent paused in balance_dirty_pages (eBPF only)"),
+               description="Wall time during which at least one of the job's writers was paused in "
+               "balance_dirty_pages (eBPF only)", scope=CONTAINER),
+    MetricSpec("DirtyThrottleThreadSum", "Milliseconds", "dirty_throttle_thread_sum_ms", "dirty pause ms, all threads",
+               MEDIAN, display_unit="ms", scope=CONTAINER,
+               description="balance_dirty_pages pauses summed over the job's threads: can exceed the stage's wall "
+               "time when several threads wait at once (eBPF only)"),
+    MetricSpec("DeviceSharers", "Count", "device_sharers", "children on dev", MAX, scope=DEVICE,
+               description="Children profiled on the scratch device during the stage, this one included: the "
+               "device figures are shared by them"),
+    MetricSpec("OwnDeviceReadBytes", "Bytes", "own_device_read_bytes", "own dev read MiB", SUM, MIB, "MiB",
+               "Bytes the child's cgroup read from the scratch device (cgroup v2 io.stat)", scope=CONTAINER),
+    MetricSpec("OwnDeviceWriteBytes", "Bytes", "own_device_write_bytes", "own dev write MiB", SUM, MIB, "MiB",
+               "Bytes the child's cgroup wrote to the scratch device, writeback of the pages it dirtied included "
+               "(cgroup v2 io.stat)", scope=CONTAINER),
+    MetricSpec("OwnIoStall", "Milliseconds", "own_io_stall_ms", "own io stall ms", MEDIAN, display_unit="ms",
+               description="Time at least one of the child's tasks waited on I/O (cgroup v2 io.pressure 'some')",
+               scope=CONTAINER),
+    MetricSpec("OwnPeakDirtyBytes", "Bytes", "own_peak_dirty_bytes", "own peak dirty MiB", MAX, MIB, "MiB",
+               "Most dirty page-cache bytes of the child's cgroup seen during the stage (memory.stat file_dirty)",
+               scope=CONTAINER),
+    MetricSpec("OwnPeakWritebackBytes", "Bytes", "own_peak_writeback_bytes", "own peak writeback MiB", MAX, MIB,
+               "MiB", "Most bytes of the child's cgroup under writeback during the stage (memory.stat "
+               "file_writeback)", scope=CONTAINER),
+    MetricSpec("NetworkSentBytes", "Bytes", "net_sent_bytes", "net sent MiB", SUM, MIB, "MiB",
+               "Bytes the child sent over the network: its sockets (eBPF) or its own network namespace's "
+               "interfaces", scope=CONTAINER),
+    MetricSpec("NetworkReceivedBytes", "Bytes", "net_received_bytes", "net received MiB", SUM, MIB, "MiB",
+               "Bytes the child received over the network: its sockets (eBPF) or its own network namespace's "
+               "interfaces", scope=CONTAINER),
+    MetricSpec("HostNetworkSentBytes", "Bytes", "host_net_sent_bytes", "net sent MiB", MAX, MIB, "MiB",
+               "Bytes sent by every interface of the network namespace the job shares with the host "
+               "(loopback included): when the child's own are not measured", scope=HOST),
+    MetricSpec("HostNetworkReceivedBytes", "Bytes", "host_net_received_bytes", "net received MiB", MAX, MIB, "MiB",
+               "Bytes received by every interface of the network namespace the job shares with the host "
+               "(loopback included): when the child's own are not measured", scope=HOST),
 )
 
 METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 # The columns of the per-stage console table, in order.
 TABLE_METRICS: tuple[str, ...] = (
     "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "WriteCallLatency", "Throughput",
-    "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome",
+    "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome", "NetworkSentBytes",
+    "HostNetworkSentBytes",
 )
 
 
@@ -158,14 +233,15 @@ class StageProfile:
     outcome: str
     started_at: float  # unix seconds
     duration_s: float
-    # Logical I/O of the job's process tree, from /proc/<pid>/io (exact for any binary).
-    read_bytes: int = 0
-    write_bytes: int = 0
-    read_calls: int = 0
-    write_calls: int = 0
-    storage_read_bytes: int = 0
-    storage_write_bytes: int = 0
-    cancelled_write_bytes: int = 0
+    # Logical I/O of the job's process tree, from /proc/<pid>/io (exact for any binary); None when the
+    # profiler could not read the counters (a notice says why).
+    read_bytes: int | None = 0
+    write_bytes: int | None = 0
+    read_calls: int | None = 0
+    write_calls: int | None = 0
+    storage_read_bytes: int | None = 0
+    storage_write_bytes: int | None = 0
+    cancelled_write_bytes: int | None = 0
     items: int | None = None
     # The scratch device, from /proc/diskstats; None when no block device backs scratch.
     device: str | None = None
@@ -177,6 +253,18 @@ class StageProfile:
     device_write_latency_ms: float | None = None
     device_queue_depth: float | None = None
     device_utilization_pct: float | None = None
+    device_sharers: int | None = None  # children profiled on the device during the stage, this one included
+    # The child's own share, from its cgroup v2 (profiling/probes/cgroupfs.py); None where it has none (v1).
+    own_device_read_bytes: int | None = None
+    own_device_write_bytes: int | None = None
+    own_io_stall_ms: float | None = None
+    own_peak_dirty_bytes: int | None = None
+    own_peak_writeback_bytes: int | None = None
+    # Bytes over the network: the child's own (eBPF sockets, or its own network namespace), else host-wide.
+    net_sent_bytes: int | None = None
+    net_received_bytes: int | None = None
+    host_net_sent_bytes: int | None = None
+    host_net_received_bytes: int | None = None
     # The page cache, host-wide, from /proc/vmstat.
     peak_dirty_bytes: int | None = None
     peak_writeback_bytes: int | None = None
@@ -185,8 +273,9 @@ class StageProfile:
     # Pressure stall information, /proc/pressure/io; None where PSI is off.
     io_stall_some_ms: float | None = None
     io_stall_full_ms: float | None = None
-    # From the eBPF probe when it ran.
+    # From the eBPF probe when it ran: wall time with a writer paused, and the pauses summed over threads.
     dirty_throttle_ms: float | None = None
+    dirty_throttle_thread_sum_ms: float | None = None
     # Mean write-call latency; derived from `calls` when a per-call probe ran (see __post_init__).
     write_call_latency_us: float | None = None
     # Per-call figures by probe (see profiling/probes/callstats.py): {"probe": ..., "calls": {CALL: STATS}, ...}.
@@ -199,6 +288,8 @@ class StageProfile:
     properties: dict[str, str] = field(default_factory=dict)
     timeline: list[TimelinePoint] = field(default_factory=list)
     error: str | None = None
+    # Why a figure is absent, one line each (an unreadable counter, a probe that could not run).
+    notices: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.write_call_latency_us is None and self.calls:
@@ -209,7 +300,7 @@ class StageProfile:
     @property
     def throughput_bps(self) -> float | None:
         """Bytes moved per second: the larger of bytes read and written, over wall time."""
-        if self.duration_s <= 0:
+        if self.duration_s <= 0 or self.read_bytes is None or self.write_bytes is None:
             return None
         return max(self.read_bytes, self.write_bytes) / self.duration_s
 
@@ -250,16 +341,25 @@ def summarize(profiles: Sequence[StageProfile]) -> dict[str, dict[str, float | N
     calls and items are totals over the run; page-cache peaks and limits are the largest seen.
     """
     result: dict[str, dict[str, float | None]] = {}
-    for stage in STAGES:
+    for stage in stage_order({p.stage for p in profiles}):
         of_stage = [p for p in profiles if p.stage == stage]
-        if not of_stage:
-            continue
         row: dict[str, float | None] = {"children": float(len(of_stage))}
         for spec in METRICS:
             values = [v for v in (p.value(spec) for p in of_stage) if v is not None]
             row[spec.name] = spec.aggregate.of(values) if values else None
         result[stage] = row
     return result
+
+
+def stage_order(names: Iterable[str]) -> list[str]:
+    """Stage names in pipeline order, each stage's sub-stages ("process/features", profiling/protocol.py)
+    right after it, then any other names sorted."""
+
+    def key(name: str) -> tuple[int, str, str]:
+        parent, _, sub = name.partition("/")
+        return (STAGES.index(parent) if parent in STAGES else len(STAGES), parent, sub)
+
+    return sorted(set(names), key=key)
 
 
 def median(values: Sequence[float]) -> float:

@@ -15,12 +15,30 @@ not show up in the job's own /proc/<pid>/io counts.
 
 A sidecar that is absent, slow or dead never fails the job: the reporter prints one warning line and
 turns itself off.
+
+Sub-stages. A stage's own command (the process stage runs the user's command) may announce sub-stages of
+its own: it finds the socket in the variable SUBSTAGE_SOCKET_ENV, opens a connection of its own and speaks
+the same messages, which the sidecar profiles beside the running stage as "<stage>/<name>" (the process
+tree of the pid it names, kernel counters alone). From Python, `substage`:
+
+    from profiling.protocol import substage
+    with substage("features") as stage:     # a no-op when the variable is unset (not profiled)
+        ...                                  # the work
+        stage.items = 40
+
+From any other language, one JSON line each way, as above: connect to the Unix socket, send
+{"type":"stage_start","stage":"features","pid":PID}, read the one-line ack, work, send
+{"type":"stage_end","stage":"features","outcome":"ok","items":40}, read the ack, close. A name is 1-32
+lowercase letters, digits, '_' or '-'; a job has at most MAX_SUBSTAGES distinct ones (each is a Stage
+dimension value: its metrics are billed as custom metrics), and a sub-stage still open when its stage
+ends is recorded as interrupted.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -36,6 +54,22 @@ MAX_MESSAGE_BYTES = 64 * 1024
 MAX_SOCKET_PATH = 107
 # Where the job and its sidecar meet unless told otherwise: this file in the child's scratch directory.
 SOCKET_NAME = "profiler.sock"
+# Set by the job for its process command: the sidecar's socket, where the command announces sub-stages.
+SUBSTAGE_SOCKET_ENV = "IOBATCH_STAGE_SOCKET"
+SUBSTAGE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
+MAX_SUBSTAGES = 8
+
+
+def substage_name(parent: str, name: str) -> str:
+    """The stage name a sub-stage is recorded under: its stage's name, '/', its own."""
+    return f"{parent}/{name}"
+
+
+def substage_problem(name: object) -> str | None:
+    """Why `name` cannot name a sub-stage, or None when it can."""
+    if not isinstance(name, str) or not SUBSTAGE_NAME.fullmatch(name):
+        return f"sub-stage name {str(name)[:40]!r} is not 1-32 lowercase letters, digits, '_' or '-'"
+    return None
 
 
 class ProtocolError(ValueError):
@@ -166,3 +200,20 @@ class StageReporter:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+
+
+@contextmanager
+def substage(name: str, *, socket_path: str | None = None) -> Iterator[StageHandle]:
+    """Run the body as a sub-stage of the stage that runs this process (see the module's docstring).
+
+    The socket comes from SUBSTAGE_SOCKET_ENV unless given; without one the body just runs. Like the job's
+    own stages, a profiler that is absent or stops answering costs one warning line, never the work."""
+    if problem := substage_problem(name):
+        raise ValueError(problem)
+    path = socket_path if socket_path is not None else os.environ.get(SUBSTAGE_SOCKET_ENV, "")
+    reporter = StageReporter(Path(path) if path else None, connect_timeout_s=1.0)
+    try:
+        with reporter.stage(name) as handle:
+            yield handle
+    finally:
+        reporter.close()

@@ -12,14 +12,16 @@ A run is read back from its profiles when it kept any (they carry timelines), el
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profiling.emf import profile_from_emf
-from profiling.metrics import StageProfile
+from profiling.emf import profiles_from_emf
+from profiling.metrics import StageProfile, TimelinePoint
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
@@ -74,11 +76,16 @@ def is_run_dir(path: Path) -> bool:
 
 
 def write_text_atomic(path: Path, text: str) -> Path:
-    """Write `text` to `path` through a .partial file, so a reader never sees half of it."""
+    """Write `text` to `path` through a .partial file, so a reader never sees half of it; on any failure
+    (a full disk, `path` a directory, Ctrl-C) the .partial file is removed and the error raised."""
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text, encoding="utf-8")
-    partial.replace(path)
+    try:
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -95,6 +102,47 @@ def read_run(run_dir: Path) -> dict[str, Any]:
 # ---- profiles and EMF --------------------------------------------------------------------------------
 
 
+def _allowed(annotation: str) -> tuple[set[str], bool]:
+    """The JSON kinds a dataclass field's annotation (a string: annotations are postponed) admits."""
+    kinds = {"int": "number", "float": "number", "str": "str", "dict": "dict", "list": "list"}
+    parts = [part.strip().split("[", 1)[0] for part in annotation.split("|")]
+    return {kinds[part] for part in parts if part in kinds}, "None" in parts
+
+
+_KIND_TYPES: dict[str, tuple[type, ...]] = {"number": (int, float), "str": (str,), "dict": (dict,), "list": (list,)}
+
+
+def _check_fields(body: Any, cls: type, what: str) -> None:
+    """Each known field of `body` has its dataclass's type; numbers are finite and not negative (a profile
+    holds times, durations, bytes, counts and rates only). Raises ValueError naming the field."""
+    if not isinstance(body, dict):
+        raise ValueError(f"{what} is a JSON {type(body).__name__}, not an object")
+    where = "" if what == "the line" else f"{what}: "
+    for spec in dataclasses.fields(cls):
+        if spec.name not in body:
+            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
+                raise ValueError(f"{what} has no {spec.name!r}")
+            continue
+        value = body[spec.name]
+        kinds, optional = _allowed(str(spec.type))
+        if value is None and optional:
+            continue
+        if isinstance(value, bool) or not any(isinstance(value, _KIND_TYPES[kind]) for kind in kinds):
+            raise ValueError(f"{where}{spec.name} is {json.dumps(value)[:40]}, not a {' or '.join(sorted(kinds))}")
+        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{where}{spec.name} is {value}: a profile holds finite figures of 0 or more")
+
+
+def profile_from_line(line: str) -> StageProfile:
+    """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
+    timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
+    body = json.loads(line)
+    _check_fields(body, StageProfile, "the line")
+    for point in body.get("timeline") or []:
+        _check_fields(point, TimelinePoint, "a timeline point")
+    return StageProfile.from_dict(body)
+
+
 def read_profiles(path: Path) -> Iterator[StageProfile]:
     """Profiles from a .jsonl file, or from every .jsonl file under a run directory.
 
@@ -102,13 +150,14 @@ def read_profiles(path: Path) -> Iterator[StageProfile]:
     """
     files = profile_files(path) if path.is_dir() else [path]
     for file in files:
-        with file.open(encoding="utf-8") as lines:
+        # Bytes that are not UTF-8 become U+FFFD, so such a line fails as JSON with its number.
+        with file.open(encoding="utf-8", errors="replace") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
-                    yield StageProfile.from_dict(json.loads(line))
-                except (ValueError, TypeError) as exc:
+                    yield profile_from_line(line)
+                except (ValueError, TypeError, RecursionError) as exc:
                     raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
 
@@ -134,8 +183,7 @@ def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str 
 
     Documents that are not stage documents (of `namespace`, when given) are skipped.
     """
-    found = (profile_from_emf(doc, namespace=namespace) for doc in emf_documents(lines, where=where))
-    return [profile for profile in found if profile is not None]
+    return profiles_from_emf(emf_documents(lines, where=where), namespace=namespace)
 
 
 def read_emf_documents(path: Path) -> list[dict[str, Any]]:

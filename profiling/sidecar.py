@@ -12,7 +12,7 @@ Injected, with defaults for the real thing:
 - per-call probes (`probes`; default profiling.probes.call_probes_for(scratch_dir), made when the
   socket is bound): each is started with the stage's pid at stage_start (before the baseline, so
   attaching is not stage time) and stopped at stage_end (before the ack, so the job's work after the
-  stage is not counted). A probe with a `close()` (eBPF keeps one bpftrace for the whole job) is closed
+  stage is not counted). A probe with a `close()` (eBPF keeps its program loaded for the whole job) is closed
   when `serve` returns, on every path (job_end, EOF, SIGTERM, error).
   `iobatch sidecar --no-call-probes` runs the kernel counters alone.
 - contracts (`rules_loader`; default profiling.finish.contract_rules): called once with the contract
@@ -26,8 +26,10 @@ import json
 import select
 import signal
 import socket
+import stat
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -38,14 +40,42 @@ from profiling.emf import EmfSink, emit_profile
 from profiling.finish import RulesLoader, contract_rules, finish_stage, load_rules
 from profiling.metrics import StageProfile
 from profiling.probes import CallProbe, Warn, call_probes_for
+from profiling.probes.cgroupfs import own_cgroup
 from profiling.probes.procfs import BlockDevice, pid_exists
-from profiling.sampler import DEFAULT_INTERVAL_S, StageSampler
+from profiling.probes.sharing import DeviceRegister
+from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
+from profiling.substages import SubStages
 
 ProbeResults = list[tuple[str, dict[str, Any] | None]]
 
 
 def _warn(text: str) -> None:
     print(f"warning: profiler: {text}", file=sys.stderr, flush=True)
+
+
+def remove_stale_socket(path: Path) -> None:
+    """Remove a socket a dead profiler left at `path`; refuse anything else that is there.
+
+    Only a Unix socket nobody listens on is removed (connect(2) gives ECONNREFUSED for a socket without a
+    listener, unix(7)): a file, a directory or a live profiler's socket is the user's or another's.
+    """
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise ValueError("it exists and is not a socket: give a new path with --socket (the file was left alone)")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(str(path))
+    except ConnectionRefusedError:
+        path.unlink(missing_ok=True)
+        return
+    except OSError:
+        return  # not connectable for another reason (permissions): bind(2) reports it
+    finally:
+        probe.close()
+    raise ValueError("a profiler is already serving it: stop that one, or give another path with --socket")
 
 
 @dataclass
@@ -62,6 +92,11 @@ class SidecarConfig:
     properties: dict[str, str] = field(default_factory=dict)  # Pipeline, JobId, ArrayIndex, ...
     contract_path: Path | None = None
     call_probes: bool = True  # False: kernel counters only (no eBPF / interposer per-call probes)
+    # No job connected this long after the socket was bound: one warning (the job and the sidecar may have
+    # derived different task ids, and the job then runs unprofiled). The sidecar goes on waiting.
+    grace_s: float = 60.0
+    remove_empty_dir: bool = False  # the socket's directory is the attempt's: removed on exit when empty
+    host_cgroup_mount: Path | None = None  # the host's cgroup v2 hierarchy, where the job's cgroup is found
 
 
 def write_profile_line(path: Path, profile: StageProfile) -> None:
@@ -84,6 +119,11 @@ class Sidecar:
         self._running_probes: list[CallProbe] = []
         self._stop = threading.Event()
         self._server: socket.socket | None = None
+        self._register: DeviceRegister | None = None
+        self._said: set[str] = set()  # notices already printed: each is said once per job
+        # What the running stage's own command announces (the user's process command): profiling/substages.py.
+        self._substages = SubStages(device=config.device, interval_s=config.interval_s,
+                                    properties=config.properties, record=self._record, warn=warn)
         try:
             self._rules = load_rules(config.contract_path, rules_loader)
         except ValueError as exc:  # the job runs on; its stages are profiled without the rules
@@ -101,14 +141,39 @@ class Sidecar:
         if len(str(path)) > protocol.MAX_SOCKET_PATH:
             raise ValueError(f"socket path {path} is over {protocol.MAX_SOCKET_PATH} bytes: use a shorter path")
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+        remove_stale_socket(path)
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(str(path))
         server.listen(1)
         self._server = server
         if self._probes is None:
             self._probes = self._make_probes()
+        self._join_register()
+
+    def _join_register(self) -> None:
+        """Count this child among the profilers on the scratch volume (the device figures are shared)."""
+        if self.config.scratch_dir is None or self.config.device is None:
+            return
+        register = DeviceRegister(self.config.scratch_dir.parent)
+        try:
+            register.join()
+        except OSError as exc:
+            self._notice(f"the children sharing the scratch device are not counted ({exc.strerror or exc})")
+            return
+        self._register = register
+
+    def _notice(self, text: str) -> None:
+        if text and text not in self._said:
+            self._said.add(text)
+            self.warn(text)
+
+    def _sources(self, pid: int) -> Sources:
+        """What the stage of `pid` samples beside its tree: its cgroup v2, its network namespace, the register."""
+        device = self.config.device
+        cgroup, notice = own_cgroup(pid, device.major if device else None, device.minor if device else None,
+                                    self.config.host_cgroup_mount)
+        self._notice(notice)
+        return Sources(cgroup=cgroup, register=self._register, net=True, notices=(notice,) if notice else ())
 
     def _make_probes(self) -> list[CallProbe]:
         if self.config.scratch_dir is None or not self.config.call_probes:
@@ -135,28 +200,47 @@ class Sidecar:
             self.bind()
         assert self._server is not None
         conn: socket.socket | None = None
+        warn_at: float | None = time.monotonic() + self.config.grace_s
         try:
             while conn is None and not self._stop.is_set():
                 ready, _, _ = select.select([self._server], [], [], poll_s)
                 if ready:
                     conn, _ = self._server.accept()
+                if conn is None and warn_at is not None and time.monotonic() >= warn_at:
+                    warn_at = None
+                    self.warn(f"no job connected to {self.config.socket_path} within {self.config.grace_s:g} s: "
+                              "the job may have derived another task id (its stages are then not profiled), "
+                              "or it had nothing to do")
             if conn is not None:
                 self._serve_connection(conn, poll_s)
         finally:
             if self._sampler is not None:
                 self._end_stage("interrupted", None)
+            self._substages.close()
             self.close_probes()
+            if self._register is not None:
+                self._register.leave()
             if conn is not None:
                 conn.close()
             self._server.close()
             with contextlib.suppress(OSError):
                 self.config.socket_path.unlink()
+            if self.config.remove_empty_dir:
+                # The job removes its directory when it ends; this one may have bound after that.
+                with contextlib.suppress(OSError):
+                    self.config.socket_path.parent.rmdir()
 
     def _serve_connection(self, conn: socket.socket, poll_s: float) -> None:
         buffer = b""
         while not self._stop.is_set():
-            ready, _, _ = select.select([conn], [], [], poll_s)
-            if not ready:
+            assert self._server is not None
+            ready, _, _ = select.select([conn, self._server, *self._substages.sockets()], [], [], poll_s)
+            for sock in ready:
+                if sock is self._server:
+                    self._substages.accept(self._server)
+                elif sock is not conn:
+                    self._substages.readable(sock, self._sampler.stage if self._sampler else None)
+            if conn not in ready:
                 continue
             try:
                 chunk = conn.recv(65536)
@@ -236,7 +320,7 @@ class Sidecar:
         if pid <= 0 or not pid_exists(pid):
             return (f"pid {pid} of stage {stage} does not exist (or exited before the first sample); "
                     "the stage is not profiled")
-        # Probes first (bpftrace takes a while to attach), so the baseline and the stage's clock
+        # Probes first (loading one takes a moment), so the baseline and the stage's clock
         # start only when everything is ready and the job is about to begin.
         self._running_probes = []
         for probe in self._probes or []:
@@ -246,13 +330,13 @@ class Sidecar:
             except Exception as exc:  # a probe must never stop the sidecar
                 self.warn(f"probe {probe.name} did not start ({exc})")
         sampler = StageSampler(stage=stage, pid=pid, device=self.config.device,
-                               interval_s=self.config.interval_s)
+                               interval_s=self.config.interval_s, sources=self._sources(pid))
         sampler.start()
         self._sampler = sampler
         return None
 
     def close_probes(self) -> None:
-        """End what the probes keep running between stages (bpftrace): `serve` does it on every way out."""
+        """End what the probes keep running between stages (the eBPF program): `serve` does it on every way out."""
         for probe in self._probes or []:
             close = getattr(probe, "close", None)
             if close is None:
@@ -264,6 +348,7 @@ class Sidecar:
 
     def _close_stage(self) -> ProbeResults:
         """Take the closing snapshot and stop the probes: their (name, result), best first."""
+        self._substages.end_all()
         if self._sampler is not None:
             self._sampler.close()
         results: ProbeResults = []
@@ -282,12 +367,22 @@ class Sidecar:
         if sampler is None:
             return
         try:
-            profile = sampler.finish(outcome=outcome, items=items, properties=self.config.properties)
-            profile = finish_stage(profile, results, self._rules, warn=self.warn)
-            self.profiles.append(profile)
-            emit_profile(profile, self.config.emf_sink, namespace=self.config.namespace)
-            if self.config.profile_out is not None:
-                write_profile_line(self.config.profile_out, profile)
+            self._record(sampler.finish(outcome=outcome, items=items, properties=self.config.properties), results)
         except Exception as exc:  # the profiler never fails the job: one warning, and go on
             self.warn(f"stage {sampler.stage} was not recorded ({type(exc).__name__}: {exc})")
+
+    def _record(self, profile: StageProfile, results: ProbeResults | None = None) -> None:
+        """Finish a stage's (or a sub-stage's) profile and emit it as EMF and a profile line."""
+        profile = finish_stage(profile, results or [], self._rules, warn=self.warn)
+        self.profiles.append(profile)
+        for notice in profile.notices:
+            self._notice(notice)
+        # The profile first, and whatever EMF makes of it apart: an EMF document the library refuses
+        # loses no profile.
+        if self.config.profile_out is not None:
+            write_profile_line(self.config.profile_out, profile)
+        try:
+            emit_profile(profile, self.config.emf_sink, namespace=self.config.namespace)
+        except Exception as exc:
+            self.warn(f"stage {profile.stage}: no EMF document ({type(exc).__name__}: {exc}); its profile is kept")
 

@@ -8,6 +8,8 @@ from rich.table import Table
 
 from profiling.metrics import METRICS_BY_NAME, TABLE_METRICS, StageProfile
 
+_EITHER = ("NetworkSent", "HostNetworkSent")
+
 
 def render_stage_table(rows: Mapping[str, Mapping[str, float | None]], title: str) -> Table:
     """One row per stage, one column per table metric; rows come from metrics.summarize or
@@ -17,9 +19,11 @@ def render_stage_table(rows: Mapping[str, Mapping[str, float | None]], title: st
     with_children = any("children" in row for row in rows.values())
     if with_children:
         table.add_column("children", justify="right")
-    specs = [METRICS_BY_NAME[name] for name in TABLE_METRICS]
-    for spec in specs:
-        table.add_column(spec.label, justify="right")
+    # A column no row has a figure for is left out (the network bytes are either the child's or the host's).
+    specs = [METRICS_BY_NAME[name] for name in TABLE_METRICS
+             if any(row.get(name) is not None for row in rows.values()) or not name.startswith(_EITHER)]
+    for spec in specs:  # a figure that is not the child's own says what it is of: "dev queue [device]"
+        table.add_column(spec.scoped_label, justify="right")
     for stage, row in rows.items():
         cells = [stage]
         if with_children:

@@ -11,6 +11,7 @@ def render(advice: Advice) -> str:
     """The advice as a console table and a few paragraphs."""
     plan = advice.plan
     lines = [
+        *render_findings(advice),
         f"Plan: {plan.jobs_per_instance} jobs per instance, {plan.memory_gib:g} GiB memory, "
         f"{plan.jobs_per_day} jobs per instance per day ({plan.waves_per_day} rounds)"
         + (f", instance EBS cap {plan.instance_ebs_mibps:g} MiB/s" if plan.instance_ebs_mibps else ""),
@@ -61,3 +62,19 @@ def render(advice: Advice) -> str:
         f"  cdk deploy {advice.cdk_args}",
     ]
     return "\n".join(lines)
+
+
+def render_findings(advice: Advice) -> list[str]:
+    """The findings, most severe first: code, severity, cost, then evidence and fix (empty when none)."""
+    if not advice.findings:
+        return []
+    lines = [f"Findings ({len(advice.findings)}; cost per child, and instance USD per month per instance):"]
+    for f in advice.findings:
+        cost = ("not priced" if f.cost_s_per_child is None else
+                f"{f.cost_s_per_child:,.1f} s/child, {f.cost_usd_per_month or 0:,.2f} USD/month")
+        lines.append(f"  [{f.severity.upper()}] {f.code}: {f.title} ({cost})")
+        lines.append(f"      evidence: {f.evidence}")
+        lines.append(f"      fix: {f.fix}" + (f"  (-c {' -c '.join(f'{k}={v}' for k, v in f.context.items())})"
+                                                if f.context else ""))
+    lines.append("")
+    return lines

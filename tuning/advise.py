@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiling import runfiles
-from profiling.emf import profile_from_emf
+from profiling import emf, runfiles
 from profiling.metrics import StageProfile, median
 from tuning.ebs import GIB, MIB, Volume
+from tuning.findings import Finding, Situation, find
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
@@ -111,6 +111,7 @@ class Advice:
     untuned_download_s: float  # the recommended volume with the kernel's default cache
     context: dict[str, str]
     burst_note: str
+    findings: tuple[Finding, ...] = ()
 
     @property
     def cdk_args(self) -> str:
@@ -141,10 +142,21 @@ class Advice:
             "burst": self.burst_note,
             "cdk_context": self.context,
             "cdk_args": self.cdk_args,
+            "findings": [f.to_dict() for f in self.findings],
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The same as to_json(): what the HTML report's advice section reads."""
+        """The advice as a plain JSON-able dict: what the HTML report's advice section reads.
+
+        Its keys: plan, workload (children_profiled, stages, notes), prices (region, as_of), candidates (one
+        dict per volume: volume, type, size_gib, ..., download_s, steady_download_s, credits_run_out_h,
+        fits_day, monthly_usd), recommended, untuned_download_s, write_cache, burst, cdk_context, cdk_args,
+        and findings: a list, most severe first, of
+        {code, severity, title, evidence, fix, cost_s_per_child, cost_usd_per_month, context}
+        where severity is high, medium, low or info, the costs are numbers or None (not measurable; the
+        evidence says why), cost_usd_per_month is instance time per instance, and context maps CDK context
+        keys to the values that apply the fix (possibly empty).
+        """
         return self.to_json()
 
 
@@ -154,7 +166,7 @@ class Advice:
 def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Volume] | None = None) -> Advice:
     """Simulate each candidate volume under the plan and recommend a volume and a write cache."""
     plan.validate()
-    workload = workload_from_profiles(profiles, io_size_kib=plan.io_size_kib)
+    workload = workload_from_profiles(profiles, io_size_kib=plan.io_size_kib, random_pct=plan.random_pct)
     cache = advise_cache(workload, plan)
     volumes = list(candidates) if candidates else default_candidates(workload, plan)
     dirty_bytes = cache.tuning.dirty_bytes or 0
@@ -165,8 +177,26 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
+    findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
-                  _burst_note(recommended))
+                  _burst_note(recommended), tuple(findings))
+
+
+def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,
+               cache: CacheAdvice, recommended: Volume) -> Situation:
+    """The stack's volume and cache as they are now, replayed under the plan, for the findings."""
+    volume, tuning = plan.current_volume, plan.current_tuning
+    if tuning.dirty_bytes:
+        current_cache = WriteCache(tuning.dirty_bytes, tuning.dirty_background_bytes or 0)
+    elif tuning.dirty_ratio:
+        current_cache = WriteCache.from_ratios(plan.memory_bytes, tuning.dirty_ratio,
+                                               tuning.dirty_background_ratio or 0)
+    else:
+        current_cache = _kernel_default_cache(plan)
+    now = _evaluate(volume, workload, plan, current_cache)
+    advised = _evaluate(volume, workload, plan, tuned, waves=1)
+    return Situation(plan, profiles, workload, volume, tuning, now.download_s, now.steady_download_s,
+                     now.credits_run_out_h, advised.download_s, cache.tuning, recommended)
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult:
@@ -285,8 +315,7 @@ def _burst_note(result: CandidateResult) -> str:
 
 def profiles_from_emf(documents: Iterable[Mapping[str, Any]]) -> list[StageProfile]:
     """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them."""
-    found = (profile_from_emf(doc, namespace=None) for doc in documents)
-    return [profile for profile in found if profile is not None]
+    return emf.profiles_from_emf(documents, namespace=None)
 
 
 def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:

@@ -5,22 +5,30 @@ This is the single source of what a scratch volume may be. The stack reads its v
 `Volume.from_context()` (infra only maps the kind to CDK's enum), `iobatch advise` prints `to_context()`,
 and the simulator (tuning.simulator) replays jobs on a Volume.
 
-The formulas are the ones AWS documents for each volume type:
+Every figure is AWS's, from these pages (read as of 2025-09; the gp3 limits were raised on 2025-09-26):
 
-- st1 (throughput-optimised HDD, 125 GiB-16 TiB): baseline 40 MiB/s per TiB, burst 250 MiB/s per TiB,
-  both capped at 500 MiB/s. The credit bucket holds 1 TiB of credits per TiB of size and fills at the
-  baseline rate.
-- sc1 (cold HDD, 125 GiB-16 TiB): baseline 12 MiB/s per TiB, burst 80 MiB/s per TiB, capped at 250 MiB/s.
-- HDD accounting: an I/O of up to 1 MiB costs 1 MiB of throughput and credits, so small random I/O
-  drains an HDD volume far faster than its byte count suggests.
+- [HDD] https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html
+- [GP] https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html
+- [PIOPS] https://docs.aws.amazon.com/ebs/latest/userguide/provisioned-iops.html
+- [API] https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html (what CreateVolume
+  accepts: Size, Iops, Throughput per volume type)
+- [IO] https://docs.aws.amazon.com/ebs/latest/userguide/ebs-io-characteristics.html (I/O size and merging)
+
+- st1 (125 GiB-16 TiB): baseline 40 MiB/s per TiB, burst 250 MiB/s per TiB, both capped at 500 MiB/s; the
+  bucket holds 1 TiB of credits per TiB of size and fills at the baseline rate [HDD].
+- sc1 (125 GiB-16 TiB): baseline 12 MiB/s per TiB, burst 80 MiB/s per TiB, capped at 250 MiB/s [HDD].
+- HDD accounting [HDD "Inefficiency of small read/writes on HDD", IO]: throughput is counted in 1 MiB I/O
+  units. SEQUENTIAL I/O is merged into 1 MiB units (eight sequential 128 KiB I/Os cost one unit), while
+  each RANDOM I/O smaller than 1 MiB costs a whole unit. tuning.accounting.HddAccountant applies this to
+  a stream of requests by offset; the model takes a stage's random share (`cost_per_byte(random_share=...)`).
 - gp2 (1 GiB-16 TiB): 3 IOPS per GiB (100-16,000), bursting to 3,000 IOPS from a 5.4 million I/O-credit
-  bucket; volumes of 1,000 GiB and more have a baseline of 3,000 IOPS or more and never burst. Throughput
-  is at most 128 MiB/s up to 170 GiB and 250 MiB/s above.
-- gp3 (1 GiB-16 TiB): 3,000 IOPS and 125 MiB/s at any size, provisionable to 16,000 IOPS and 1,000 MiB/s
-  (at most 500 IOPS per GiB and 0.25 MiB/s per IOPS); no bursting.
-- io1 (4 GiB-16 TiB): provisioned IOPS (100-64,000, at most 50 per GiB), throughput up to 1,000 MiB/s.
-- io2 (4 GiB-64 TiB): provisioned IOPS (100-256,000, at most 1,000 per GiB), throughput up to 4,000 MiB/s.
-- SSD accounting: an I/O of up to 256 KiB counts as one I/O; larger ones count as one per 256 KiB.
+  bucket; 1,000 GiB and more never burst. Throughput: 128 MiB/s up to 170 GiB; 250 MiB/s from 334 GiB;
+  between the two, 250 MiB/s only while burst credits last and 128 MiB/s otherwise [GP].
+- gp3 (1 GiB-64 TiB): 3,000 IOPS and 125 MiB/s at any size, provisionable to 80,000 IOPS (at most 500 per
+  GiB) and 2,000 MiB/s (at most 0.25 MiB/s per provisioned IOPS); no bursting [GP, API].
+- io1 (4 GiB-16 TiB): provisioned IOPS (100-64,000, at most 50 per GiB), up to 1,000 MiB/s [PIOPS, API].
+- io2 Block Express (4 GiB-64 TiB): 100-256,000 IOPS, at most 1,000 per GiB, up to 4,000 MiB/s [PIOPS, API].
+- SSD accounting: an I/O of up to 256 KiB counts as one I/O; larger ones count as one per 256 KiB [IO].
 
 Credits are kept in "credit units": MiB of accounted throughput for HDD types, I/Os for gp2. Volumes
 without a bucket (gp3, io1, io2) have a capacity of zero and always run at their provisioned rate.
@@ -53,13 +61,15 @@ class VolumeLimits:
     max_mibps: float | None = None  # io1/io2: throughput follows the IOPS up to this
 
 
-# The one list of volume kinds and their limits; the stack accepts exactly these.
+# The one list of volume kinds and their limits; the stack accepts exactly these. [API], [GP], [PIOPS], [HDD]
+# as of 2025-09.
 LIMITS: dict[str, VolumeLimits] = {
     "st1": VolumeLimits(size_gib=(125, 16 * 1024)),
     "sc1": VolumeLimits(size_gib=(125, 16 * 1024)),
     "gp2": VolumeLimits(size_gib=(1, 16 * 1024)),
-    "gp3": VolumeLimits(size_gib=(1, 16 * 1024), iops=(3_000, 16_000), iops_per_gib=500,
-                        throughput_mibps=(125.0, 1_000.0)),
+    # [API] 2025-09: gp3 Size 1-65,536 GiB, Iops 3,000-80,000, Throughput 125-2,000 MiB/s.
+    "gp3": VolumeLimits(size_gib=(1, 64 * 1024), iops=(3_000, 80_000), iops_per_gib=500,
+                        throughput_mibps=(125.0, 2_000.0)),
     "io1": VolumeLimits(size_gib=(4, 16 * 1024), iops=(100, 64_000), iops_per_gib=50, iops_required=True,
                         max_mibps=1_000.0),
     "io2": VolumeLimits(size_gib=(4, 64 * 1024), iops=(100, 256_000), iops_per_gib=1_000, iops_required=True,
@@ -74,17 +84,22 @@ HDD_IO_UNIT = MIB
 # SSD volumes count I/Os in units of up to this size.
 SSD_IO_UNIT = 256 * KIB
 
-# HDD: (baseline MiB/s per TiB, burst MiB/s per TiB, cap MiB/s for both)
+# HDD: (baseline MiB/s per TiB, burst MiB/s per TiB, cap MiB/s for both) [HDD] as of 2025-09.
 _HDD_RATES: dict[str, tuple[float, float, float]] = {
     "st1": (40.0, 250.0, 500.0),
     "sc1": (12.0, 80.0, 250.0),
 }
+# gp2 [GP] as of 2025-09.
 GP2_IOPS_PER_GIB = 3
 GP2_MIN_IOPS = 100
 GP2_MAX_IOPS = 16_000
 GP2_BURST_IOPS = 3_000
 GP2_BUCKET_CREDITS = 5_400_000
-# gp3 without provisioned figures runs at these (and they are free).
+GP2_SMALL_MIBPS = 128.0  # up to 170 GiB; and 170-334 GiB once the burst credits are gone
+GP2_LARGE_MIBPS = 250.0  # from 334 GiB; and 170-334 GiB while burst credits last
+GP2_SMALL_MAX_GIB = 170
+GP2_ALWAYS_LARGE_GIB = 334
+# gp3 without provisioned figures runs at these (and they are free) [GP] as of 2025-09.
 GP3_BASE_IOPS = 3_000
 GP3_BASE_MIBPS = 125.0
 GP3_MAX_MIBPS_PER_IOPS = 0.25
@@ -273,11 +288,19 @@ class Volume:
 
     @property
     def max_mibps(self) -> float:
-        """The volume's throughput ceiling regardless of I/O size and credits."""
+        """The volume's throughput ceiling regardless of I/O size and credits (gp2: while bursting)."""
+        return self.ceiling_mibps(bursting=True)
+
+    def ceiling_mibps(self, *, bursting: bool) -> float:
+        """The volume's throughput ceiling, bursting or not (only gp2 of 170-334 GiB differs) [GP]."""
         if self.is_hdd:
             return _HDD_RATES[self.kind][2]
         if self.kind == "gp2":
-            return 128.0 if self.size_gib <= 170 else 250.0
+            if self.size_gib <= GP2_SMALL_MAX_GIB:
+                return GP2_SMALL_MIBPS
+            if self.size_gib >= GP2_ALWAYS_LARGE_GIB or bursting:
+                return GP2_LARGE_MIBPS
+            return GP2_SMALL_MIBPS
         if self.kind == "gp3":
             return self.provisioned_mibps
         # io1/io2: one I/O of up to 256 KiB per provisioned IOPS, up to the kind's ceiling.
@@ -323,21 +346,34 @@ class Volume:
             return min(burst * self.size_tib, cap)
         return float(GP2_BURST_IOPS)
 
-    def cost_per_byte(self, io_size: float) -> float:
-        """Credit units one byte costs at this I/O size (HDD: an I/O <= 1 MiB costs 1 MiB)."""
+    def cost_per_byte(self, io_size: float, *, random_share: float = 0.0) -> float:
+        """Credit units one byte costs at this I/O size.
+
+        HDD [HDD, IO]: sequential I/O is merged into 1 MiB units, so it costs its bytes in MiB whatever the
+        request size; a random I/O smaller than 1 MiB costs a whole MiB. `random_share` is the share of the
+        bytes moved by random requests (0: all sequential, 1: all random). SSD: one I/O per 256 KiB or part.
+        """
         if io_size <= 0:
             raise VolumeError(f"I/O size {io_size} must be positive")
+        if not 0.0 <= random_share <= 1.0:
+            raise VolumeError(f"random share {random_share} is outside 0-1")
         if self.is_hdd:
-            return max(io_size, HDD_IO_UNIT) / io_size / MIB
+            random_cost = max(io_size, HDD_IO_UNIT) / io_size / MIB
+            return (1.0 - random_share) / MIB + random_share * random_cost
         return math.ceil(io_size / SSD_IO_UNIT) / io_size
 
-    def throughput_bps(self, *, io_size: float, bursting: bool, instance_cap_bps: float | None = None) -> float:
-        """Bytes per second the volume serves at this I/O size, bursting or at baseline."""
-        rate = self.spend_limit(bursting) / self.cost_per_byte(io_size)
-        rate = min(rate, self.max_mibps * MIB)
+    def throughput_bps(self, *, io_size: float, bursting: bool, instance_cap_bps: float | None = None,
+                       random_share: float = 0.0) -> float:
+        """Bytes per second the volume serves at this I/O size and random share, bursting or at baseline."""
+        rate = self.spend_limit(bursting) / self.cost_per_byte(io_size, random_share=random_share)
+        rate = min(rate, self.ceiling_mibps(bursting=bursting and self.bursts) * MIB)
         if instance_cap_bps is not None:
             rate = min(rate, instance_cap_bps)
         return rate
+
+    def refill_mib(self, seconds: float) -> float:
+        """Credit units the bucket earns in `seconds` (at baseline), before the bucket's cap."""
+        return self.earn_rate() * seconds
 
     def burst_seconds(self, credits: float | None = None, *, io_size: float = MIB) -> float:
         """How long the volume can run at burst from `credits` (default: a full bucket).
@@ -375,7 +411,6 @@ class Volume:
             f"which forgets that the bucket keeps refilling at baseline ({earn:,.1f} {rate_unit}) while it "
             f"drains, so it underestimates the burst by a factor of {real / naive:.2f}."
         )
-
 
 
 def _context_text(ctx: Mapping[str, Any], key: str) -> str | None:

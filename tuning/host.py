@@ -20,6 +20,9 @@ SYSCTL_CONF_PATH = "/etc/sysctl.d/90-iobatch.conf"
 # The block device name the launch template gives the scratch volume. On Nitro instances the kernel
 # names it nvme<N>n1; Amazon Linux's udev rules (amazon-ec2-utils) add this name as a symlink.
 SCRATCH_DEVICE_NAME = "/dev/xvdb"
+# Written on the mounted scratch volume as the script's last step, after every check passed: a job that
+# does not find it (pipeline/scratch.py) is on a host whose setup failed, and exits to be retried elsewhere.
+SCRATCH_READY_MARKER = ".iobatch-scratch-ready"
 FILESYSTEMS: tuple[str, ...] = ("xfs", "ext4")
 # Options only XFS understands; rejected for other filesystems.
 _XFS_ONLY = ("logbufs", "logbsize", "allocsize", "largeio", "inode64", "swalloc", "sunit", "swidth")
@@ -243,6 +246,7 @@ class HostTuning:
             sysctl_conf=q(SYSCTL_CONF_PATH),
             sysctl_body=sysctl_lines,
             sysctl_keys=" ".join(self.sysctls()),
+            ready_marker=q(SCRATCH_READY_MARKER),
         )
 
 
@@ -292,6 +296,28 @@ FSTAB="${{IOBATCH_FSTAB-/etc/fstab}}"
 
 log() {{ echo "iobatch-host: $*" >&2; }}
 die() {{ echo "iobatch-host: FATAL: $*" >&2; exit 1; }}
+
+# A host that could not prepare scratch must not take jobs: the ECS agent starts after cloud-init whether
+# or not this script succeeded, and every job would then fail on the root disk. So on any failure: no
+# ready marker, the agent stopped and masked (it cannot start or register), and the host shut down. A
+# stopped instance is unhealthy to its Auto Scaling group, which replaces it ("Health checks for
+# instances in an Auto Scaling group": any state other than running is unhealthy); the launch template
+# terminates it on shutdown anyway. Only on a host with the ECS agent: elsewhere (tests) it only says so.
+READY_MARKER={ready_marker}
+fence_host() {{
+  local rc=$?
+  [ "$rc" -eq 0 ] && return 0
+  rm -f "$MOUNT_POINT/$READY_MARKER" 2>/dev/null || true
+  if systemctl cat ecs.service >/dev/null 2>&1; then
+    log "scratch setup failed (exit $rc): masking the ECS agent and shutting this host down"
+    systemctl mask --now ecs.service || log "could not mask ecs.service"
+    shutdown -h now "iobatch: scratch setup failed" || log "could not shut down"
+  else
+    log "scratch setup failed (exit $rc); no ECS agent here, nothing to fence"
+  fi
+  exit "$rc"
+}}
+trap fence_host EXIT
 
 # The scratch device: the name the launch template gave it, or else the one NVMe/xvd disk that has
 # no partitions, no filesystem and is not mounted (the root disk always has one of those).
@@ -357,4 +383,10 @@ for key in {sysctl_keys}; do
   [ "$have" = "$want" ] || die "$key is $have after applying $SYSCTL_CONF, not $want"
 done
 log "sysctls applied from $SYSCTL_CONF"
+
+# Last: the marker that tells jobs this is the prepared volume (written whole, then renamed).
+echo "prepared $(date -u +%Y-%m-%dT%H:%M:%SZ) device=$DEVICE filesystem=$FILESYSTEM" \\
+  > "$MOUNT_POINT/$READY_MARKER.tmp"
+mv -f "$MOUNT_POINT/$READY_MARKER.tmp" "$MOUNT_POINT/$READY_MARKER"
+log "scratch ready: $MOUNT_POINT/$READY_MARKER"
 """

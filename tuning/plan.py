@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from profiling.metrics import STAGES, StageProfile, median
 from tuning.ebs import GIB, MIB, Volume, VolumeError
+from tuning.host import HostTuning
 from tuning.simulator import StageLoad
 
 # Default share of instance memory the write cache may hold (the jobs need the rest).
@@ -36,6 +37,13 @@ class Plan:
     kernel_release: str | None = None
     cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
     io_size_kib: int | None = None  # overrides the measured block I/O size
+    # The share of device bytes in random requests (HDD accounting); None: not measured, taken as sequential.
+    random_pct: float | None = None
+    instance_usd_per_hour: float = 0.384  # prices a child's lost seconds (m6i.2xlarge us-east-1 on demand)
+    instance_network_mibps: float | None = None  # the instance's network bandwidth, when known
+    # What the stack runs now (its defaults unless told): the findings judge these.
+    current_volume: Volume = field(default_factory=Volume)
+    current_tuning: HostTuning = field(default_factory=HostTuning)
 
     def validate(self) -> None:
         if self.jobs_per_instance < 1:
@@ -50,6 +58,13 @@ class Plan:
             raise AdviseError(f"cache budget {self.cache_budget_pct}% is outside 1-90% of memory")
         if self.io_size_kib is not None and self.io_size_kib < 1:
             raise AdviseError(f"I/O size {self.io_size_kib} KiB must be at least 1")
+        if self.random_pct is not None and not 0 <= self.random_pct <= 100:
+            raise AdviseError(f"random share {self.random_pct}% is outside 0-100%, e.g. --random-pct 0")
+        if self.instance_network_mibps is not None and not self.instance_network_mibps > 0:
+            raise AdviseError(f"instance network bandwidth {self.instance_network_mibps} MiB/s must be positive")
+        if not self.instance_usd_per_hour > 0:
+            raise AdviseError(f"instance price {self.instance_usd_per_hour} USD/h must be positive, "
+                              "e.g. --instance-usd-per-hour 0.384")
 
     @property
     def memory_bytes(self) -> int:
@@ -72,9 +87,15 @@ class Workload:
         return next((s for s in self.stages if s.name == name), None)
 
 
-def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int | None = None) -> Workload:
-    """The median child's load per stage, from successful stage profiles."""
-    ok = [p for p in profiles if p.outcome == "ok"]
+def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int | None = None,
+                           random_pct: float | None = None) -> Workload:
+    """The median child's load per stage, from successful stage profiles.
+
+    The profiles do not say which device requests were sequential: without `random_pct` the device I/O is
+    taken as sequential (merged into 1 MiB units on HDD), with one note saying so.
+    """
+    # A profile whose process-tree figures could not be read (absent, with a notice) says nothing of bytes.
+    ok = [p for p in profiles if p.outcome == "ok" and p.read_bytes is not None]
     if not ok:
         raise AdviseError("no successful stage profiles in the input: give the profiles/ or emf/ files of "
                           "a run whose children finished")
@@ -87,7 +108,7 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
             continue
         children = max(children, len(of_stage))
         writes = [float(_volume_writes(p)) for p in of_stage]
-        reads = [float(p.storage_read_bytes) for p in of_stage]
+        reads = [float(p.storage_read_bytes or 0) for p in of_stage]
         floors = [_floor(p) for p in of_stage]
         io = _io_size(of_stage)
         if io_size_kib is not None:
@@ -95,7 +116,11 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
         elif io is None:
             io = MIB
             notes.append(f"{stage}: no block-device figures in the profiles; assuming 1 MiB I/O")
-        loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors)))
+        share = 0.0 if random_pct is None else random_pct / 100
+        loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors), share))
+    if random_pct is None:
+        notes.append("the profiles do not measure how much device I/O is random: taken as sequential (HDD "
+                     "merges it into 1 MiB units); give --random-pct to model random I/O")
     if not any(s.write_bytes or s.read_bytes for s in loads):
         raise AdviseError("the profiles show no bytes written to or read from scratch: was the run empty?")
     return Workload(tuple(loads), children, tuple(notes))
@@ -104,9 +129,9 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
 def _volume_writes(p: StageProfile) -> int:
     # Bytes the stage sends to storage; wchar stands in when the scratch filesystem does not count them
     # (tmpfs). The upload stage's wchar is network traffic, never scratch.
-    if p.storage_write_bytes > 0:
+    if p.storage_write_bytes:
         return p.storage_write_bytes
-    return 0 if p.stage == "upload" else p.write_bytes
+    return 0 if p.stage == "upload" else p.write_bytes or 0
 
 
 def _floor(p: StageProfile) -> float:

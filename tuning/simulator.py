@@ -20,20 +20,48 @@ DIRTYABLE_FRACTION = 0.9
 
 @dataclass(frozen=True)
 class WriteCache:
-    """The page cache between the job and the volume: the kernel's dirty limits, in bytes.
+    """The page cache between the job and the volume: the kernel's dirty limits, in bytes, and how
+    balance_dirty_pages() throttles writers against them (mm/page-writeback.c, Linux 5.x-6.x).
 
-    Writers run at memory speed until dirty data reaches the "freerun" point halfway between the
-    background and the hard limit (mm/page-writeback.c, dirty_freerun_ceiling); above it
-    balance_dirty_pages pauses them so they write at about the rate the device drains. The model uses
-    that midpoint as the point where writers fall to the volume's speed.
+    What the kernel does:
+
+    - The limits are global: the dirty count is every device's dirty plus writeback pages, so another
+      device's dirty data (`other_dirty_bytes`) uses up the same room.
+    - Writers run free while that count is at most the freerun ceiling, halfway between the background
+      and the hard limit (dirty_freerun_ceiling); background writeback runs above the background limit.
+    - Above it, each writer is paused so that it dirties at task_ratelimit = dirty_ratelimit x pos_ratio
+      (wb_position_ratio). dirty_ratelimit converges on the device's write bandwidth shared among its
+      writers (wb_update_dirty_ratelimit); pos_ratio is a cubic of the dirty count around the setpoint,
+      (freerun + limit) / 2: 2 at freerun, 1 at the setpoint, 0 at the limit, times a linear factor for
+      the device's distance from its share of the setpoint (wb_setpoint = setpoint x the device's share
+      of recent writeout, __wb_calc_thresh).
+
+    The model keeps the converged controller: above freerun, writers together dirty at the rate
+    writeback drains the device times the global pos_ratio, so the dirty count climbs from freerun
+    towards the setpoint and stays there. It leaves out the device's own factor (1 when the volume is
+    the host's only busy writer, as scratch on a Batch host is) and the ratelimit's ramp from its first
+    estimate. The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab").
     """
 
     limit_bytes: int
     background_bytes: int
+    other_dirty_bytes: int = 0  # dirty + writeback pages of other devices, counted against the same limits
 
     @property
     def freerun_bytes(self) -> int:
         return (self.limit_bytes + self.background_bytes) // 2
+
+    @property
+    def setpoint_bytes(self) -> int:
+        """Where the kernel holds the dirty count under sustained writing."""
+        return (self.freerun_bytes + self.limit_bytes) // 2
+
+    def pos_ratio(self, dirty: float) -> float:
+        """The kernel's global position ratio at a dirty count (all devices): 2 at freerun, 1 at the
+        setpoint, 0 at the limit (pos_ratio_polynom, clamped to [0, 2] as the kernel does)."""
+        span = max(self.limit_bytes - self.setpoint_bytes, 1)
+        x = (self.setpoint_bytes - dirty) / span
+        return min(2.0, max(0.0, 1.0 + x**3))
 
     @classmethod
     def from_ratios(cls, memory_bytes: int, dirty_ratio: int, background_ratio: int) -> WriteCache:
@@ -50,7 +78,8 @@ class StageLoad:
     """One stage of one job as the volume sees it, usually taken from measured profiles.
 
     write_bytes go through the page cache; read_bytes are cache misses read from the volume; floor_s is
-    the time the stage takes when the volume is not what it waits on (network, CPU).
+    the time the stage takes when the volume is not what it waits on (network, CPU); random_share is the
+    share of its bytes the device sees as random requests (HDD accounting, tuning.ebs.Volume.cost_per_byte).
     """
 
     name: str
@@ -58,6 +87,12 @@ class StageLoad:
     read_bytes: int = 0
     io_size: int = MIB
     floor_s: float = 0.0
+    random_share: float = 0.0
+
+    @property
+    def pattern(self) -> tuple[int, float]:
+        """What the volume's accounting depends on: the I/O size and the random share."""
+        return (self.io_size, self.random_share)
 
 
 @dataclass(frozen=True)
@@ -109,15 +144,22 @@ class _Rates:
     bursts: bool
 
     @classmethod
-    def of(cls, volume: Volume, io_size: float, instance_cap_bps: float | None) -> _Rates:
-        return cls(
-            burst_bps=volume.throughput_bps(io_size=io_size, bursting=True, instance_cap_bps=instance_cap_bps),
-            base_bps=volume.throughput_bps(io_size=io_size, bursting=False, instance_cap_bps=instance_cap_bps),
-            cost_per_byte=volume.cost_per_byte(io_size),
+    def of(cls, volume: Volume, pattern: tuple[int, float], instance_cap_bps: float | None,
+           baseline_only: bool = False) -> _Rates:
+        io_size, random_share = pattern
+        rates = cls(
+            burst_bps=volume.throughput_bps(io_size=io_size, bursting=True, instance_cap_bps=instance_cap_bps,
+                                            random_share=random_share),
+            base_bps=volume.throughput_bps(io_size=io_size, bursting=False, instance_cap_bps=instance_cap_bps,
+                                           random_share=random_share),
+            cost_per_byte=volume.cost_per_byte(io_size, random_share=random_share),
             earn=volume.earn_rate(),
             capacity=volume.credit_capacity,
             bursts=volume.bursts,
         )
+        if baseline_only:
+            return cls(rates.base_bps, rates.base_bps, rates.cost_per_byte, 0.0, 0.0, False)
+        return rates
 
 
 @dataclass
@@ -148,31 +190,35 @@ def simulate(
     initial_credits: float | None = None,
     dt: float | None = None,
     sample_every_s: float = 10.0,
+    baseline_only: bool = False,
 ) -> SimResult:
     """Replay `waves` rounds of `concurrency` jobs on one volume, back to back with `gap_s` between.
 
     All jobs of a round run the same stage at the same time (the worst case, and what happens when an
     instance starts a batch of children together). Each step the volume serves reads first, then
     writeback of dirty data; writers fill the cache at their own speed until it reaches the freerun
-    point, then at the rate writeback frees it. Credits are spent in the volume's accounting (HDD: an
-    I/O <= 1 MiB costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
-    (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form.
+    point, then as the kernel paces them (WriteCache): about the rate writeback frees it. Credits are
+    spent in the volume's accounting (HDD: sequential I/O merged into 1 MiB units, a random I/O < 1 MiB
+    costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
+    (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form. `baseline_only`
+    holds the volume at baseline throughout (a bucket kept empty, as the lab's --after-cliff does).
     """
     if concurrency < 1 or waves < 1:
         raise ValueError("concurrency and waves must be at least 1")
     if not stages:
         raise ValueError("a workload needs at least one stage")
     cache = cache or WriteCache(0, 0)
-    rates = {st.io_size: _Rates.of(volume, st.io_size, instance_cap_bps) for st in stages}
-    state = _State(credits=volume.credit_capacity if initial_credits is None else initial_credits)
-    state.wb_rates = rates[stages[0].io_size]
+    rates = {st.pattern: _Rates.of(volume, st.pattern, instance_cap_bps, baseline_only) for st in stages}
+    state = _State(credits=0.0 if baseline_only else
+                   volume.credit_capacity if initial_credits is None else initial_credits)
+    state.wb_rates = rates[stages[0].pattern]
     results: list[WaveResult] = []
     for wave in range(waves):
         started, credits_at_start = state.t, state.credits
         stage_s: dict[str, float] = {}
         for stage in stages:
             step = dt if dt is not None else max(0.05, min(2.0, (stage.floor_s or 2.0) / 40))
-            stage_s[stage.name] = _run_stage(stage, rates[stage.io_size], concurrency, cache, step, state,
+            stage_s[stage.name] = _run_stage(stage, rates[stage.pattern], concurrency, cache, step, state,
                                              sample_every_s)
         state.pending_durable.append((wave, state.accepted))
         _check_durable(state, state.last_wb_t)
@@ -214,14 +260,11 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
         cap = r.base_bps * dt
     read = min(read_want, cap)
     left = cap - read
-    freerun = cache.freerun_bytes
-    if freerun <= 0:
+    if cache.freerun_bytes <= 0:
         # No cache: writes go straight to the volume, sharing what reads left.
         accepted = moved = min(write_want, left)
     else:
-        # Writeback starts above the background threshold (below it, the data waits to expire).
-        moved = min(state.dirty, left) if state.dirty > cache.background_bytes else 0.0
-        accepted = min(write_want, max(0.0, freerun - state.dirty) + moved)
+        moved, accepted = _through_cache(cache, state.dirty, left, write_want)
         state.dirty = max(0.0, state.dirty + accepted - moved)
     state.accepted += accepted
     state.written_back += moved
@@ -232,6 +275,25 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
     _check_durable(state, state.t)
     _sample(state, (read + moved) / dt, sample_every_s)
     return read, accepted
+
+
+def _through_cache(cache: WriteCache, dirty: float, room: float, want: float) -> tuple[float, float]:
+    """One step of the write cache (WriteCache): (bytes written back, bytes accepted from writers).
+
+    Writeback moves what the volume allows once the global count is above the background limit (below it,
+    the data waits to expire). Writers fill the room below freerun at their own speed; past it they are
+    paced at the drained bytes times pos_ratio, never past the setpoint in one step.
+    """
+    others = cache.other_dirty_bytes
+    moved = min(dirty, room) if dirty + others > cache.background_bytes else 0.0
+    free = max(0.0, cache.freerun_bytes - others - dirty)
+    if want <= free:
+        return moved, want
+    level = dirty + free + others  # the global count once the free room is used
+    paced = moved * cache.pos_ratio(level)
+    if level < cache.setpoint_bytes:
+        paced = min(paced, moved + cache.setpoint_bytes - level)
+    return moved, min(want, free + paced)
 
 
 def _check_durable(state: _State, when: float) -> None:
@@ -284,7 +346,7 @@ def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: floa
     r = state.wb_rates
     assert r is not None
     end = state.t + seconds
-    floor_dirty = 0.0 if flush else float(cache.background_bytes)
+    floor_dirty = 0.0 if flush else float(max(0, cache.background_bytes - cache.other_dirty_bytes))
     while state.t < end and state.dirty > floor_dirty + 0.5:
         bursting = r.bursts and state.credits > 0
         rate = r.burst_bps if bursting else r.base_bps

@@ -16,25 +16,90 @@ The command modules import nothing from this one, so the imports run one way.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from functools import wraps
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 import typer
+from typer._click.core import Context, HelpFormatter
+from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from pipeline.cli import batch, local, profiler, report, tuning
-from pipeline.errors import EXIT_CODES_HELP, EXIT_RETRYABLE, IobatchError, print_error
+from pipeline.errors import EXIT_CODES_HELP, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
 
-__all__ = ["app", "fail", "handles_errors", "main"]
+__all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
+
+
+def usage_headline(exc: typer.TyperException) -> str:
+    """The one line a parse error prints: click's message (one line, no trailing period) and where help is."""
+    ctx = getattr(exc, "ctx", None)
+    command = ctx.command_path if ctx is not None else "iobatch"
+    if isinstance(exc, NoArgsIsHelpError):
+        return f"no command given: run `{command} --help` for the commands"
+    message = " ".join(exc.format_message().split()).rstrip(".")
+    return f"{message}: see `{command} --help`"
+
+
+class IobatchGroup(TyperGroup):
+    """The app's group: every parse error (unknown option, missing argument, a number out of its range, no
+    command at all) is one line and EXIT_USAGE, where click would print usage and exit 2. Here, in one
+    place, so the console script, `python -m pipeline.cli` and typer.testing.CliRunner all agree."""
+
+    def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
+             complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
+             **extra: Any) -> Any:
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False,
+                                windows_expand_args=windows_expand_args, **extra)
+        except ClickException as exc:
+            print_error(usage_headline(exc))
+            code = EXIT_USAGE
+        except typer.Abort:  # end of input at a prompt, or Ctrl-C before a command ran
+            print_error("interrupted")
+            code = EXIT_RETRYABLE
+        code = code if isinstance(code, int) else 0
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
+
+class IobatchCommand(TyperCommand):
+    """A command whose help names an argument by its metavar alone, as it does an option: `COMMAND...`, where
+    typer would print `{COMMAND}...` in the usage line and `COMMAND <list[str]>` under Arguments."""
+
+    def collect_usage_pieces(self, ctx: Context) -> list[str]:
+        return [piece.replace("{", "").replace("}", "") for piece in super().collect_usage_pieces(ctx)]
+
+    def format_options(self, ctx: Context, formatter: HelpFormatter) -> None:
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if isinstance(param, TyperArgument):
+                name = param.metavar or param.name or ""
+                arguments.append((name + ("..." if param.nargs != 1 else ""), record[1]))
+            else:
+                options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
 
 app = typer.Typer(
+    cls=IobatchGroup,
     name="iobatch",
     help="Run data-heavy ML preprocessing on AWS Batch (or this machine) and see its I/O, stage by stage.\n\n"
     + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Plain click help: usage lines without rich's boxes and "<bool>" metavars on plain flags.
+    rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
@@ -72,18 +137,20 @@ def handles_errors(func: F) -> F:
 
 # The commands, in the order `iobatch --help` lists them. `job` handles its own errors: it is the container's
 # entrypoint, and the job installs its own SIGTERM handler (pipeline/job.py).
-app.command()(handles_errors(local.demo))
-app.command()(handles_errors(local.run))
-app.command(help=local.JOB_HELP)(local.job)
-app.command()(handles_errors(profiler.sidecar))
-app.command(context_settings={"allow_interspersed_args": False})(handles_errors(profiler.profile))
-app.command()(handles_errors(batch.submit))
-app.command()(handles_errors(batch.status))
-app.command()(handles_errors(report.report))
-app.command()(handles_errors(tuning.advise))
-app.command()(handles_errors(tuning.lab))
+app.command(cls=IobatchCommand)(handles_errors(local.demo))
+app.command(cls=IobatchCommand)(handles_errors(local.run))
+app.command(cls=IobatchCommand, help=local.JOB_HELP)(local.job)
+app.command(cls=IobatchCommand, help=local.PROCESS_HELP)(handles_errors(local.process))
+app.command(cls=IobatchCommand)(handles_errors(profiler.sidecar))
+app.command(cls=IobatchCommand, context_settings={"allow_interspersed_args": False})(handles_errors(profiler.profile))
+app.command(cls=IobatchCommand)(handles_errors(batch.submit))
+app.command(cls=IobatchCommand)(handles_errors(batch.status))
+app.command(cls=IobatchCommand)(handles_errors(report.report))
+app.command(cls=IobatchCommand)(handles_errors(tuning.advise))
+app.command(cls=IobatchCommand)(handles_errors(tuning.lab))
 
 
-def main() -> None:
-    """The `iobatch` console script."""
-    app(prog_name="iobatch")
+def main(argv: Sequence[str] | None = None) -> NoReturn:
+    """The `iobatch` console script (argv: sys.argv[1:] when None); exits with the command's code."""
+    app(args=argv, prog_name="iobatch")
+    raise AssertionError("IobatchGroup.main exits")

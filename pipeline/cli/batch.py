@@ -9,7 +9,9 @@ from typing import Any
 
 import typer
 
+from pipeline.cli import checks
 from pipeline.errors import EXIT_PERMANENT, UsageError
+from pipeline.settings import MAX_IMAGES_PER_CHILD, MAX_WORKERS
 
 
 def _print_json(body: Any) -> None:
@@ -18,23 +20,45 @@ def _print_json(body: Any) -> None:
     print(json.dumps(body, separators=(",", ":")), flush=True)
 
 
+def _session(region: str | None) -> Any:
+    """A boto3 session in the region of --region or the usual variables (boto3 alone reads only
+    AWS_DEFAULT_REGION, while Batch and most tools set AWS_REGION)."""
+    import boto3
+
+    from pipeline.aws import refuse_foreign_answers
+
+    session = boto3.session.Session(region_name=checks.region(region))
+    refuse_foreign_answers(session.events, service="AWS", fix="check AWS_ENDPOINT_URL and any HTTPS proxy")
+    return session
+
+
 def submit(
-    manifest: str | None = typer.Option(None, "--manifest", help="s3://bucket/key.jsonl: one image a line; "
-                                        "keys are in the stack's input bucket (--local: the manifest's bucket)."),
-    prefix: str | None = typer.Option(None, "--prefix", help="s3://bucket/images/: every image under it."),
-    images_per_job: int | None = typer.Option(None, "--images-per-job", "-k", help="Images per array child."),
-    stack: str | None = typer.Option(None, "--stack", help="Deployed stack: queue, job definition, buckets."),
+    manifest: str | None = typer.Option(None, "--manifest", metavar="s3://BUCKET/KEY.jsonl", help="One image a "
+                                        "line; keys are in the stack's input bucket (--local: the manifest's "
+                                        "bucket)."),
+    prefix: str | None = typer.Option(None, "--prefix", metavar="s3://BUCKET/PREFIX/", help="Every image under "
+                                      "it."),
+    images_per_job: int = typer.Option(..., "--images-per-job", "-k", max=MAX_IMAGES_PER_CHILD,
+                                       metavar="N", help="Images per array child."),
+    stack: str | None = typer.Option(None, "--stack", metavar="NAME", help="Deployed stack: queue, job definition, "
+                                     "buckets."),
     local: bool = typer.Option(False, "--local", help="Run on this machine with the local executor."),
-    output: str | None = typer.Option(None, "--output", help="s3://bucket/prefix/ for the shards "
+    output: str | None = typer.Option(None, "--output", metavar="s3://BUCKET/PREFIX/", help="Where the shards go "
                                       "(default: the stack's output bucket /<batch name>/)."),
     force: bool = typer.Option(False, "--force", help="Redo children whose _SUCCESS marker exists."),
-    s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", help="Another S3 (default: AWS, or the "
-                                           "embedded server with --local)."),
+    s3_endpoint: str | None = typer.Option(None, "--s3-endpoint", metavar="URL", help="Another S3 (default: AWS, or "
+                                           "the embedded server with --local)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and plan; write and submit nothing."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object on stdout."),
-    run_dir: Path | None = typer.Option(None, "--run-dir", help="--local: run directory "
+    run_dir: Path | None = typer.Option(None, "--run-dir", metavar="DIR", help="--local: run directory "
                                         "(default .iobatch/local/<batch name>)."),
-    workers: int | None = typer.Option(None, "--workers", help="--local: children at once (default: cores)."),
+    workers: int | None = typer.Option(None, "--workers", min=1, max=MAX_WORKERS,
+                                       metavar="N", help="--local: children at once (default: one per core)."),
+    region: str | None = typer.Option(None, "--region", metavar="REGION", help="--stack: the AWS region (default: "
+                                      "AWS_REGION, then AWS_DEFAULT_REGION)."),
+    process_command: str | None = typer.Option(None, "--process-command", metavar="COMMAND",
+                                               help="The process stage's command line for this batch (default: the "
+                                               "job definition's; its program must be in the job image)."),
 ) -> None:
     """Submit a batch: freeze its manifest once, then one array job per 10,000 children.
 
@@ -44,14 +68,15 @@ def submit(
     from pipeline import submit as submission
     from pipeline.local.submit import outcome_json, outcome_lines, submit_local
 
-    if images_per_job is None:
-        raise UsageError("--images-per-job is missing: give K, the images each array child processes")
     if (stack is None) == (not local):
         raise UsageError("give exactly one of --stack NAME (AWS Batch) or --local (this machine)")
+    if run_dir is not None:
+        checks.output_dir(run_dir, "--run-dir")
     common: dict[str, Any] = dict(manifest=manifest, prefix=prefix, images_per_child=images_per_job,
-                                  output=output, force=force, s3_endpoint=s3_endpoint, dry_run=dry_run)
+                                  output=output, force=force, s3_endpoint=checks.endpoint_url(s3_endpoint),
+                                  dry_run=dry_run, process_command=process_command)
     if stack is not None:
-        result = submission.submit_to_stack(stack=stack, **common)
+        result = submission.submit_to_stack(stack=stack, session=_session(region), **common)
         if as_json:
             _print_json(result.to_json())
         else:
@@ -73,22 +98,21 @@ def submit(
 
 
 def status(
-    job_ids: list[str] = typer.Argument(..., help="The job id(s) `iobatch submit` printed."),
+    job_ids: list[str] = typer.Argument(..., metavar="JOB_ID", help="The job id(s) `iobatch submit` printed."),
     watch: bool = typer.Option(False, "--watch", help="Follow until every child has finished."),
     as_json: bool = typer.Option(False, "--json", help="JSON on stdout (one line per poll with --watch)."),
-    interval: float = typer.Option(10.0, "--interval", help="Seconds between polls with --watch."),
+    interval: float = typer.Option(10.0, "--interval", min=0.1, max=3600.0,
+                                   metavar="SECONDS", help="Seconds between polls with --watch."),
+    region: str | None = typer.Option(None, "--region", metavar="REGION", help="The AWS region (default: AWS_REGION, "
+                                      "then AWS_DEFAULT_REGION)."),
 ) -> None:
     """Children pending, runnable, starting, running, succeeded and failed; images done; failed children.
 
     Exit 0 when the status was read; with --watch, 65 if the batch finished with failed children.
     """
-    import boto3
-
     from pipeline import submit as submission
 
-    if interval <= 0:
-        raise UsageError(f"--interval is {interval}: give a number of seconds above 0")
-    session = boto3.session.Session()
+    session = _session(region)
     submission.require_credentials(session)
     _, batch = submission.aws_clients(session)
 

@@ -7,9 +7,25 @@ from typing import Any
 
 import typer
 
+from pipeline.cli import checks
 from pipeline.errors import EXIT_CODES_HELP, IobatchError, UsageError, print_error
-from pipeline.settings import ENV, JobSettings, S3Uri, default_workers, parse_train_size
-from profiling.protocol import SOCKET_NAME
+from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_ENV, PROCESS_INPUT, PROCESS_OUTPUT
+from pipeline.settings import (
+    ENV,
+    MAX_DEMO_IMAGES,
+    MAX_IMAGE_MIB,
+    MAX_IMAGES_PER_CHILD,
+    MAX_TRAIN_SIDE,
+    MAX_WORKERS,
+    MIN_TRAIN_SIDE,
+    JobSettings,
+    S3Uri,
+    counted,
+    default_workers,
+    parse_process_command,
+    parse_train_size,
+)
+from profiling.protocol import SOCKET_NAME, SUBSTAGE_SOCKET_ENV
 
 
 def _print_batch(result: Any, profiles: Any, title: str) -> None:
@@ -24,23 +40,39 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
         console.print(render_stage_table(summary, title))
     else:
         console.print("no stage profiles were recorded (was the profiler off?)")
-    console.print(f"{result.succeeded} children done, {result.skipped} skipped (already complete), "
-                  f"{len(result.failed)} failed, in {result.elapsed_s:.1f} s")
+    console.print(f"{counted(result.succeeded, 'child', 'children')} done, {result.skipped} skipped (already "
+                  f"complete), {len(result.failed)} failed, in {result.elapsed_s:.1f} s")
     for index, code, headline in result.failed:
         console.print(f"  part-{index:05d}: exit {code}: {headline}")
 
 
 def _checked_contract(path: Path | None) -> Path | None:
-    """Parse the contract before anything runs: a malformed one is one line naming the line and field."""
+    """Parse the contract before anything runs, with the one reader `profile` and the sidecar use: a
+    malformed one is one line naming the line and field."""
     if path is None:
         return None
-    from profiling.contract import ContractError, load_contract
+    from profiling.finish import load_rules
 
     try:
-        load_contract(path)
-    except (ContractError, OSError) as exc:
+        load_rules(path)
+    except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
     return path.resolve()
+
+
+PROCESS_COMMAND_HELP = (f"The process stage's command line, with {PROCESS_INPUT} (the downloaded images) and "
+                        f"{PROCESS_OUTPUT} (an empty directory: every file written there is uploaded); its exit "
+                        "code: 0 ok, 65 bad input, 75 transient. Default: the built-in resizer, "
+                        f"'{DEFAULT_PROCESS_COMMAND}'.")
+
+
+def _checked_process_command(text: str) -> str:
+    """The command line, checked before anything runs: its placeholders, and its program found here."""
+    from pipeline.process import find_command
+
+    command = parse_process_command(text, what="--process-command")
+    find_command(command, "", what="--process-command")
+    return command
 
 
 def _write_report(run_dir: Path, advice: Any | None = None) -> Path | None:
@@ -53,74 +85,120 @@ def _write_report(run_dir: Path, advice: Any | None = None) -> Path | None:
         return None
 
 
+def _print_takeaways(result: Any, advice: Any) -> None:
+    """The demo's last lines: what bounds it, what the advisor would change, and where to see the case study."""
+    from profiling.report.advice import takeaways
+
+    for line in takeaways(result.summary, advice):
+        print(line)
+    from tuning.ebs import MIB, Volume
+
+    # The lab runs a batch like this one twice (kernel defaults, then tuned) on an emulated st1 500 GiB
+    # whose credits are gone (its default volume, held at baseline): the case study's slow downloads.
+    st1 = Volume("st1", 500)
+    written = (result.summary.get("download") or {}).get("WriteBytes") or 0.0
+    print(f"the case study on an emulated {st1.label} (root): sudo .venv/bin/iobatch lab --after-cliff  "
+          f"(two batches like this one, kernel defaults then tuned, on a volume held at its "
+          f"{st1.baseline_mibps:.1f} MiB/s baseline: {written / MIB / st1.baseline_mibps:.0f} s to write "
+          f"each batch's {written / MIB:,.0f} MiB, against {result.batch.elapsed_s:.0f} s for this whole run)")
+
+
 def demo(
-    images: int = typer.Option(40, min=1, help="Synthetic camera images in the training batch."),
-    image_mib: float = typer.Option(25.0, min=0.01, help="Approximate size of each image in MiB (PNG)."),
-    images_per_child: int = typer.Option(5, min=1, help="Images each array child takes."),
-    workers: int = typer.Option(default_workers(), min=1, help="Children running at once (default: one per core)."),
-    run_dir: Path = typer.Option(Path(".iobatch/demo"), help="Where profiles, EMF, logs, the S3 data and the report "
-                                 "go. Emptied first if it holds an earlier run."),
-    scratch: Path | None = typer.Option(None, help="Scratch root for the children (default RUN_DIR/scratch)."),
-    s3_endpoint: str | None = typer.Option(None, help="Use this S3 endpoint (e.g. LocalStack, or AWS with "
-                                           "https://s3.REGION.amazonaws.com) instead of the embedded server; "
+    images: int = typer.Option(40, min=1, max=MAX_DEMO_IMAGES, metavar="N", help="Synthetic camera images in the "
+                               "training batch."),
+    image_mib: float = typer.Option(25.0, min=0.01, max=MAX_IMAGE_MIB, metavar="MIB", help="Approximate size of each "
+                                    "image in MiB (PNG)."),
+    images_per_child: int = typer.Option(5, min=1, max=MAX_IMAGES_PER_CHILD, metavar="N", help="Images each array "
+                                         "child takes."),
+    workers: int = typer.Option(default_workers(), min=1, max=MAX_WORKERS, show_default=False,
+                                metavar="N", help="Children running at once (default: one per core)."),
+    run_dir: Path = typer.Option(Path(".iobatch/demo"), metavar="DIR", help="Where profiles, EMF, logs, the S3 data "
+                                 "and the report go. An earlier run's files there are replaced; other files are left "
+                                 "alone."),
+    scratch: Path | None = typer.Option(None, metavar="DIR", help="Scratch root for the children (default "
+                                        "RUN_DIR/scratch)."),
+    s3_endpoint: str | None = typer.Option(None, metavar="URL", help="Use this S3 endpoint (e.g. LocalStack, or AWS "
+                                           "with https://s3.REGION.amazonaws.com) instead of the embedded server; "
                                            "credentials from the usual AWS_* variables."),
-    slow_child: int | None = typer.Option(None, min=0, help="Throttle this child's S3 traffic (4 MiB/s) to show "
-                                          "bad-apple detection in the report."),
+    slow_child: int | None = typer.Option(None, min=0, max=MAX_DEMO_IMAGES, metavar="INDEX", help="Throttle this "
+                                          "child's S3 traffic (4 MiB/s) to show bad-apple detection in the report."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write RUN_DIR/report.html at the end."),
-    seed: int = typer.Option(0, help="Seed of the synthetic images."),
+    seed: int = typer.Option(0, min=0, max=2**32 - 1, metavar="N", help="Seed of the synthetic images."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
-    contract: Path | None = typer.Option(None, help="Contract rules every child's profiler evaluates per stage, "
-                                         "e.g. contracts/case-study.contract."),
+    contract: Path | None = typer.Option(None, metavar="FILE", help="Contract rules every child's profiler evaluates "
+                                         "per stage, e.g. contracts/case-study.contract."),
+    process_command: str = typer.Option(DEFAULT_PROCESS_COMMAND, metavar="COMMAND",
+                                        show_default=False, help=PROCESS_COMMAND_HELP),
 ) -> None:
     """Run the main job on this machine: an embedded S3 server (versitygw), a synthetic training batch,
     the local executor with a profiler beside every child; then print the per-stage table and where
-    the outputs and the report are."""
+    the outputs and the report are. The synthetic images are cached in $IOBATCH_CACHE (default
+    .iobatch/cache) for the next run."""
     from pipeline.local.demo import DemoOptions, demo_advice, run_demo
 
+    # Everything is checked before the server starts or anything is written.
     options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
-                          run_dir=run_dir, scratch_root=scratch, s3_endpoint=s3_endpoint, slow_child=slow_child,
-                          report=report, seed=seed, contract=_checked_contract(contract))
+                          run_dir=checks.output_dir(run_dir, "--run-dir"),
+                          scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None,
+                          s3_endpoint=checks.endpoint_url(s3_endpoint), slow_child=slow_child,
+                          report=report, seed=seed, contract=_checked_contract(contract),
+                          process_command=_checked_process_command(process_command))
     result = run_demo(options, progress=progress)
-    _print_batch(result.batch, result.profiles, f"per-stage profile of {result.batch.children} children "
+    children = counted(result.batch.children, "child", "children")
+    _print_batch(result.batch, result.profiles, f"per-stage profile of {children} "
                  "(durations and rates: median per child; bytes and calls: totals)")
     print(f"outputs:  {result.output}" + (f"  (as files: {result.output_dir})" if result.output_dir else ""))
     print(f"profiles: {run_dir / 'profiles'}  EMF: {run_dir / 'emf'}  logs: {run_dir / 'logs'}")
+    advice = demo_advice(result.profiles, workers) if result.profiles else None
     if report:
-        path = _write_report(run_dir, demo_advice(result.profiles, workers))
+        path = _write_report(run_dir, advice)
         if path:
             print(f"report:   {path}")
+    _print_takeaways(result, advice)
     if result.batch.failed:
         raise typer.Exit(result.batch.exit_code)
 
 
 def run(
-    input: str = typer.Option(..., help="s3://bucket/prefix/ the images are under."),
-    output: str = typer.Option(..., help="s3://bucket/prefix/ the shards go to."),
-    manifest: str | None = typer.Option(None, help="s3://bucket/key.jsonl listing the images (default: list INPUT)."),
-    images_per_child: int = typer.Option(5, min=1, help="Images each array child takes."),
-    workers: int = typer.Option(default_workers(), min=1, help="Children running at once (default: one per core)."),
-    s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (default: AWS)."),
-    run_dir: Path = typer.Option(Path(".iobatch/run"), help="Where profiles, EMF and logs go."),
-    scratch: Path | None = typer.Option(None, help="Scratch root (default RUN_DIR/scratch)."),
-    train_size: str = typer.Option("512x384", help="WIDTHxHEIGHT of the training images."),
+    input: str = typer.Option(..., metavar="s3://BUCKET/PREFIX/", help="The prefix the images are under."),
+    output: str = typer.Option(..., metavar="s3://BUCKET/PREFIX/", help="The prefix the shards go to."),
+    manifest: str | None = typer.Option(None, metavar="s3://BUCKET/KEY.jsonl", help="A manifest listing the images, "
+                                        "one a line (default: list INPUT)."),
+    images_per_child: int = typer.Option(5, min=1, max=MAX_IMAGES_PER_CHILD, metavar="N", help="Images each array "
+                                         "child takes."),
+    workers: int = typer.Option(default_workers(), min=1, max=MAX_WORKERS, show_default=False,
+                                metavar="N", help="Children running at once (default: one per core)."),
+    s3_endpoint: str | None = typer.Option(None, metavar="URL", help="S3 endpoint URL (default: AWS)."),
+    run_dir: Path = typer.Option(Path(".iobatch/run"), metavar="DIR", help="Where profiles, EMF and logs go."),
+    scratch: Path | None = typer.Option(None, metavar="DIR", help="Scratch root (default RUN_DIR/scratch)."),
+    train_size: str = typer.Option("512x384", metavar="WxH", help=f"WIDTHxHEIGHT of the training images, each side "
+                                   f"{MIN_TRAIN_SIDE} to {MAX_TRAIN_SIDE}."),
     force: bool = typer.Option(False, help="Redo children whose _SUCCESS marker exists."),
     skip_bad_images: bool = typer.Option(False, help="Record undecodable images in the index instead of failing."),
     progress: bool | None = typer.Option(None, "--progress/--no-progress", help="Progress bars (default: on a TTY)."),
-    contract: Path | None = typer.Option(None, help="Contract rules every child's profiler evaluates per stage."),
+    contract: Path | None = typer.Option(None, metavar="FILE", help="Contract rules every child's profiler evaluates "
+                                         "per stage."),
+    process_command: str = typer.Option(DEFAULT_PROCESS_COMMAND, metavar="COMMAND",
+                                        show_default=False, help=PROCESS_COMMAND_HELP),
 ) -> None:
     """Run a batch on this machine against any S3 endpoint, with the local executor."""
     from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
     from profiling import runfiles
 
-    prepare_run_dir(run_dir)
+    # Every flag is checked before S3 is touched or the run directory is emptied.
     local = LocalRun(input=S3Uri.parse(input, what="--input").as_prefix(),
                      output=S3Uri.parse(output, what="--output").as_prefix(),
                      manifest=S3Uri.parse(manifest, what="--manifest") if manifest else None,
-                     endpoint=s3_endpoint, run_dir=run_dir, images_per_child=images_per_child, workers=workers,
-                     scratch_root=scratch, force=force, skip_bad_images=skip_bad_images,
-                     train_size=parse_train_size(train_size), contract=_checked_contract(contract))
+                     endpoint=checks.endpoint_url(s3_endpoint), run_dir=checks.output_dir(run_dir, "--run-dir"),
+                     images_per_child=images_per_child, workers=workers,
+                     scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None, force=force,
+                     skip_bad_images=skip_bad_images, train_size=parse_train_size(train_size, what="--train-size"),
+                     contract=_checked_contract(contract),
+                     process_command=_checked_process_command(process_command))
+    prepare_run_dir(run_dir)
     result = run_local(local, progress=progress)
-    _print_batch(result, list(runfiles.read_profiles(run_dir)), f"per-stage profile of {result.children} children")
+    _print_batch(result, list(runfiles.read_profiles(run_dir)),
+                 f"per-stage profile of {counted(result.children, 'child', 'children')}")
     if result.failed:
         raise typer.Exit(result.exit_code)
 
@@ -143,11 +221,17 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.TRAIN_SIZE:<26} WIDTHxHEIGHT of the training images (default 512x384)
   {ENV.SKIP_BAD_IMAGES:<26} 1: record undecodable images in the index instead of failing
   {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
+  {ENV.PROCESS_COMMAND:<26} the process stage's command line (default '{DEFAULT_PROCESS_COMMAND}')
   {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
   {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (default 10)
   {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/{SOCKET_NAME}); off: none
   {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
   {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)
+  {ENV.TASK_ID:<26} names this attempt's scratch directory and socket (AWS: from the task metadata)
+  {ENV.TIMEOUT_S:<26} the attempt's timeout: the job stops itself before it
+  {ENV.REQUIRE_PREPARED_SCRATCH} 1: the scratch volume must carry the host's prepared marker
+  {ENV.ATTEMPT:<26} the attempt number (set by AWS Batch)
+  {ENV.ECS_METADATA} the task metadata endpoint (set by ECS)
 
 {EXIT_CODES_HELP}"""
 
@@ -162,3 +246,67 @@ def job() -> None:
         print_error(exc.headline)
         raise typer.Exit(exc.exit_code) from None
     raise typer.Exit(job_main(settings))
+
+
+PROCESS_HELP = f"""The built-in process command, the process stage's default ('{DEFAULT_PROCESS_COMMAND}'): decode
+the images in IN, resize them to the training size, normalise them, and write OUT/shard.tar (WebDataset-style,
+deterministic) and OUT/index.json.
+
+Run by the job, it names each sample by its S3 key and checks each image's bytes against the batch's ETag, from
+the file in {PROCESS_ENV.IMAGES}; by hand, on any folder, it names them by file name.
+
+\b
+Your own command takes the same two directories (see README, "Your own processing"); the job sets for it
+  {PROCESS_ENV.CHILD:<26} the child's name, part-NNNNN
+  {PROCESS_ENV.IMAGES:<26} a JSON Lines file: {{"file", "key", "size", "etag"}} per image
+  {SUBSTAGE_SOCKET_ENV:<26} the profiler's socket, to announce sub-stages (unset: not profiled)
+beside the job's own variables ({ENV.TRAIN_SIZE}, {ENV.SKIP_BAD_IMAGES}, ...).
+
+{EXIT_CODES_HELP}"""
+
+
+def process(
+    input_dir: Path = typer.Argument(..., metavar="IN", help="The folder of images."),
+    output_dir: Path = typer.Argument(..., metavar="OUT", help="Where the shard and its index go (created)."),
+    train_size: str | None = typer.Option(None, metavar="WxH", show_default=False,
+                                          help=f"WIDTHxHEIGHT of the training images (default ${ENV.TRAIN_SIZE}, "
+                                          "else 512x384)."),
+    skip_bad_images: bool | None = typer.Option(None, "--skip-bad-images/--no-skip-bad-images", show_default=False,
+                                                help=f"Record undecodable images in the index instead of failing "
+                                                f"(default ${ENV.SKIP_BAD_IMAGES})."),
+) -> None:
+    import errno
+    import json
+    import os
+
+    from pipeline.errors import ScratchError
+    from pipeline.imaging import process_directory
+    from pipeline.process import check_md5, read_images_file
+    from pipeline.settings import env_yes
+
+    size = parse_train_size(train_size, what="--train-size") if train_size else \
+        parse_train_size(os.environ.get(ENV.TRAIN_SIZE) or "512x384")
+    skip = env_yes(os.environ, ENV.SKIP_BAD_IMAGES) if skip_bad_images is None else skip_bad_images
+    if not input_dir.is_dir():
+        raise UsageError(f"IN {input_dir} is not a folder: give the folder of images")
+    images_path = os.environ.get(PROCESS_ENV.IMAGES)
+    try:
+        images = read_images_file(Path(images_path)) if images_path else None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{PROCESS_ENV.IMAGES}={images_path}: cannot be read ({exc}): unset it to name "
+                         "images by file name") from None
+    input_uri = os.environ.get(ENV.INPUT, "")
+    bucket = S3Uri.parse(input_uri, what=ENV.INPUT).bucket if input_uri else "?"
+    try:
+        result = process_directory(input_dir, output_dir, images=images, size=size, skip_bad_images=skip,
+                                   child=os.environ.get(PROCESS_ENV.CHILD, ""),
+                                   check=lambda row, data: check_md5(str(row["key"]), data, row.get("etag"),
+                                                                     bucket=bucket))
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        raise ScratchError(f"{output_dir} is on a full volume: free space, or give it a bigger one") from None
+    for bad in result.skipped:
+        print(json.dumps({"event": "bad_image", "key": bad["key"], "error": bad["error"]}), flush=True)
+    print(json.dumps({"event": "processed", "images": result.images, "bad_images": len(result.skipped),
+                      "bytes": result.shard_bytes + result.index_bytes}), flush=True)

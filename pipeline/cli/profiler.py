@@ -8,7 +8,9 @@ from typing import Any
 
 import typer
 
+from pipeline.cli import checks
 from pipeline.errors import UsageError
+from pipeline.interface import exit_code_of
 from profiling.protocol import SOCKET_NAME
 
 
@@ -43,16 +45,21 @@ def _interval(interval: float) -> float:
 
 
 def sidecar(
-    socket_path: Path | None = typer.Option(None, "--socket", help="Unix socket to serve (default: "
-                                               f"$IOBATCH_PROFILER_SOCKET or <scratch>/<child>/{SOCKET_NAME})."),
-    emf: str = typer.Option("-", "--emf", help="EMF output file, or - for stdout (what CloudWatch reads)."),
-    profile_out: Path | None = typer.Option(None, "--profile-out", help="Append profile JSON lines here."),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
-    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample."),
-    scratch_dir: Path | None = typer.Option(None, "--scratch-dir", help="The job's working directory; "
+    socket_path: Path | None = typer.Option(None, "--socket", metavar="PATH", help="Unix socket to serve (default: "
+                                               f"$IOBATCH_PROFILER_SOCKET or <scratch>/task-<task id>/{SOCKET_NAME})."),
+    emf: str = typer.Option("-", "--emf", metavar="FILE", help="EMF output file, or - for stdout (what CloudWatch "
+                            "reads)."),
+    profile_out: Path | None = typer.Option(None, "--profile-out", metavar="FILE", help="Append profile JSON lines "
+                                            "here."),
+    interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between samples (0.1 to 60)."),
+    device: str | None = typer.Option(None, "--device", metavar="DEVICE", help="Block device (or a path on it) to "
+                                      "sample."),
+    scratch_dir: Path | None = typer.Option(None, "--scratch-dir", metavar="DIR", help="The job's working directory; "
                                                "its block device is sampled (default: the child's work dir)."),
-    namespace: str = typer.Option("", "--namespace", help="EMF namespace (default $AWS_EMF_NAMESPACE or IoBatch)."),
-    contract: Path | None = typer.Option(None, "--contract", help="Contract rules evaluated per stage."),
+    namespace: str = typer.Option("", "--namespace", metavar="NAME", help="EMF namespace (default $AWS_EMF_NAMESPACE "
+                                  "or IoBatch)."),
+    contract: Path | None = typer.Option(None, "--contract", metavar="FILE", help="Contract rules evaluated per "
+                                         "stage."),
     call_probes: bool = typer.Option(True, "--call-probes/--no-call-probes", help="Per-call latency probes "
                                      "(eBPF when root, LD_PRELOAD records) beside the kernel counters."),
 ) -> None:
@@ -63,19 +70,25 @@ def sidecar(
     """
     import os
 
-    from pipeline.interface import AWS_ENV, ENV
+    from pipeline.interface import AWS_ENV, ENV, HOST_CGROUP_MOUNT
     from pipeline.settings import job_identity
     from profiling.emf import sink_for
     from profiling.metrics import DEFAULT_NAMESPACE
     from profiling.sidecar import Sidecar, SidecarConfig
 
+    for path, flag in ((profile_out, "--profile-out"), (None if emf == "-" else Path(emf), "--emf")):
+        if path is not None:
+            checks.output_file(path, flag)
     identity = job_identity(dict(os.environ))
     target = socket_path or identity.socket_path
     if target is None:
         raise UsageError(f"no socket: give --socket PATH or set {ENV.PROFILER_SOCKET}")
     scratch = scratch_dir or identity.work_dir
     if device is None and not scratch.exists():
+        checks.output_dir(scratch, "--scratch-dir")
         scratch.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # a root profiler (profilerEbpf) beside a job of another user: like /scratch
+            scratch.chmod(0o1777)
     config = SidecarConfig(
         socket_path=target,
         emf_sink=sink_for(emf),
@@ -87,24 +100,30 @@ def sidecar(
         properties=identity.properties,
         contract_path=contract,
         call_probes=call_probes,
+        remove_empty_dir=target.parent == identity.work_dir,
+        host_cgroup_mount=Path(HOST_CGROUP_MOUNT),
     )
     server = Sidecar(config)
     server.install_sigterm()
     try:
         server.bind()
+        if os.geteuid() == 0:  # the job may be another user (profilerEbpf runs the profiler as root)
+            target.chmod(0o666)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot serve the profiler socket {target}: {exc}") from None
     server.serve()
 
 
 def profile(
-    command: list[str] = typer.Argument(..., help="The command to profile, after --."),
-    interval: float = typer.Option(1.0, "--interval", help="Seconds between samples (0.1 to 60)."),
-    json_out: Path | None = typer.Option(None, "--json", help="Write the profile JSON (schema 1) here."),
-    emf: str | None = typer.Option(None, "--emf", help="Write the EMF document here (- for stdout)."),
-    device: str | None = typer.Option(None, "--device", help="Block device (or a path on it) to sample "
+    command: list[str] = typer.Argument(..., metavar="COMMAND", help="The command to profile, after --."),
+    interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between samples (0.1 to 60)."),
+    json_out: Path | None = typer.Option(None, "--json", metavar="FILE", help="Write the profile JSON (schema 1) "
+                                         "here."),
+    emf: str | None = typer.Option(None, "--emf", metavar="FILE", help="Write the EMF document here (- for stdout)."),
+    device: str | None = typer.Option(None, "--device", metavar="DEVICE", help="Block device (or a path on it) to "
+                                      "sample "
                                          "(default: the current directory's)."),
-    contract: Path | None = typer.Option(None, "--contract", help="Contract rules to evaluate."),
+    contract: Path | None = typer.Option(None, "--contract", metavar="FILE", help="Contract rules to evaluate."),
 ) -> None:
     """Run a command as one profiled stage and print its I/O table; exits with the command's code.
 
@@ -122,8 +141,15 @@ def profile(
     from profiling.emf import emit_profile, sink_for
     from profiling.finish import load_rules
     from profiling.probes import start_command_probe
+    from profiling.runfiles import write_text_atomic
     from profiling.table import profile_row, render_stage_table
 
+    # Every output path is checked before the command runs: its table and exit code are never lost to a
+    # --json that cannot be written afterwards.
+    if json_out is not None:
+        checks.output_file(json_out, "--json")
+    if emf is not None and emf != "-":
+        checks.output_file(Path(emf), "--emf")
     properties = job_identity(dict(os.environ)).properties
     dev = _device(device, Path.cwd())
     step = _interval(interval)
@@ -132,7 +158,7 @@ def profile(
     except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
     # With a contract, per-call figures (latency) come from eBPF on the command's process tree when root.
-    call_probe = start_command_probe(_warn) if rules is not None else None
+    call_probe = start_command_probe(_warn, command) if rules is not None else None
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties,
                                  call_probe=call_probe, rules=rules)
@@ -140,10 +166,11 @@ def profile(
         raise UsageError(str(exc)) from None
     prof = result.profile
     if json_out is not None:
-        json_out.write_text(json.dumps(prof.to_dict(), indent=1) + "\n", encoding="utf-8")
+        write_text_atomic(json_out, json.dumps(prof.to_dict(), indent=1) + "\n")
     if emf is not None:
         emit_profile(prof, sink_for(emf))
-    title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {result.returncode}; device {prof.device or '-'})"
+    code = exit_code_of(result.returncode)
+    title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {code}; device {prof.device or '-'})"
     console = Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160)
     console.print(render_stage_table({prof.stage: profile_row(prof)}, title))
     if rules is not None:
@@ -151,4 +178,4 @@ def profile(
                       highlight=False)
         for line in format_results(prof.contract):
             console.print(f"  {line}", highlight=False, markup=False)
-    raise typer.Exit(result.returncode)
+    raise typer.Exit(code)

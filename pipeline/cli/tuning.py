@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,6 +10,15 @@ from typing import Any
 import typer
 
 from pipeline.errors import UsageError
+from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
+
+# The lab's own flags: each round runs two whole batches; a larger time scale leaves a credit bucket of less
+# than a MiB; the loop file is sparse but its file system is built in full; the largest EC2 instances hold
+# a few TiB (its memory is checked against this machine's too).
+LAB_MAX_ROUNDS = 20
+LAB_MAX_TIME_SCALE = 1e6
+LAB_MAX_LOOP_MIB = 1 << 20
+LAB_MAX_MEMORY_GIB = 4096.0
 
 
 def _need(value: Any, flag: str, example: str) -> Any:
@@ -18,21 +28,34 @@ def _need(value: Any, flag: str, example: str) -> Any:
 
 
 def advise(
-    inputs: list[Path] = typer.Argument(None, help="Run directories, profile .jsonl files or EMF files "
-                                        "(local, or downloaded from CloudWatch Logs)."),
-    jobs_per_instance: int | None = typer.Option(None, help="Jobs running at once on one instance "
-                                                 "(vCPUs / vcpusPerJob)."),
-    memory_gib: float | None = typer.Option(None, help="The instance type's memory in GiB."),
-    jobs_per_day: int | None = typer.Option(None, help="Jobs per instance per day (each instance has its own "
-                                            "scratch volume)."),
-    instance_ebs_mibps: float | None = typer.Option(None, help="The instance type's EBS bandwidth cap in MiB/s."),
-    kernel: str | None = typer.Option(None, help="The hosts' `uname -r`, to validate mount options "
+    inputs: list[Path] = typer.Argument(None, metavar="RUN_DIR_OR_FILE", help="Run directories, profile .jsonl files "
+                                        "or EMF files (local, or downloaded from CloudWatch Logs)."),
+    jobs_per_instance: int | None = typer.Option(None, min=1, max=1024, metavar="N", help="Jobs running at once on "
+                                                 "one instance (vCPUs / vcpusPerJob), 1-1024."),
+    memory_gib: float | None = typer.Option(None, min=0.5, max=32768, metavar="GIB", help="The instance type's "
+                                      "memory in GiB, 0.5-32768."),
+    jobs_per_day: int | None = typer.Option(None, min=1, max=100_000, metavar="N", help="Jobs per instance per day "
+                                            "(each instance has its own scratch volume), 1-100000."),
+    instance_ebs_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The instance "
+                                                    "type's EBS bandwidth cap in MiB/s, 1-100000."),
+    kernel: str | None = typer.Option(None, metavar="RELEASE", help="The hosts' `uname -r`, to validate mount options "
                                       "(default: a current kernel)."),
-    candidate: list[str] = typer.Option([], "--candidate", "-C", help="A volume to compare, repeatable: "
-                                        "TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
+    candidate: list[str] = typer.Option([], "--candidate", "-C", metavar="VOLUME", help="A volume to compare, "
+                                        "repeatable: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
                                         "throughput=250. Default: st1, sc1, gp2 and gp3 sized for the data."),
-    cache_budget_pct: float = typer.Option(40.0, help="Share of instance memory the write cache may hold."),
-    io_size_kib: int | None = typer.Option(None, help="Block I/O size to assume instead of the measured one."),
+    cache_budget_pct: float = typer.Option(40.0, min=1, max=90, metavar="PCT", help="Share of instance memory the "
+                                           "write cache may hold, 1-90."),
+    io_size_kib: int | None = typer.Option(None, min=1, max=16384, metavar="KIB", help="Block I/O size to assume "
+                                           "instead of the measured one, 1-16384."),
+    random_pct: float | None = typer.Option(None, min=0, max=100, metavar="PCT", help="Share of device I/O that "
+                                            "is random, 0-100 (st1/sc1 charge a random request under 1 MiB as "
+                                            "1 MiB; default: sequential)."),
+    volume: str = typer.Option("st1:500", metavar="VOLUME", help="The stack's scratch volume now, which the findings "
+                               "judge: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS]."),
+    instance_usd_per_hour: float = typer.Option(0.384, min=0, max=1000, metavar="USD", help="The instance's price "
+                                                "per hour, to price findings, 0-1000."),
+    instance_network_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The "
+                                                        "instance's network bandwidth in MiB/s, 1-100000."),
     as_json: bool = typer.Option(False, "--json", help="Print the advice as JSON."),
 ) -> None:
     """Recommend a scratch volume, write-cache settings and mount options from a run's profiles, and print
@@ -52,7 +75,8 @@ def advise(
             memory_gib=_need(memory_gib, "--memory-gib", "16"),
             jobs_per_day=_need(jobs_per_day, "--jobs-per-day", "500"),
             instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel, cache_budget_pct=cache_budget_pct,
-            io_size_kib=io_size_kib)
+            io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,
+            instance_network_mibps=instance_network_mibps, current_volume=parse_candidate(volume))
         volumes = [parse_candidate(text) for text in candidate]
         profiles = load_profiles(list(inputs or []))
         result = make_advice(profiles, plan, volumes or None)
@@ -67,32 +91,45 @@ def advise(
 
 
 def lab(
-    volume: str = typer.Option("st1:500", help="The volume to emulate: TYPE:SIZE_GIB[:iops=N][:throughput=M]."),
-    memory_gib: float = typer.Option(4.0, help="Act like an instance with this much memory: the dirty limits "
-                                     "are set in bytes from it (dirty_bytes)."),
-    workload: str = typer.Option("pipeline", help="pipeline (the demo batch on the lab volume) or writer "
-                                 "(plain files, the same burst)."),
-    workers: int = typer.Option(2, min=1, help="Children at once (like one task per core)."),
-    images: int = typer.Option(40, min=1, help="Images in the batch."),
-    image_mib: float = typer.Option(25.0, min=0.01, help="Approximate size of each image in MiB."),
-    images_per_child: int = typer.Option(10, min=1, help="Images each child takes."),
-    rounds: int = typer.Option(1, min=1, help="Default/tuned pairs to run, alternating."),
-    dirty_ratio: int = typer.Option(30, help="Tuned vm.dirty_ratio (of the emulated memory)."),
-    dirty_background_ratio: int = typer.Option(20, help="Tuned vm.dirty_background_ratio."),
-    time_scale: float = typer.Option(1.0, min=1.0, help="Shrink the credit bucket by this factor, so hours "
-                                     "of credits last minutes."),
-    credits_gib: float | None = typer.Option(None, help="Credits at the start, at the real volume's scale "
-                                             "(default: a full bucket)."),
+    volume: str = typer.Option("st1:500", metavar="VOLUME", help="The volume to emulate: "
+                               "TYPE:SIZE_GIB[:iops=N][:throughput=M]."),
+    memory_gib: float = typer.Option(4.0, min=0.5, max=LAB_MAX_MEMORY_GIB, metavar="GIB", help="Act like an instance "
+                                     "with this much memory, at most this machine's: the dirty limits are set in "
+                                     "bytes from it (dirty_bytes)."),
+    workload: str = typer.Option("pipeline", metavar="WORKLOAD", help="pipeline (the demo batch on the lab volume) or "
+                                 "writer (plain files, the same burst)."),
+    workers: int = typer.Option(2, min=1, max=MAX_WORKERS, metavar="N", help="Children at once (like one task per "
+                                "core)."),
+    images: int = typer.Option(40, min=1, max=MAX_DEMO_IMAGES, metavar="N", help="Images in the batch."),
+    image_mib: float = typer.Option(25.0, min=0.01, max=MAX_IMAGE_MIB, metavar="MIB", help="Approximate size of each "
+                                    "image in MiB."),
+    images_per_child: int = typer.Option(10, min=1, max=MAX_IMAGES_PER_CHILD, metavar="N", help="Images each child "
+                                         "takes."),
+    rounds: int = typer.Option(1, min=1, max=LAB_MAX_ROUNDS, metavar="N", help="Default/tuned pairs to run, "
+                               "alternating."),
+    dirty_ratio: int = typer.Option(30, metavar="PCT", help="Tuned vm.dirty_ratio (of the emulated memory)."),
+    dirty_background_ratio: int = typer.Option(20, metavar="PCT", help="Tuned vm.dirty_background_ratio."),
+    time_scale: float = typer.Option(1.0, min=1.0, max=LAB_MAX_TIME_SCALE, metavar="FACTOR", help="Shrink the credit "
+                                     "bucket by this factor, so hours of credits last minutes."),
+    credits_gib: float | None = typer.Option(None, min=0.0, metavar="GIB", help="Credits at the start, at the real "
+                                             "volume's scale, at most its bucket's size (default: a full bucket)."),
     after_cliff: bool = typer.Option(False, "--after-cliff", help="Hold the credit bucket empty: the volume "
                                      "runs at baseline, as after the credit cliff under sustained load."),
-    loop_size_mib: int = typer.Option(4096, help="Size of the lab file system (sparse)."),
-    lab_dir: Path = typer.Option(Path("/var/tmp/iobatch-lab"), help="Backing file and mount point."),
-    run_dir: Path = typer.Option(Path(".iobatch/lab"), help="Run directories (S3 data, profiles) per run; "
-                                 "not on the lab volume."),
+    loop_size_mib: int = typer.Option(4096, max=LAB_MAX_LOOP_MIB, metavar="MIB", help="Size of the lab file system "
+                                      "(sparse; at least 300 for XFS)."),
+    throttle: str = typer.Option("fuse", metavar="METHOD", help="fuse (a fixed-rate FUSE device under the loop device: "
+                                 "any kernel, cgroup v1 or v2, AWS's HDD accounting) or blkio (root blkio cgroup, v1 "
+                                 "only)."),
+    lab_dir: Path = typer.Option(Path("/var/tmp/iobatch-lab"), metavar="DIR", help="Backing file and mount point."),
+    run_dir: Path = typer.Option(Path(".iobatch/lab"), metavar="DIR", help="Run directories (S3 data, profiles) per "
+                                 "run; not on the lab volume."),
     recover_only: bool = typer.Option(False, "--recover", help="Only clean up after a lab that crashed."),
     as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
+    advise_loop: bool = typer.Option(False, "--advise", help="The closed loop: run the batch under the kernel's "
+                                     "defaults, advise from its profiles, run it under the advised cache, and "
+                                     "print the predicted and measured download stage of each run."),
 ) -> None:
-    """Emulate an st1 volume here (loop device + XFS + root blkio throttle following the credit bucket) and
+    """Emulate an st1 volume here (loop device + XFS over a fixed-rate FUSE device with a credit bucket) and
     run a batch on it under the kernel's default and the tuned write cache. Root only; every setting it
     changes is restored on exit, Ctrl-C, SIGTERM, or by the next run after a crash."""
     import dataclasses
@@ -112,13 +149,18 @@ def lab(
         return
     if workload not in ("pipeline", "writer"):
         raise UsageError(f"--workload {workload!r} is not pipeline or writer")
+    # The emulated page cache lives in this machine's memory: a larger instance cannot be acted out here.
+    machine_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    if memory_gib > machine_gib:
+        raise UsageError(f"--memory-gib {memory_gib:g} is more than this machine's {machine_gib:.1f} GiB: give at "
+                         "most that")
     try:
         tuned = HostTuning(dirty_ratio=dirty_ratio, dirty_background_ratio=dirty_background_ratio)
         tuned.validate()
         config = LabConfig(volume=parse_candidate(volume), lab_dir=lab_dir, loop_size_mib=loop_size_mib,
                            time_scale=time_scale,
                            initial_credits_mib=None if credits_gib is None else credits_gib * 1024,
-                           hold_empty=after_cliff)
+                           hold_empty=after_cliff, throttle=throttle)
         config.validate()
     except (AdviseError, HostTuningError, LabError) as exc:
         raise UsageError(str(exc)) from None
@@ -130,6 +172,11 @@ def lab(
     def say(message: str) -> None:
         print(message, file=lines, flush=True)
 
+    if advise_loop:
+        if workload != "pipeline":
+            raise UsageError("--advise runs the pipeline: leave out --workload writer")
+        _advise_loop(config, plan, run_dir, lines, as_json)
+        return
     run_batch = lab_batch(plan, run_dir, stdout=lines) if workload == "pipeline" else None
     try:
         runs = run_comparison(config, plan, run_batch=run_batch, say=say)
@@ -141,3 +188,53 @@ def lab(
         print(json.dumps([dataclasses.asdict(r) for r in runs], indent=1, default=str))
     else:
         print(render_comparison(runs))
+    if run_batch is not None:
+        _write_lab_comparison(run_dir, [r.setting for r in runs], lines)
+
+
+def _write_lab_comparison(run_dir: Path, settings: list[str], lines: Any) -> None:
+    """The first default and tuned runs side by side as HTML (profiling.report.write_comparison); the
+    run directories are lab_batch's, run-<number>-<setting>, numbered from 1."""
+    from profiling.report import ReportInputError, write_comparison
+
+    dirs = {s: run_dir / f"run-{n}-{s}" for n, s in reversed(list(enumerate(settings, 1)))}
+    if "default" in dirs and "tuned" in dirs:
+        try:
+            path = write_comparison(dirs["default"], dirs["tuned"], run_dir / "compare.html",
+                                    names=("kernel defaults", "tuned"))
+            print(f"comparison: {path}", file=lines)
+        except (ReportInputError, OSError) as exc:
+            print(f"comparison: not written ({exc})", file=lines)
+
+
+def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: bool) -> None:
+    """`iobatch lab --advise`: tuning.lab.loop with the demo's batch; each run's profiles are read back from
+    lab_batch's run directory, run-<number>-<setting>."""
+    import json
+
+    from pipeline.local.demo import lab_batch
+    from profiling import runfiles
+    from tuning.lab import LabError, LabInterrupted
+    from tuning.lab.loop import render_loop, run_advise_loop
+    from tuning.plan import AdviseError
+
+    run_batch = lab_batch(plan, run_dir, stdout=lines)
+
+    def run_profiles(number: int, setting: str, scratch: Path) -> list[Any]:
+        run_batch(number, setting, scratch)
+        return list(runfiles.read_profiles(run_dir / f"run-{number}-{setting}"))
+
+    try:
+        result = run_advise_loop(config, plan, run_profiles, say=lambda m: print(m, file=lines, flush=True))
+    except (LabError, AdviseError) as exc:
+        raise UsageError(str(exc)) from None
+    except LabInterrupted:
+        raise KeyboardInterrupt from None
+    if as_json:
+        print(json.dumps({"advice": result.advice.to_dict(), "runs": [
+            {"setting": r.setting, "sysctls": r.sysctls, "other_dirty_bytes": r.other_dirty_bytes,
+             "predicted_download_s": round(r.predicted_s, 2),
+             "measured_download_s": None if r.measured_s is None else round(r.measured_s, 2),
+             "error": None if r.error is None else round(r.error, 3)} for r in result.runs]}, indent=1))
+    else:
+        print(render_loop(result))

@@ -18,6 +18,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from pipeline import s3 as s3io
 from pipeline.errors import UsageError
+from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.executor import BatchResult
 from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
@@ -53,6 +54,7 @@ class DemoOptions:
     sidecar: bool = True
     train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
     contract: Path | None = None
+    process_command: str = DEFAULT_PROCESS_COMMAND  # the process stage (pipeline/process.py)
 
 
 @dataclass
@@ -106,10 +108,17 @@ def upload_dataset(spec: DatasetSpec, source: Path, prefix: S3Uri, endpoint: str
     command_file.unlink()
 
 
-def _ensure_bucket(s3: Any, name: str) -> None:
-    existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
-    if name not in existing:
-        s3.create_bucket(Bucket=name)
+def _ensure_bucket(s3: Any, name: str, endpoint: str | None) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from pipeline.aws import s3_error
+
+    try:
+        existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+        if name not in existing:
+            s3.create_bucket(Bucket=name)
+    except (BotoCoreError, ClientError) as exc:
+        raise s3_error(exc, what=f"bucket {name} at {endpoint or 'AWS'}") from None
 
 
 def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callable[[str], None] = print) -> DemoResult:
@@ -132,7 +141,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
     def with_server(endpoint: str | None, env: Mapping[str, str], output_dir: Path | None) -> DemoResult:
         s3 = s3io.client(endpoint, env)
         for bucket in (INPUT_BUCKET, OUTPUT_BUCKET):
-            _ensure_bucket(s3, bucket)
+            _ensure_bucket(s3, bucket, endpoint)
         images = S3Uri(INPUT_BUCKET, "images/")
         output = S3Uri(OUTPUT_BUCKET, "train/")
         upload_dataset(spec, cache, images, endpoint, run_dir, env)
@@ -141,6 +150,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
                        images_per_child=options.images_per_child, workers=options.workers,
                        scratch_root=options.scratch_root, env=env, slow_child=options.slow_child,
                        sidecar=options.sidecar, train_size=options.train_size, force=True, contract=options.contract,
+                       process_command=options.process_command,
                        job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
         batch = run_local(run, progress=progress, say=say)
         profiles = list(runfiles.read_profiles(run_dir))  # none when the sidecar was off

@@ -25,9 +25,9 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from pipeline.errors import EXIT_RETRYABLE
-from pipeline.interface import batch_exit_code
+from pipeline.interface import batch_exit_code, exit_code_of
 from pipeline.local.proxy import ThrottledProxy
-from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name
+from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name, new_task_id
 from profiling import runfiles
 
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
@@ -137,8 +137,9 @@ class _Progress:
 
 def child_settings(batch: LocalBatch, index: int, proxy_endpoint: str | None) -> JobSettings:
     """Child `index`'s settings; `proxy_endpoint` (the slow child's throttling proxy) replaces the S3 endpoint."""
+    # A fresh task id per attempt, as ECS gives each task: runs sharing a scratch root never share a directory.
     return replace(batch.template, array_index=index, job_id=f"{batch.template.job_id}:{index}",
-                   s3_endpoint=proxy_endpoint or batch.template.s3_endpoint)
+                   s3_endpoint=proxy_endpoint or batch.template.s3_endpoint, task_id=new_task_id(index))
 
 
 def child_environment(batch: LocalBatch, settings: JobSettings) -> dict[str, str]:
@@ -238,8 +239,13 @@ class _Runner:
                 except subprocess.TimeoutExpired:
                     _stop(sidecar)
                 self._forget(sidecar)
-        if code < 0:
+        if code < 0 and self.stopping.is_set():
+            # Stopped by this run's own Ctrl-C or SIGTERM before its handler ran: interrupted, as the README says.
+            code, headline = EXIT_RETRYABLE, "interrupted: rerun the batch to finish it"
+        elif code < 0:
+            # The shell's convention (128 + signal), so the batch's code and a person read it alike.
             headline = f"killed by signal {-code}"
+            code = exit_code_of(code)
         elif code and not headline:
             headline = f"exited with code {code} (see {runfiles.log_path(batch.run_dir, name)})"
         outcome = ChildOutcome(index, code, headline, time.monotonic() - started, skipped, images)

@@ -15,8 +15,9 @@ from typing import Any
 
 from pipeline import s3 as s3io
 from pipeline.errors import UsageError
+from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.executor import BatchResult, LocalBatch, run_batch
-from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri, default_workers
+from pipeline.settings import DEFAULT_TRAIN_SIZE, JobSettings, S3Uri, counted, default_workers
 from profiling import runfiles
 
 
@@ -41,20 +42,36 @@ class LocalRun:
     sidecar: bool = True
     job_id: str = ""
     contract: Path | None = None
+    process_command: str = DEFAULT_PROCESS_COMMAND  # the process stage (pipeline/process.py)
+
+
+#: What a local run writes in its run directory: runfiles' own files, plus the demo's S3 data and server
+#: log, the default scratch root and the dataset's upload list. A rerun removes these and nothing else.
+RUN_ENTRIES = (runfiles.RUN_FILE, runfiles.PROFILES, runfiles.EMF, runfiles.LOGS, runfiles.REPORT, "s3",
+               "s3server.log", "scratch", "upload-dataset.cmds")
 
 
 def prepare_run_dir(run_dir: Path) -> None:
-    """Empty a previous run's directory; refuse to empty anything that is not one of ours."""
+    """Make `run_dir` ready for a run: a new or empty directory, or an earlier run's, whose own files
+    (RUN_ENTRIES) are removed. Files the user put there are left alone; a non-empty directory that holds
+    no run file is refused, since its files cannot be told from a run's."""
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"run directory {run_dir} is a file: give a directory with --run-dir")
     if run_dir.exists() and any(run_dir.iterdir()):
         if not runfiles.is_run_dir(run_dir):
             raise UsageError(f"run directory {run_dir} is not empty and holds no {runfiles.RUN_FILE}: "
                              "give an empty or new directory with --run-dir")
-        for child in run_dir.iterdir():
-            if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child)
-            else:
-                child.unlink()
-    run_dir.mkdir(parents=True, exist_ok=True)
+        for name in RUN_ENTRIES:
+            entry = run_dir / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            elif entry.exists() or entry.is_symlink():
+                entry.unlink()
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"run directory {run_dir} cannot be created ({exc.strerror}): give another "
+                         "--run-dir") from None
 
 
 def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str], None] = print) -> BatchResult:
@@ -69,7 +86,7 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
     template = JobSettings(input=run.input, output=run.output, manifest=frozen.manifest, scratch_root=scratch,
                            images_per_child=run.images_per_child, array_index=0, job_id=job_id,
                            s3_endpoint=run.endpoint, train_size=run.train_size, skip_bad_images=run.skip_bad_images,
-                           force=run.force, volume_type="local")
+                           force=run.force, volume_type="local", process_command=run.process_command)
     batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
                        env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
                        slow_child_bps=run.slow_child_bps, contract=run.contract)
@@ -78,7 +95,8 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
                             "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
                             "started": time.time(), "slow_child": run.slow_child}
     runfiles.write_run(run.run_dir, meta)
-    say(f"batch {job_id}: {frozen.images} images ({frozen.bytes / 2**20:,.0f} MiB) in {frozen.children} children, "
+    say(f"batch {job_id}: {counted(frozen.images, 'image', 'images')} ({frozen.bytes / 2**20:,.1f} MiB) in "
+        f"{counted(frozen.children, 'child', 'children')}, "
         f"{run.workers} at a time")
     result = run_batch(batch, progress=progress, images_total=frozen.images)
     meta.update(finished=time.time(), elapsed_s=round(result.elapsed_s, 3),

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from pipeline import s3 as s3io
+from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.executor import BatchResult
 from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.manifest import children_for
+from pipeline.process import find_command
 from pipeline.settings import default_workers
 from pipeline.submit.plan import SubmitRequest, SubmitResult, SubmittedJob, check_flags, job_name
 from pipeline.submit.submission import scan_source
@@ -39,6 +41,7 @@ def submit_local(
     s3_data_dir: Path | None = None,
     workers: int | None = None,
     progress: bool | None = None,
+    process_command: str | None = None,
 ) -> tuple[SubmitResult, BatchResult | None]:
     """Freeze the batch and run it on this machine with the local executor, in the foreground.
 
@@ -48,7 +51,9 @@ def submit_local(
     """
     check_flags(manifest=manifest, prefix=prefix, images_per_child=images_per_child)
     request = SubmitRequest.build(manifest=manifest, prefix=prefix, images_per_child=images_per_child,
-                                  output=output, force=force)
+                                  output=output, force=force, process_command=process_command)
+    if request.process_command:  # on this machine its program must be found here, before anything runs
+        find_command(request.process_command, "", what="--process-command")
     run_dir = run_dir or Path(DEFAULT_LOCAL_DIR) / request.name
     with contextlib.ExitStack() as stack:
         if s3_endpoint:
@@ -65,7 +70,8 @@ def submit_local(
         prepare_run_dir(run_dir)
         run = LocalRun(input=request.input, output=request.output, endpoint=endpoint, run_dir=run_dir,
                        images_per_child=images_per_child, manifest=request.manifest,
-                       workers=workers or default_workers(), env=env, force=force, job_id=f"local-{request.name}")
+                       workers=workers or default_workers(), env=env, force=force, job_id=f"local-{request.name}",
+                       process_command=request.process_command or DEFAULT_PROCESS_COMMAND)
         outcome = run_local(run, progress=progress, say=lambda _line: None)
     manifest_uri = s3io.frozen_paths(request.output)[0]
     # The run file holds the frozen batch's totals; the outcomes count only what this run processed.

@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.errors import PermanentError, UsageError
 from pipeline.interface import CONTAINERS, ENV
 from pipeline.manifest import MAX_ARRAY_SIZE, array_jobs
-from pipeline.settings import S3Uri
+from pipeline.settings import S3Uri, parse_process_command
 
 # Tags on each submitted job: `iobatch status` reads them back to count images without the manifest.
 TAG_BATCH = "iobatch:batch"
@@ -61,6 +61,7 @@ class SubmitRequest:
     images_per_child: int
     name: str
     force: bool = False
+    process_command: str | None = None  # None: the job definition's (pipeline.interface: {input} {output})
 
     @classmethod
     def build(
@@ -75,6 +76,7 @@ class SubmitRequest:
         force: bool = False,
         input_prefix: str = "",
         output_prefix: str = "",
+        process_command: str | None = None,
     ) -> SubmitRequest:
         """Validate the flags.
 
@@ -83,6 +85,8 @@ class SubmitRequest:
         """
         if images_per_child < 1:
             raise UsageError(f"--images-per-job is {images_per_child}: give 1 or more")
+        command = None if process_command is None else parse_process_command(process_command,
+                                                                             what="--process-command")
         if (manifest is None) == (prefix is None):
             raise UsageError("give exactly one of --manifest s3://bucket/key.jsonl or --prefix s3://bucket/images/")
         manifest_uri: S3Uri | None = None
@@ -91,7 +95,8 @@ class SubmitRequest:
             if not manifest_uri.key or manifest_uri.key.endswith("/"):
                 raise UsageError(f"--manifest {manifest} names a folder: give the manifest object, "
                                  "e.g. s3://bucket/batches/2026-11-22.jsonl")
-            input_uri = S3Uri(input_bucket or manifest_uri.bucket, "")
+            # The manifest's keys must lie under the stack's input prefix, the only one the job may read.
+            input_uri = S3Uri(input_bucket or manifest_uri.bucket, input_prefix)
             source = manifest_uri
         else:
             assert prefix is not None
@@ -118,7 +123,7 @@ class SubmitRequest:
                 output_uri.key.startswith(input_uri.key):
             raise UsageError(f"output {output_uri} is inside the input prefix {input_uri}: a later listing would "
                              "take the outputs as images; give --output elsewhere")
-        return cls(input_uri, manifest_uri, output_uri, images_per_child, name, force)
+        return cls(input_uri, manifest_uri, output_uri, images_per_child, name, force, command)
 
     @property
     def source(self) -> S3Uri:
@@ -180,6 +185,7 @@ def batch_environment(request: SubmitRequest, manifest: S3Uri, offset: int) -> d
         ENV.IMAGES_PER_CHILD: str(request.images_per_child),
         ENV.ARRAY_OFFSET: str(offset),
         ENV.FORCE: "1" if request.force else "0",
+        **({ENV.PROCESS_COMMAND: request.process_command} if request.process_command else {}),
     }
 
 
@@ -266,6 +272,7 @@ class SubmitResult:
             "children": self.children,
             "images": self.images,
             "force": self.request.force,
+            "processCommand": self.request.process_command,
             "dryRun": self.dry_run,
             "jobs": [{"jobId": j.job_id, "jobName": j.name, "offset": j.offset, "size": j.size,
                       "images": j.images} for j in self.jobs],

@@ -127,17 +127,30 @@ def _chunks(items: Sequence[str], size: int) -> Iterable[Sequence[str]]:
         yield items[start:start + size]
 
 
-def _log_stream(job: Mapping[str, Any]) -> str | None:
-    """The job container's log stream, wherever this job shape keeps it."""
-    for task in (job.get("ecsProperties") or {}).get("taskProperties") or []:
-        for container in task.get("containers", []):
-            if container.get("name") == JOB_CONTAINER and container.get("logStreamName"):
-                return str(container["logStreamName"])
-    stream = (job.get("container") or {}).get("logStreamName")
-    if not stream:
+def job_container(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The job container's details (name, exitCode, reason, logStreamName) from DescribeJobs, for this job's
+    shape.
+
+    A multi-container job leaves the job-level `container` empty and reports each container under
+    ecsProperties.taskProperties[].containers[] (JobDetail, AWS Batch API Reference: "ecsProperties ...
+    taskProperties ... containers: a list of containers ... exitCode, name, reason, logStreamName"); its
+    attempts carry the same under attempts[].taskProperties[].containers[] (AttemptEcsTaskDetails). A
+    single-container job has them in `container`. Empty when the job never started a container.
+    """
+    def ours(tasks: Any) -> Mapping[str, Any] | None:
+        for task in tasks or []:
+            for container in task.get("containers") or []:
+                if container.get("name") == JOB_CONTAINER:
+                    return dict(container)
+        return None
+
+    found = ours((job.get("ecsProperties") or {}).get("taskProperties"))
+    if found is None:
         attempts = job.get("attempts") or []
-        stream = (attempts[-1].get("container") or {}).get("logStreamName") if attempts else None
-    return str(stream) if stream else None
+        found = ours(attempts[-1].get("taskProperties")) if attempts else None
+    if found is None:
+        found = job.get("container") or (attempts[-1].get("container") if attempts else None) or {}
+    return found
 
 
 def _child_index(job_id: str, offset: int) -> int:
@@ -207,20 +220,22 @@ def _failed_children(batch_client: Any, backoff: Backoff,
                      summaries: Sequence[tuple[Mapping[str, Any], int]]) -> tuple[FailedChild, ...]:
     if not summaries:
         return ()
-    streams: dict[str, str | None] = {}
+    containers: dict[str, Mapping[str, Any]] = {}
     ids = [str(s["jobId"]) for s, _ in summaries]
     for chunk in _chunks(ids, 100):
         for job in backoff.call(batch_client.describe_jobs, doing="describing failed children",
                                 jobs=list(chunk))["jobs"]:
-            streams[str(job["jobId"])] = _log_stream(job)
+            containers[str(job["jobId"])] = job_container(job)
     out = []
     for summary, offset in summaries:
         job_id = str(summary["jobId"])
-        container = summary.get("container") or {}
+        # ListJobs' summary has a container only for single-container jobs: the described job is the truth.
+        container = containers.get(job_id) or summary.get("container") or {}
         reason = str(summary.get("statusReason") or container.get("reason") or "")
         exit_code = container.get("exitCode")
+        stream = container.get("logStreamName")
         out.append(FailedChild(job_id, _child_index(job_id, offset), reason,
-                               int(exit_code) if exit_code is not None else None, streams.get(job_id)))
+                               int(exit_code) if exit_code is not None else None, str(stream) if stream else None))
     return tuple(sorted(out, key=lambda f: f.index))
 
 

@@ -51,7 +51,8 @@ def scan_source(s3: Any, request: SubmitRequest) -> int:
     """Validate every line (or list every key) without writing anything; return the image count."""
     from pipeline import s3 as s3io
 
-    entries = (s3io.read_manifest(s3, request.manifest, bucket=request.input.bucket) if request.manifest
+    entries = (s3io.read_manifest(s3, request.manifest, bucket=request.input.bucket, prefix=request.input.key)
+               if request.manifest
                else s3io.list_images(s3, request.input))
     images = sum(1 for _ in entries)
     if images == 0:
@@ -81,6 +82,7 @@ def submit_to_stack(
     s3_endpoint: str | None = None,
     dry_run: bool = False,
     session: Any = None,
+    process_command: str | None = None,
 ) -> SubmitResult:
     """Validate, freeze the manifest once, and submit one array job per 10,000 children."""
     import boto3
@@ -96,7 +98,8 @@ def submit_to_stack(
     request = SubmitRequest.build(manifest=manifest, prefix=prefix, images_per_child=images_per_child,
                                   output=output, input_bucket=outputs.input_bucket,
                                   output_bucket=outputs.output_bucket, force=force,
-                                  input_prefix=outputs.input_prefix, output_prefix=outputs.output_prefix)
+                                  input_prefix=outputs.input_prefix, output_prefix=outputs.output_prefix,
+                                  process_command=process_command)
     target = resolve_target(batch, outputs.job_queue, outputs.job_definition)
     s3 = s3io.client(s3_endpoint)
     if dry_run:

@@ -2,19 +2,20 @@
 
 - procfs.py: /proc/<pid>/io, /proc/diskstats, /proc/vmstat, /proc/pressure/io. Always on; exact bytes
   and call counts for any binary.
-- ebpf.py (with bpftrace.py, its program) / interpose.py: per-call latency (optional). See `CallProbe`;
-  callstats.py defines the per-call dict they return (per call type, size class, path prefix and time
-  frame) and how the results of several probes are merged.
+- ebpf.py (the CO-RE program profiling/bpf/iobatch.bpf.c, loaded by libbpf.py, its maps read by
+  ebpf_maps.py, its processes selected by cgroup with cgroup.py) / interpose.py: per-call latency
+  (optional). See `CallProbe`; callstats.py defines the per-call dict they return (per call type, size
+  class, path prefix and time frame) and how the results of several probes are merged.
 
 Imports flow one way: this package's factories import the probes, the probes import callstats.py and
-procfs.py, and those import neither.
+procfs.py (and their own helpers), and those import no probe.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,14 +41,19 @@ class CallProbe(Protocol):
         by_path  {prefix: {call: STATS}}  "" = sockets, pipes, fds opened before the probe
         cells    [{path, call, size, **STATS}]  the cross product, what contracts evaluate
         frames   [{t, cells}]             per interval since start
-        dirty_throttle_ms                 eBPF only: writeback:balance_dirty_pages pauses
+        dirty_throttle_ms                 eBPF only: writeback:balance_dirty_pages pauses, summed over tasks
+        dirty_throttle_wall_ms            eBPF only: time during which any of the job's writers was paused
+        dirtied_bytes                     eBPF only: page-cache pages the job dirtied, in bytes
+        socket {sent_bytes, received_bytes}   eBPF only (Linux 6.3+): bytes moved on sockets
+    (an eBPF figure whose hook this kernel lacks is absent, with a note)
     STATS = {count, bytes, total_us, mean_us, min_us, max_us, hist}; hist maps k to the calls that
     took [2^k, 2^(k+1)) ns.
 
     Optional `close()` (not part of the structural type, looked up with getattr): a probe that keeps
-    something running between stages (the eBPF probe keeps one bpftrace per job, so a stage boundary
-    costs the job ~0.1 s instead of an attach) ends it there. The sidecar calls it once when it exits,
-    on every path (job_end, EOF, SIGTERM, error); it must be idempotent and must not raise.
+    something running between stages (the eBPF probe keeps its program loaded for the whole job, so a
+    stage boundary costs the job a reading of its memory instead of a load) ends it there. The sidecar
+    calls it once when it exits, on every path (job_end, EOF, SIGTERM, error); it must be idempotent
+    and must not raise.
     """
 
     name: str
@@ -64,11 +70,12 @@ def _warn(text: str) -> None:
 def call_probes_for(scratch_dir: Path | None, *, warn: Warn = _warn) -> list[CallProbe]:
     """The per-call probes the sidecar runs for a job working in `scratch_dir`, best first.
 
-    eBPF when root with bpftrace and tracefs (any binary, static Go included; one bpftrace for the
-    whole job, closed by the sidecar), then the LD_PRELOAD interposer's records in `scratch_dir`
-    (dynamically linked programs the job starts with `preload_env`). The sidecar starts each with the
-    stage's pid and merges their `stop()` results (callstats.merge_results). A probe that cannot run
-    is left out with one notice through `warn`; nothing here raises.
+    eBPF when root (or given the capabilities) with the kernel's BTF (any binary, static Go included;
+    one loaded program for the whole job, closed by the sidecar), then the LD_PRELOAD interposer's
+    records in `scratch_dir` (dynamically linked programs the job starts with `preload_env`). The
+    sidecar starts each with the stage's pid and merges their `stop()` results
+    (callstats.merge_results). A probe that cannot run is left out with one notice through `warn`;
+    nothing here raises.
     """
     probes: list[CallProbe] = []
     reason = ebpf.available()
@@ -81,17 +88,64 @@ def call_probes_for(scratch_dir: Path | None, *, warn: Warn = _warn) -> list[Cal
     return probes
 
 
-def start_command_probe(warn: Warn) -> CallProbe | None:
-    """An eBPF probe on the processes this process starts from now on (not on itself), started; or
-    None with one notice through `warn` when eBPF cannot run here. For `iobatch profile -- CMD`."""
-    reason = ebpf.available()
-    if reason is not None:
-        warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
-        return None
-    probe = ebpf.EbpfProbe(count_root=False)
+def _dynamically_linked(program: str) -> bool:
+    """Whether `program` (a name on PATH or a path) is an ELF file with an interpreter (PT_INTERP), i.e. a
+    dynamically linked program LD_PRELOAD reaches; the ELF header layout is elf(5)'s."""
+    import shutil
+    import struct
+
+    path = shutil.which(program)
+    if path is None:
+        return False
     try:
-        probe.start(os.getpid())
-    except RuntimeError as exc:
-        warn(f"eBPF probe did not start ({exc}): no per-call latency; counts and bytes come from procfs")
-        return None
-    return probe
+        with open(path, "rb") as elf:
+            head = elf.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2:  # 64-bit ELF only
+                return False
+            order = "<" if head[5] == 1 else ">"
+            phoff, = struct.unpack_from(order + "Q", head, 32)
+            phentsize, phnum = struct.unpack_from(order + "HH", head, 54)
+            elf.seek(phoff)
+            table = elf.read(phentsize * phnum)
+    except OSError:
+        return False
+    return any(struct.unpack_from(order + "I", table, i * phentsize)[0] == 3 for i in range(phnum))  # PT_INTERP
+
+
+class _CommandInterposeProbe(interpose.InterposeProbe):
+    """The interposer's records of one command, in a directory of their own that stop() removes."""
+
+    def stop(self) -> dict[str, Any] | None:
+        import shutil
+
+        try:
+            return super().stop()
+        finally:
+            shutil.rmtree(self.directory.parent, ignore_errors=True)
+
+
+def start_command_probe(warn: Warn, argv: Sequence[str] = ()) -> CallProbe | None:
+    """A per-call probe on the processes this process starts from now on (not on itself), started; or
+    None with one notice through `warn` when none can run here. For `iobatch profile -- CMD`.
+
+    eBPF when it can run (any binary); else, for a dynamically linked `argv[0]`, the LD_PRELOAD
+    interposer, preloaded through this process's environment (which the command inherits)."""
+    reason = ebpf.available()
+    if reason is None:
+        probe = ebpf.EbpfProbe(count_root=False)
+        try:
+            probe.start(os.getpid())
+            return probe
+        except (RuntimeError, OSError) as exc:
+            reason = f"eBPF probe did not start ({exc})"
+    if argv and _dynamically_linked(argv[0]) and interpose.library_path() is not None:
+        import tempfile
+
+        scratch = Path(tempfile.mkdtemp(prefix="iobatch-calls-"))
+        os.environ.update(preload_env(scratch))
+        warn(f"{reason}: per-call figures from the LD_PRELOAD interposer")
+        command_probe = _CommandInterposeProbe(interpose.record_dir(scratch))
+        command_probe.start(os.getpid())
+        return command_probe
+    warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
+    return None

@@ -56,10 +56,14 @@ class Stats:
     min_ns: int | None = None
     max_ns: int | None = None
     hist: dict[int, int] = field(default_factory=dict)
+    # True when min_ns or max_ns is a histogram bucket's bound, not a measured call (see `since`): up to 2x
+    # off, and shown as a bound wherever it appears.
+    extremes_bound: bool = False
 
     def add(self, other: Stats) -> None:
         if other.count == 0:
             return
+        self.extremes_bound = self.extremes_bound or other.extremes_bound
         if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
             self.min_ns = other.min_ns
         if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
@@ -91,7 +95,8 @@ class Stats:
             max_ns = min(max_ns or 0, self.max_ns)
         if self.min_ns is not None and min_ns is not None:
             min_ns = max(min_ns, self.min_ns)
-        return Stats(count, self.bytes - before.bytes, self.total_ns - before.total_ns, min_ns, max_ns, hist)
+        bound = self.min_ns == before.min_ns or self.max_ns == before.max_ns or self.extremes_bound
+        return Stats(count, self.bytes - before.bytes, self.total_ns - before.total_ns, min_ns, max_ns, hist, bound)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +107,7 @@ class Stats:
             "min_us": None if self.min_ns is None else self.min_ns / 1000,
             "max_us": None if self.max_ns is None else self.max_ns / 1000,
             "hist": {str(k): n for k, n in sorted(self.hist.items())},
+            **({"extremes_bound": True} if self.extremes_bound else {}),
         }
 
     @classmethod
@@ -117,6 +123,7 @@ class Stats:
             min_ns=ns("min_us"),
             max_ns=ns("max_us"),
             hist={int(k): int(v) for k, v in dict(data.get("hist", {})).items()},
+            extremes_bound=bool(data.get("extremes_bound", False)),
         )
 
 

@@ -1,316 +1,319 @@
-"""Per-call latency of any program (static Go binaries such as s5cmd included) from syscall tracepoints.
+"""Per-call figures of any program (static Go binaries such as s5cmd included) from a compiled eBPF program.
 
-Runs bpftrace on the syscall tracepoints of the read, write, open, close and fsync families, plus
-`writeback:balance_dirty_pages` (the time writers were paused for dirty-page throttling).
+The program (profiling/bpf/iobatch.bpf.c, CO-RE, built by `make setup` and in the image) counts the read,
+write, open, close and fsync families of one cgroup's processes per call type and size class (count,
+bytes, total latency, log2 histogram, exact min and max), the time they were paused in
+balance_dirty_pages (per task, summed, and as wall time during which any was paused), the page-cache pages
+they dirtied and the bytes they sent and received on sockets. libbpf loads it (profiling/probes/libbpf.py).
 
-Which processes: the job's process tree. The probe starts from the root pid and every process that
-already descends from it (read from /proc), then follows `sched:sched_process_fork` for new ones.
-Pids are those of the host's pid namespace, as bpftrace sees them.
+Which processes: the cgroup v2 of the job. The profiler finds the job's cgroup from the job's pid as the
+profiler sees it, through the program's task finder, so it works from another container of a Batch task
+(its own pid namespace: the pids the kernel's hooks see are different numbers). When that cgroup is the
+profiler's own, or the root, it would hold more than the job: then the job's process tree is moved into a
+cgroup of its own (profiling/probes/cgroup.py) first. Children inherit their cgroup, so forks are followed.
 
-Needs root, bpftrace and tracefs; `available()` says what is missing (and mounts tracefs at
-/sys/kernel/tracing when it is not, which is the one change it makes: it is left mounted, as the
-kernel does by default on most distributions). kprobes and kfuncs are not used: they are missing on
-some kernels where tracepoints work. No path attribution: every call is under path "" and the result
-says "path_attribution": false (contract rules on a path prefix need the interposer); keeping paths in
-the maps cost more than the probe itself and grew with every file opened.
+Cost: loading and attaching take tens of milliseconds; a reading is a copy of the program's memory
+(mmap), so a stage boundary costs the job about a millisecond. The sidecar keeps one loaded program for
+the whole job (`keep_running`); `close()` detaches it, and the kernel detaches it by itself if the
+profiler dies: nothing outlives the process that loaded it.
 
-The interface the rest of the profiler uses is small on purpose: `NAME`, `available()` and `EbpfProbe`
-(a CallProbe with `close()`). The program text and its output format are bpftrace.py's; this module
-runs the program and cuts its cumulative states into stage windows (`frames_to_calls`).
-
-Lifetime: attaching takes bpftrace 1.5-5 s, so the sidecar's probe (`keep_running=True`) starts one
-bpftrace at the job's first stage and keeps it until the sidecar's `close()`; bpftrace prints its
-cumulative state every 0.1 s and a stage is the difference of two of those states (see `EbpfProbe`).
-bpftrace runs in its own session under `setpriv --pdeathsig KILL`, so it dies with the thread that
-started it even when the sidecar is killed outright (its next print to the closed pipe, within a
-tick, would end it too: SIGPIPE); an atexit hook closes any probe left open. Detaching takes the
-kernel a second or two after that.
-
-In AWS this is a local / privileged feature. The sidecar container needs the privileges bpftrace
-needs (CAP_SYS_ADMIN or CAP_BPF + CAP_PERFMON, tracefs, the host's kernel headers or BTF), which a
-default Batch job definition does not grant. And the pid filter uses host-namespace pids, as the
-kernel's tracepoints see them: the job's pid as the sidecar knows it inside the task's pid namespace
-(what the job sends in stage_start) is a different number there, so the filter would watch the wrong
-processes (filtering on the task's cgroup would be the fix). The kernel-counter figures (procfs.py:
-exact bytes and call counts for any binary) need none of this and work everywhere.
+Needs root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the kernel's BTF (/sys/kernel/btf/vmlinux, as
+on Amazon Linux 2023) and libbpf; `available()` says what is missing. No path attribution yet: every
+call is under path "" and "path_attribution" is false (contract rules on a path prefix need the
+interposer).
 """
 
 from __future__ import annotations
 
 import atexit
 import os
-import shutil
-import signal
-import subprocess
 import threading
 import time
 import weakref
-from typing import IO, Any
+from pathlib import Path
+from typing import Any
 
-from profiling.probes.bpftrace import (
-    READY_MARK,
-    TRACEFS,
-    Frame,
-    FrameParser,
-    build_script,
-    kernel_syscalls,
-    tracepoint_exists,
-)
+import profiling.probes.ebpf_maps as layout
 from profiling.probes.callstats import Cells, calls_dict, cells_since
+from profiling.probes.cgroup import Carved, carve
+from profiling.probes.libbpf import BpfError, BpfObject, library_missing
 from profiling.probes.procfs import process_tree, read_start_time
 
 NAME = "ebpf"
 ENV_OFF = "IOBATCH_NO_EBPF"  # "1": never run the eBPF probe (as if not root)
+ENV_OBJECT = "IOBATCH_BPF_OBJECT"  # override where the compiled program is
+OBJECT_NAME = "iobatch.bpf.o"
+BTF = Path("/sys/kernel/btf/vmlinux")
+TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
-TICK_S = 0.1  # how often a long-running bpftrace prints its state: what a stage boundary waits at most
-READY_TIMEOUT_S = 30.0
-STATE_TIMEOUT_S = 5.0  # a running bpftrace that prints nothing for this long is broken
-CLOSE_TIMEOUT_S = 10.0
+CAPS = {21: "CAP_SYS_ADMIN", 38: "CAP_PERFMON", 39: "CAP_BPF"}
+CALL_PROGRAMS = ("iob_sys_enter", "iob_sys_exit")
+# Optional hooks: (program, what is missing without it). sock_*_length exist from Linux 6.3.
+EXTRA_PROGRAMS = (
+    ("iob_dirty_pause", "dirty-throttle pause (tracepoint writeback:balance_dirty_pages, needs tracefs)"),
+    ("iob_dirtied", "pages dirtied (tracepoint writeback:writeback_dirty_folio)"),
+    ("iob_sock_send", "socket bytes (tracepoint sock:sock_send_length, Linux 6.3+)"),
+    ("iob_sock_recv", "socket bytes (tracepoint sock:sock_recv_length, Linux 6.3+)"),
+)
+
+
+def object_path() -> Path | None:
+    """The compiled program, or None when `make setup` has not built it."""
+    candidates = [Path(os.environ[ENV_OBJECT])] if os.environ.get(ENV_OBJECT) else []
+    candidates.append(Path(__file__).resolve().parent.parent / "bpf" / OBJECT_NAME)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def _effective_caps() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
 
 
 def available() -> str | None:
     """None when the probe can run here, else a one-line reason it cannot."""
     if os.environ.get(ENV_OFF) == "1":
         return f"eBPF probe turned off ({ENV_OFF}=1)"
-    if os.geteuid() != 0:
-        return "eBPF probe needs root"
-    if shutil.which("bpftrace") is None:
-        return "eBPF probe needs bpftrace (apt-get install bpftrace)"
-    if not (TRACEFS / "events").is_dir():
-        try:
-            subprocess.run(["mount", "-t", "tracefs", "tracefs", str(TRACEFS)], check=True, capture_output=True)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            return f"eBPF probe needs tracefs at {TRACEFS} and mounting it failed: {exc}"
-    if not tracepoint_exists("write"):
-        return "eBPF probe needs syscall tracepoints (CONFIG_FTRACE_SYSCALLS)"
+    caps = _effective_caps()
+    if not (caps >> 21 & 1 or (caps >> 38 & 1 and caps >> 39 & 1)):
+        return "eBPF probe needs root (or CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
+    if not BTF.is_file():
+        return f"eBPF probe needs the kernel's BTF ({BTF}: CONFIG_DEBUG_INFO_BTF)"
+    if object_path() is None:
+        return "eBPF probe is not built (run `make setup`: clang, libbpf-dev and bpftool build profiling/bpf)"
+    missing = library_missing()
+    if missing is not None:
+        return f"eBPF probe needs libbpf: {missing}"
     return None
 
 
-def frames_to_calls(frames: list[Frame], start: float, stop: float,
-                    base: Frame | None = None) -> tuple[Cells, list[tuple[float, Cells]], float]:
-    """Total cells, per-interval cells and throttle ms of the window from `base` (the cumulative state
-    at the window's start; None: the probe's start, all zero) to the last of `frames`."""
-    base_cells: Cells = base[1] if base is not None else {}
-    base_dt = base[2] if base is not None else 0.0
-    total = cells_since(frames[-1][1], base_cells) if frames else {}
-    deltas: list[tuple[float, Cells]] = []
-    previous = base_cells
-    for t, cells, _dt in frames:
-        deltas.append((max(0.0, t - start), cells_since(cells, previous)))
-        previous = cells
-    # A frame's time stamp is its end; report its start like the interposer does.
-    shifted = [(max(0.0, deltas[i - 1][0]) if i else 0.0, c) for i, (_t, c) in enumerate(deltas)]
-    return total, shifted, max(0.0, frames[-1][2] - base_dt) if frames else 0.0
+def _mount_tracefs() -> None:
+    """The classic tracepoint (balance_dirty_pages) is attached by its id under tracefs: mount it if it is not
+    (left mounted, as most distributions do at boot). The raw tracepoints need no tracefs."""
+    if not (TRACEFS / "events").is_dir():
+        import subprocess
 
+        subprocess.run(["mount", "-t", "tracefs", "tracefs", str(TRACEFS)], check=False, capture_output=True)
+
+
+class _Loaded:
+    """The program, loaded and attached, with its two mmap-ed maps."""
+
+    def __init__(self) -> None:
+        path = object_path()
+        if path is None:
+            raise RuntimeError("the eBPF program is not built")
+        _mount_tracefs()
+        self.obj = BpfObject(path)
+        try:
+            self.state = self.obj.mmap_array("state", layout.STATE_SIZE)
+            self.cells = self.obj.mmap_array("cells", layout.IOB_CELLS * layout.CELL_SIZE)
+            self.notes: list[str] = []
+            self.attached: set[str] = set()
+            for name in CALL_PROGRAMS:
+                self.obj.attach(name)
+            for name, what in EXTRA_PROGRAMS:
+                try:
+                    self.obj.attach(name)
+                    self.attached.add(name)
+                except BpfError:
+                    self.notes.append(f"{what}: not available on this kernel")
+        except BaseException:
+            self.obj.close()
+            raise
+
+    def set(self, field: str, value: int) -> None:
+        offset = layout.state_offset(field)
+        self.state[offset:offset + 8] = value.to_bytes(8, "little")
+
+    def find(self, pid: int) -> tuple[int, int, int]:
+        """(cgroup id, its level, host pid) of process `pid` of this process's pid namespace."""
+        self.set("find_ns_inum", os.stat("/proc/self/ns/pid").st_ino)
+        self.set("find_pid", pid)
+        self.set("found_cgroup_id", 0)
+        self.obj.run_iterator("iob_find_task")
+        found = layout.decode_state(self.state[:layout.STATE_SIZE])
+        if not found["found_cgroup_id"]:
+            raise RuntimeError(f"process {pid} not found by the eBPF task finder")
+        return found["found_cgroup_id"], found["found_cgroup_level"], found["found_tgid"]
+
+    def task_pauses(self) -> dict[int, tuple[str, int]]:
+        """{tid: (comm, ms paused)} of the tasks the dirty throttle paused (at most IOB_TASKS of them)."""
+        items = self.obj.hash_items("task_pause", 4, layout.TASK_PAUSE_SIZE, layout.IOB_TASKS)
+        return layout.decode_task_pauses(items)
+
+    def reading(self) -> tuple[Cells, dict[str, int]]:
+        return (layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]),
+                layout.decode_state(self.state[:layout.STATE_SIZE]))
+
+    def close(self) -> None:
+        self.obj.close()
+
+
+def _paused_tasks(now: dict[int, tuple[str, int]], before: dict[int, tuple[str, int]],
+                  most: int = 10) -> list[dict[str, Any]]:
+    """The tasks paused most in the window, most first: [{tid, comm, ms}] (the kernel's thread ids)."""
+    paused = [(ms - before.get(tid, ("", 0))[1], tid, comm) for tid, (comm, ms) in now.items()]
+    return [{"tid": tid, "comm": comm, "ms": ms} for ms, tid, comm in sorted(paused, reverse=True)[:most] if ms > 0]
+
+
+Reading = tuple[float, Cells, dict[str, int]]  # (monotonic s, cumulative cells, cumulative state)
 
 _LIVE: weakref.WeakSet[EbpfProbe] = weakref.WeakSet()
 
 
 @atexit.register
 def _close_live_probes() -> None:
-    """bpftrace runs in its own session: end it with this process even if nobody called close()."""
+    """A probe left open at exit gives its job's processes back to their cgroup (the kernel detaches the
+    program by itself)."""
     for probe in list(_LIVE):
         probe.close()
 
 
-class _Stage:
-    """One start()..stop() window over a running bpftrace."""
-
-    def __init__(self, start: float, base: Frame | None) -> None:
-        self.start = start
-        self.base = base  # cumulative state at the start (None: bpftrace started with the stage)
-        self.kept: list[Frame] = []  # states about every interval_s inside the window
-
-
 class EbpfProbe:
-    """CallProbe: bpftrace over the job's process tree, from start(pid) to stop().
+    """CallProbe: the job's cgroup, from start(pid) to stop().
 
-    One-shot (default): start() launches bpftrace and waits for it to attach (1.5-5 s on a busy
-    machine), stop() ends it and reads its final state.
-
-    keep_running=True (the sidecar's): bpftrace stays up from the first start(pid) until close(),
-    printing its cumulative state every `tick_s` (0.1 s). A later start() with the same pid only marks
-    the stage start; a different pid (or a dead bpftrace) starts a new one. A stage's figures are the
-    difference between the first state printed at/after start() and the first printed at/after stop():
-    the job waits for the sidecar's ack at both boundaries, so that difference is exact, and a
-    boundary costs the job at most about one tick instead of an attach or detach.
+    One-shot (default): start() loads and attaches the program, stop() reads it and detaches it.
+    keep_running=True (the sidecar's): the program stays loaded from the first start(pid) until close();
+    a later start() reads the counters (the window's base) and clears min and max, stop() reads them
+    again. The job waits for the sidecar's ack at both boundaries, so the window is exact.
+    count_root=False: `pid` itself is not counted, only the processes it starts after start()
+    (how `iobatch profile` watches the command it is about to run).
     """
 
     name = NAME
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, count_root: bool = True,
-                 keep_running: bool = False, tick_s: float = TICK_S) -> None:
-        """count_root=False: the root's own calls are not counted, only those of processes it starts
-        after start() (how `iobatch profile` watches the command it is about to run)."""
+                 keep_running: bool = False) -> None:
         self.interval_s = interval_s
         self.count_root = count_root
         self.keep_running = keep_running
-        self.tick_s = tick_s if keep_running else interval_s
-        self._proc: subprocess.Popen[str] | None = None
-        self._reader: threading.Thread | None = None
-        self._cond = threading.Condition()
-        self._ready_at: float | None = None
-        self._eof = False
-        self._latest: Frame | None = None
-        self._stage: _Stage | None = None
-        self._root = 0
-        self._root_ticks: int | None = None
-        self._stderr_text = ""
+        self._loaded: _Loaded | None = None
+        self._carved: Carved | None = None
+        self._root: tuple[int, int | None] | None = None  # (pid, start time): the job being watched
+        self._filter = ""
+        self._lock = threading.Lock()
+        self._base: Reading | None = None
+        self._base_pauses: dict[int, tuple[str, int]] = {}
+        self._frames: list[tuple[float, Cells]] = []
+        self._last: Reading | None = None
+        self._ticker: threading.Thread | None = None
+        self._stop_ticks = threading.Event()
 
     # -- lifecycle
 
-    def running(self, pid: int | None = None) -> bool:
-        """bpftrace is up (and watching the tree of `pid`, when given)."""
-        if self._proc is None or self._proc.poll() is not None:
-            return False
-        return pid is None or (pid == self._root and read_start_time(pid) == self._root_ticks)
-
     def start(self, pid: int) -> None:
-        if self.keep_running and self.running(pid):
-            started = time.monotonic()
-            base = self._state_after(started)
-            with self._cond:
-                self._stage = _Stage(started, base)
-            return
-        self.close()
-        self._launch(pid)
-        assert self._ready_at is not None
-        with self._cond:
-            self._stage = _Stage(self._ready_at, None)
-
-    def _launch(self, pid: int) -> None:
-        reason = available()
-        if reason is not None:
-            raise RuntimeError(reason)
-        table = kernel_syscalls()
-        if self.count_root:
-            script = build_script(set(process_tree(pid)), self.tick_s, table)
-        else:
-            script = build_script((), self.tick_s, table, follow_only=[pid])
-        env = {**os.environ, "BPFTRACE_MAP_KEYS_MAX": "65536"}
-        self._root, self._root_ticks = pid, read_start_time(pid)
-        self._ready_at, self._eof, self._latest, self._stage = None, False, None, None
-        self._stderr_text = ""
-        # bpftrace gets its own session (a ^C to the job's group must not end it early), so it would
-        # outlive a sidecar killed by SIGKILL: setpriv makes the kernel kill it with this thread.
-        argv = ["bpftrace", "-f", "json", "-e", script]
-        if shutil.which("setpriv") is not None:
-            argv = ["setpriv", "--pdeathsig", "KILL", "--", *argv]
-        self._proc = subprocess.Popen(
-            argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
-        )
-        _LIVE.add(self)
-        assert self._proc.stdout is not None
-        self._reader = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True,
-                                        name="bpftrace-reader")
-        self._reader.start()
-        # BEGIN runs once every probe is attached: from "ready" on, no call is missed.
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        with self._cond:
-            while self._ready_at is None:
-                if self._proc.poll() is not None or self._eof or time.monotonic() > deadline:
-                    break
-                self._cond.wait(0.05)
-        if self._ready_at is None:
-            err = self._stderr()
+        root = (pid, read_start_time(pid))
+        if self._loaded is None or not self.keep_running:
             self.close()
-            raise RuntimeError(f"bpftrace did not start: {err or 'timed out'}")
+            self._loaded = _Loaded()
+            _LIVE.add(self)
+        if self._root != root:
+            try:
+                self._select(pid)
+            except BaseException:
+                self.close()
+                raise
+            self._root = root
+        loaded = self._loaded
+        layout.clear_extremes(loaded.cells)
+        now = time.monotonic()
+        cells, state = loaded.reading()
+        self._base_pauses = loaded.task_pauses() if "iob_dirty_pause" in loaded.attached else {}
+        with self._lock:
+            self._base = self._last = (now, cells, state)
+            self._frames = []
+        self._stop_ticks.clear()
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="ebpf-frames")
+        self._ticker.start()
 
-    def _read(self, stream: IO[str]) -> None:
-        parser = FrameParser()
-        for line in stream:
-            if self._ready_at is None and READY_MARK in line:
-                with self._cond:
-                    self._ready_at = time.monotonic()
-                    self._cond.notify_all()
-            for frame in parser.feed(line):
-                self._on_state(frame)
-        for frame in parser.finish():
-            self._on_state(frame)
-        with self._cond:
-            self._eof = True
-            self._cond.notify_all()
+    def _select(self, pid: int) -> None:
+        """Point the program at the cgroup holding `pid`'s tree (carving one out when it is shared)."""
+        assert self._loaded is not None
+        loaded = self._loaded
+        loaded.set("cgroup_id", 0)
+        if self._carved is not None:
+            self._carved.restore()
+            self._carved = None
+        cgroup, level, host_pid = loaded.find(pid)
+        own = loaded.find(os.getpid())[0]
+        where = f"cgroup v2 id {cgroup}"
+        if cgroup == own or level == 0:
+            try:
+                self._carved = carve(pid, process_tree(pid))
+            except OSError as exc:
+                raise RuntimeError(f"cannot give process {pid} a cgroup of its own ({exc})") from None
+            cgroup, level, host_pid = loaded.find(pid)
+            where = f"cgroup {self._carved.path.name} made for the process tree of pid {pid}"
+        loaded.set("exclude_tgid", 0 if self.count_root else host_pid)
+        loaded.set("cgroup_level", level)
+        loaded.set("cgroup_id", cgroup)
+        self._filter = where + ("" if self.count_root else f"; pid {pid} itself not counted")
 
-    def _on_state(self, frame: Frame) -> None:
-        with self._cond:
-            self._latest = frame
-            stage = self._stage
-            if stage is not None:
-                last = stage.kept[-1][0] if stage.kept else stage.start
-                if frame[0] - last >= self.interval_s - self.tick_s / 2:
-                    stage.kept.append(frame)
-            self._cond.notify_all()
+    def _tick(self) -> None:
+        """Every interval_s while a window is open: one frame (the calls since the previous reading)."""
+        while not self._stop_ticks.wait(self.interval_s):
+            loaded = self._loaded
+            if loaded is None:
+                return
+            now = time.monotonic()
+            cells, state = loaded.reading()
+            with self._lock:
+                if self._base is None or self._last is None:
+                    return
+                self._frames.append((self._last[0] - self._base[0], cells_since(cells, self._last[1])))
+                self._last = (now, cells, state)
 
-    def _state_after(self, t: float) -> Frame:
-        """The first cumulative state bpftrace printed at or after monotonic time `t` (waits for it)."""
-        deadline = time.monotonic() + max(STATE_TIMEOUT_S, 20 * self.tick_s)
-        with self._cond:
-            while self._latest is None or self._latest[0] < t:
-                if self._eof or time.monotonic() > deadline:
-                    raise RuntimeError("bpftrace stopped printing its state"
-                                       + (f": {self._stderr()}" if self._eof else " (timed out)"))
-                self._cond.wait(0.05)
-            return self._latest
-
-    def _stderr(self) -> str:
-        proc = self._proc
-        if proc is not None and proc.stderr is not None and proc.poll() is not None and not self._stderr_text:
-            self._stderr_text = proc.stderr.read()
-        useful = [ln for ln in self._stderr_text.splitlines() if ln.strip() and "RLIMIT_MEMLOCK" not in ln]
-        return useful[-1] if useful else ""
+    def _end_ticks(self) -> None:
+        self._stop_ticks.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
 
     def close(self) -> None:
-        """End bpftrace (it prints its final state first); idempotent, never raises."""
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # END prints the final state
-            try:
-                proc.wait(timeout=CLOSE_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        if self._reader is not None:
-            self._reader.join(timeout=10)
-        self._stderr()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
-        self._proc = None
-        _LIVE.discard(self)
+        """Detach the program and give back the cgroup; idempotent, never raises."""
+        self._end_ticks()
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
+        if self._carved is not None:
+            self._carved.restore()
+            self._carved = None
+        self._root = None
 
     def stop(self) -> dict[str, Any] | None:
-        stage = self._stage
-        if stage is None or self._proc is None:
+        self._end_ticks()
+        loaded = self._loaded
+        with self._lock:
+            base, last, frames = self._base, self._last, self._frames
+            self._base = None
+        if loaded is None or base is None or last is None:
             return None
-        stop = time.monotonic()
-        end: Frame | None
-        if self.keep_running and self._proc.poll() is None:
-            try:
-                end = self._state_after(stop)
-            except RuntimeError:
-                self._stage = None
-                self.close()  # broken: the next start() launches a fresh one
-                raise
-        else:
+        now = time.monotonic()
+        cells, state = loaded.reading()
+        notes = list(loaded.notes)
+        attached = loaded.attached
+        pauses = loaded.task_pauses() if "iob_dirty_pause" in attached else {}
+        filter_text = self._filter
+        if not self.keep_running:
             self.close()
-            end = self._latest
-        if end is None:
-            self._stage = None
-            return None
-        with self._cond:
-            self._stage = None
-            kept = [f for f in stage.kept if f[0] < end[0]]
-        total, per_frame, throttle_ms = frames_to_calls([*kept, end], stage.start, stop, base=stage.base)
-        return calls_dict(
-            NAME,
-            total,
-            per_frame,
-            filter_text=(f"process tree of pid {self._root} (followed through fork), host pid namespace"
-                         + ("" if self.count_root else f"; pid {self._root} itself not counted")),
-            duration_s=stop - stage.start,
-            interval_s=self.interval_s,
-            dirty_throttle_ms=throttle_ms,
-            path_attribution=False,
+        frames = [*frames, (last[0] - base[0], cells_since(cells, last[1]))]
+        total = layout.window(cells, base[1])
+        delta = {key: state[key] - base[2][key] for key in ("throttle_ms", "throttle_wall_ns", "dirtied_pages",
+                                                           "sock_sent", "sock_received", "missed")}
+        if delta["missed"]:
+            notes.append(f"{delta['missed']} calls not timed (no per-task slot for their entry time)")
+        result = calls_dict(
+            NAME, total, frames, filter_text=filter_text, duration_s=now - base[0], interval_s=self.interval_s,
+            notes=notes, path_attribution=False,
+            dirty_throttle_ms=float(delta["throttle_ms"]) if "iob_dirty_pause" in attached else None,
         )
+        if "iob_dirty_pause" in attached:
+            result["dirty_throttle_wall_ms"] = delta["throttle_wall_ns"] / 1e6
+            result["dirty_throttle_tasks"] = _paused_tasks(pauses, self._base_pauses)
+        if "iob_dirtied" in attached:
+            result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
+        if {"iob_sock_send", "iob_sock_recv"} <= attached:
+            result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
+        return result

@@ -24,10 +24,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 SECTOR_BYTES = 512  # /proc/diskstats counts 512-byte sectors whatever the device's block size
+# The time fields of /proc/diskstats (ms reading, ms writing, io ticks, weighted ms) are printed as
+# `unsigned int` (block/genhd.c, diskstats_show; Documentation/admin-guide/iostats.rst: "these counters
+# may wrap"), so they wrap at 2^32 ms (49.7 days of busy time); ops and sectors are unsigned long.
+TIME_FIELD_WRAP = 1 << 32
 
 
 class DeviceError(ValueError):
     """A path given as the device to sample is unusable."""
+
+
+class IoUnreadable(OSError):
+    """/proc/<pid>/io of a process that exists could not be read (EACCES: a non-dumpable process or
+    another user's; /proc/<pid>/io needs ptrace read access, proc(5))."""
 
 
 @dataclass(frozen=True)
@@ -161,15 +170,19 @@ def device_delta(before: DiskStats, after: DiskStats, elapsed_s: float) -> Devic
     read_ops = after.reads - before.reads
     write_ops = after.writes - before.writes
     elapsed_ms = max(elapsed_s, 1e-9) * 1000.0
+
+    def ms(field: str) -> int:  # a 32-bit time field's increase, across one wrap
+        return (getattr(after, field) - getattr(before, field)) % TIME_FIELD_WRAP
+
     return DeviceFigures(
         read_ops=read_ops,
         write_ops=write_ops,
         read_bytes=(after.sectors_read - before.sectors_read) * SECTOR_BYTES,
         write_bytes=(after.sectors_written - before.sectors_written) * SECTOR_BYTES,
-        read_latency_ms=(after.ms_reading - before.ms_reading) / read_ops if read_ops > 0 else None,
-        write_latency_ms=(after.ms_writing - before.ms_writing) / write_ops if write_ops > 0 else None,
-        queue_depth=(after.weighted_ms - before.weighted_ms) / elapsed_ms,
-        utilization_pct=min(100.0, 100.0 * (after.io_ticks_ms - before.io_ticks_ms) / elapsed_ms),
+        read_latency_ms=ms("ms_reading") / read_ops if read_ops > 0 else None,
+        write_latency_ms=ms("ms_writing") / write_ops if write_ops > 0 else None,
+        queue_depth=ms("weighted_ms") / elapsed_ms,
+        utilization_pct=min(100.0, 100.0 * ms("io_ticks_ms") / elapsed_ms),
     )
 
 
@@ -226,11 +239,21 @@ SYS_DEV_BLOCK = Path("/sys/dev/block")
 
 
 def read_proc_io(pid: int, proc: Path = PROC) -> ProcIo | None:
-    """The counters of one process, or None if it is gone (or was never there)."""
+    """The counters of one process, or None if it is gone (or was never there).
+
+    Raises IoUnreadable when it is there but its counters cannot be read: a figure built without them
+    would be short, so the caller reports it as absent rather than as the process's."""
+    path = proc / str(pid) / "io"
     try:
-        return parse_proc_io((proc / str(pid) / "io").read_text())
-    except (OSError, ValueError):
+        return parse_proc_io(path.read_text())
+    except (FileNotFoundError, ProcessLookupError):
         return None
+    except OSError as exc:
+        if not (proc / str(pid)).exists():
+            return None  # it exited while being read
+        raise IoUnreadable(exc.errno, f"{path} is unreadable ({exc.strerror})") from None
+    except ValueError as exc:
+        raise IoUnreadable(0, f"{path} is not in the kernel's format ({exc})") from None
 
 
 def pid_exists(pid: int, proc: Path = PROC) -> bool:
@@ -293,6 +316,7 @@ def read_tree_io(root: int, proc: Path = PROC) -> tuple[ProcIo | None, int]:
     """(sum of the counters of root and its live descendants, number of processes read).
 
     None when the root itself is gone. Each process is read once, parents first (see module docstring).
+    Raises IoUnreadable when any of them exists but cannot be read.
     """
     pids = process_tree(root, proc)
     root_io = read_proc_io(root, proc)

@@ -3,14 +3,19 @@
     sources    what a report reads (a run directory through profiling.runfiles, or CloudWatch Logs) as ReportData
     badapples  the children and instances whose throughput holds a stage back
     figures    the per-stage plots (one small function per kind, in a table) and the timelines
-    html       the page, and writing it
+    advice     the recommendation section, from the advisor's Advice.to_dict()
+    page       the HTML shell, figures with one shared template, numbers with their units
+    html       the report of one run, and writing it
+    compare    two runs side by side, per stage, and writing that
 
 Metric names, units, labels, scales and aggregations come from profiling.metrics.METRICS only.
 """
 
+from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.badapples import BadApple, find_bad_apples
+from profiling.report.compare import render_comparison, write_comparison
 from profiling.report.figures import PLOTTERS, STAGE_PLOTS, downsample, stage_figures, timeline_figure
-from profiling.report.html import advice_as_data, render_html, write_report, write_report_from_cloudwatch
+from profiling.report.html import render_html, write_report, write_report_from_cloudwatch
 from profiling.report.sources import (
     DamagedInputError,
     Entry,
@@ -33,13 +38,16 @@ __all__ = [
     "advice_as_data",
     "downsample",
     "find_bad_apples",
+    "findings_of",
     "load_cloudwatch",
     "load_run_dir",
     "parse_since",
     "profiles_from_emf_lines",
+    "render_comparison",
     "render_html",
     "stage_figures",
     "timeline_figure",
+    "write_comparison",
     "write_report",
     "write_report_from_cloudwatch",
 ]

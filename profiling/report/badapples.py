@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from profiling.metrics import median
-from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD, Outlier, find_outliers
+from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD, Outlier, find_outliers, find_slow
 from profiling.report.sources import ReportData
 
 
@@ -24,7 +24,10 @@ def find_bad_apples(
     data: ReportData, *, threshold: float = DEFAULT_THRESHOLD, min_relative: float = DEFAULT_MIN_RELATIVE
 ) -> list[BadApple]:
     """Per stage: children, then instances, whose throughput is a robust outlier on the slow side
-    (profiling.outliers).
+    (profiling.outliers), by at least `min_relative` of the stage's median.
+
+    A child is also compared with its contemporaries, the children whose same stage overlapped it in time
+    (profiling.outliers.find_slow): it must be slower than their median by the same margin.
 
     Only stages that finished ("ok") count: a failed stage's throughput says nothing about the machine.
     An instance's value is the median over the children it ran; instances need three or more to compare,
@@ -33,16 +36,18 @@ def find_bad_apples(
     found: list[BadApple] = []
     for stage in data.stages():
         by_child: dict[str, float] = {}
+        spans: dict[str, tuple[float, float]] = {}
         instance_of: dict[str, str] = {}
         for entry in data.of_stage(stage):
-            tput = entry.profile.throughput_bps
-            if entry.profile.outcome != "ok" or tput is None:
+            p = entry.profile
+            if p.outcome != "ok" or not p.throughput_bps:
                 continue
-            by_child[entry.child] = tput
+            by_child[entry.child] = float(p.throughput_bps)
+            spans[entry.child] = (p.started_at, p.started_at + p.duration_s)
             if entry.instance:
                 instance_of[entry.child] = entry.instance
         # Only the slow side: a child faster than the rest holds nobody back.
-        for o in find_outliers(by_child, threshold=threshold, min_relative=min_relative, low_only=True):
+        for o in find_slow(by_child, spans, threshold=threshold, min_relative=min_relative):
             detail = f"instance {instance_of[o.key]}" if o.key in instance_of else ""
             found.append(BadApple(stage, "child", o.key, o, detail))
         per_instance: dict[str, list[float]] = {}

@@ -6,6 +6,7 @@ metric names, units, labels and display scales come from profiling.metrics.METRI
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -72,7 +73,7 @@ def _plot_spread(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) -
         marker={"color": view.colors, "size": 9, "line": {"width": 1, "color": "#fff"}}, yaxis="y2",
     ))
     fig.update_layout(showlegend=False, yaxis2={"overlaying": "y", "range": [-1, 1], "visible": False})
-    fig.update_xaxes(title_text=main.label, rangemode="tozero")
+    fig.update_xaxes(title_text=main.scoped_label, rangemode="tozero")
     fig.update_yaxes(showticklabels=False)
 
 
@@ -85,7 +86,7 @@ def _plot_bars_with_median(fig: go.Figure, specs: Sequence[MetricSpec], view: St
     mid = median([v for v in values if v is not None])
     fig.add_hline(y=mid, line_dash="dot", line_color="#444", annotation_text=f"median {main.display(mid * main.scale)}",
                   annotation_position="top left")
-    fig.update_yaxes(title_text=main.label, rangemode="tozero")
+    fig.update_yaxes(title_text=main.scoped_label, rangemode="tozero")
     fig.update_layout(showlegend=False)
     _category_axis(fig, view)
 
@@ -101,7 +102,7 @@ def _plot_against_limit(fig: go.Figure, specs: Sequence[MetricSpec], view: Stage
             x=view.children, y=limits, name=limit.label, mode="lines+markers",
             line={"color": COLORS["threshold"], "dash": "dash"}, marker={"symbol": "line-ew-open"},
         ))
-    fig.update_yaxes(title_text=main.label, rangemode="tozero")
+    fig.update_yaxes(title_text=main.scoped_label, rangemode="tozero")
     _category_axis(fig, view)
 
 
@@ -113,7 +114,7 @@ def _plot_grouped(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) 
             fig.add_trace(go.Bar(x=view.children, y=series, name=spec.label, marker_color=color,
                                  hovertext=view.hover))
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text=specs[0].label, rangemode="tozero")
+    fig.update_yaxes(title_text=specs[0].scoped_label, rangemode="tozero")
     _category_axis(fig, view)
 
 
@@ -233,6 +234,25 @@ def downsample(points: Sequence[TimelinePoint], limit: int) -> list[TimelinePoin
     return out
 
 
+def sampling_note(entries: Sequence[Entry]) -> str:
+    """How the timeline was sampled, from the samples themselves: how many, and how far apart."""
+    gaps: list[float] = []
+    count = 0
+    for entry in entries:
+        times = [0.0, *(q.t for q in entry.profile.timeline)]
+        count += len(entry.profile.timeline)
+        gaps.extend(b - a for a, b in itertools.pairwise(times) if b > a)
+    if not gaps:
+        return "no samples"
+    low, high = min(gaps), max(gaps)
+    spacing = f"every {_seconds(low)}" if high < 1.5 * low else f"{_seconds(low)} to {_seconds(high)} apart"
+    return f"{count} samples, {spacing}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.3g} s"
+
+
 def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
     """One child's stages on one time axis: throughput, dirty and writeback against the threshold, PSI."""
     tput = METRICS_BY_NAME["Throughput"]
@@ -306,8 +326,9 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
         top_axis["range"] = [0, _shown(tput, job_peak * 1.25)]
     # One layout update: each update_* call re-validates the whole layout.
     fig.update_layout(
-        template="plotly_white", height=520, hovermode="x unified",
-        margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"orientation": "h", "y": -0.16},
+        template="plotly_white", height=540, hovermode="x unified",
+        title={"text": f"{child}: {sampling_note(ordered)}", "font": {"size": 12, "color": "#555"}, "y": 0.985},
+        margin={"l": 60, "r": 20, "t": 100, "b": 50}, legend={"orientation": "h", "y": -0.16},
         shapes=shapes, annotations=[*fig.layout.annotations, *labels],
         yaxis=top_axis,
         yaxis2={"title_text": dirty.display_unit, "rangemode": "tozero"},

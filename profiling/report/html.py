@@ -9,155 +9,74 @@ Entry points: `write_report(run_dir, out, advice=...)` for a local run and
 
 from __future__ import annotations
 
-import dataclasses
-import html
-import json
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import plotly.graph_objects as go
-import plotly.io as pio
-import plotly.offline
-
 from profiling import runfiles
 from profiling.metrics import DEFAULT_NAMESPACE, METRICS, METRICS_BY_NAME, TABLE_METRICS, summarize
 from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD
+from profiling.report.advice import advice_section
 from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.figures import stage_figures, timeline_figure
+from profiling.report.page import ABSENT, e, figure_html, human_bytes, key_values, number, page
 from profiling.report.sources import Entry, ReportData, load_cloudwatch, load_run_dir, natural_key
 
 # Per-child timelines beyond this many are left out (slow children first): the file stays small.
 MAX_TIMELINES = 48
-
-PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
-
-_CSS = """
-body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0;color:#222;background:#fafafa}
-header{background:#24364b;color:#fff;padding:16px 28px}
-header h1{margin:0;font-size:22px} header p{margin:4px 0 0;opacity:.85;font-size:14px}
-nav{position:sticky;top:0;background:#fff;border-bottom:1px solid #ddd;padding:8px 28px;z-index:10;font-size:14px}
-nav a{margin-right:16px;color:#24364b;text-decoration:none}
-main{padding:8px 28px 40px}
-section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;padding:12px 18px;margin:16px 0}
-h2{font-size:19px;margin:6px 0 10px} h3{font-size:15px;margin:14px 0 6px}
-.grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(440px,1fr));gap:10px}
-.plot{border:1px solid #eee;border-radius:4px;min-height:320px}
-table{border-collapse:collapse;font-size:13px;margin:6px 0}
-th,td{border:1px solid #e0e0e0;padding:4px 8px;text-align:right} th{background:#f3f5f8}
-td.l,th.l{text-align:left} tr.bad td{background:#fde8e8} tr.good td{background:#eaf6ea}
-.note{color:#555;font-size:13px} .flag{color:#d62728;font-weight:600}
-pre{background:#f6f6f6;padding:8px;overflow:auto}
-details summary{cursor:pointer;font-size:14px;margin:6px 0}
-"""
+# run.json fields that hold a wall-clock time (seconds since the epoch).
+RUN_TIMES = ("started", "finished")
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+def _utc(epoch: Any) -> str:
+    if not isinstance(epoch, int | float):
+        return str(epoch)
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(epoch))
 
 
-def _figure_html(fig: go.Figure, div_id: str) -> str:
-    return str(pio.to_html(fig, full_html=False, include_plotlyjs=False, div_id=div_id, config=PLOT_CONFIG))
-
-
-def _render_value(value: Any, depth: int = 0) -> str:
-    """Any JSON-like value as HTML: mappings as two-column tables, lists of mappings as tables."""
-    if depth > 6:
-        return f"<pre>{_e(json.dumps(value, default=str, indent=1))}</pre>"
-    if isinstance(value, Mapping):
-        if not value:
-            return "<span class=note>(empty)</span>"
-        rows = "".join(
-            f"<tr><th class=l>{_e(k)}</th><td class=l>{_render_value(v, depth + 1)}</td></tr>"
-            for k, v in value.items()
-        )
-        return f"<table>{rows}</table>"
-    if isinstance(value, list | tuple):
-        if value and all(isinstance(v, Mapping) for v in value):
-            return _table_of_dicts(list(value), depth)
-        return "<ul>" + "".join(f"<li>{_render_value(v, depth + 1)}</li>" for v in value) + "</ul>"
-    if isinstance(value, float):
-        return _e(f"{value:,.4g}")
-    text = str(value)
-    if "\n" in text:
-        return f"<pre>{_e(text)}</pre>"
-    return _e(text)
-
-
-def _table_of_dicts(rows: Sequence[Mapping[str, Any]], depth: int = 0, lead: Sequence[str] = ()) -> str:
-    keys: list[str] = list(lead)
-    for row in rows:
-        keys.extend(k for k in row if k not in keys)
-    head = "".join(f"<th class=l>{_e(k)}</th>" for k in keys)
-    body = []
-    for row in rows:
-        verdict = _verdict(row)
-        cls = {True: " class=good", False: " class=bad"}.get(verdict, "") if verdict is not None else ""
-        cells = "".join(
-            f"<td class=l>{_render_value(row[k], depth + 1) if k in row else ''}</td>" for k in keys
-        )
-        body.append(f"<tr{cls}>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(body)}</table>"
-
-
-def _verdict(row: Mapping[str, Any]) -> bool | None:
-    """True for a passed rule, False for a broken one, None when the row does not say."""
-    for key in ("passed", "ok", "pass"):
-        if isinstance(row.get(key), bool):
-            return bool(row[key])
-    status = str(row.get("status", row.get("result", row.get("outcome", "")))).lower()
-    if status in {"pass", "passed", "ok", "met"}:
-        return True
-    if status in {"fail", "failed", "violated", "broken", "error"}:
-        return False
-    return None
-
-
-def advice_as_data(advice: Any) -> Any:
-    """Normalise the advisor's output (a mapping, a dataclass, or an object with to_dict()) for rendering."""
-    if advice is None:
-        return None
-    if isinstance(advice, Mapping):
-        return dict(advice)
-    if dataclasses.is_dataclass(advice) and not isinstance(advice, type):
-        return dataclasses.asdict(advice)
-    to_dict = getattr(advice, "to_dict", None)
-    if callable(to_dict):
-        return to_dict()
-    return advice
+def _run_fields(run: Mapping[str, Any]) -> str:
+    """run.json for a person: times as dates, bytes with units, absent fields left out."""
+    shown = {k: (_utc(v) if k in RUN_TIMES else v) for k, v in run.items()}
+    return key_values(shown)
 
 
 def _summary_table(data: ReportData) -> str:
-    summary = summarize([e.profile for e in data.entries])
-    specs = [METRICS_BY_NAME[n] for n in TABLE_METRICS]
-    head = "<th class=l>stage</th><th>children</th>" + "".join(f"<th>{_e(s.label)}</th>" for s in specs)
+    summary = summarize([x.profile for x in data.entries])
+    # The network bytes are the children's own or the host's: the column no stage has is left out.
+    specs = [METRICS_BY_NAME[n] for n in TABLE_METRICS
+             if "Network" not in n or any(r.get(n) is not None for r in summary.values())]
+    sharers = METRICS_BY_NAME["DeviceSharers"]
+    head = ("<th class=l>stage</th><th>children</th>" + "".join(f"<th>{e(s.scoped_label)}</th>" for s in specs)
+            + f"<th>{e(sharers.scoped_label)}</th>")
     rows = []
     for stage in data.stages():
         row = summary.get(stage)
         if row is None:
             continue
-        children = len({e.child for e in data.of_stage(stage)})
-        cells = "".join(f"<td>{_e(s.display(row.get(s.name)))}</td>" for s in specs)
-        rows.append(f"<tr><td class=l><a href='#stage-{_e(stage)}'>{_e(stage)}</a></td><td>{children}</td>{cells}</tr>")
+        children = len({x.child for x in data.of_stage(stage)})
+        cells = "".join(f"<td>{e(s.display(row.get(s.name)))}</td>" for s in [*specs, sharers])
+        rows.append(f"<tr><td class=l><a href='#stage-{e(stage)}'>{e(stage)}</a></td><td>{children}</td>{cells}</tr>")
     return (
         f"<table id=summary-table><tr>{head}</tr>{''.join(rows)}</table>"
-        "<p class=note>Durations, rates and latencies are medians across children; bytes, calls and images "
-        "are totals over the run; dirty figures are the peak.</p>"
+        "<p class=note>Durations, rates and latencies are medians across children; each child's own bytes, "
+        "calls and images are totals over the run; dirty figures are the peak. A figure marked [device] is the "
+        "scratch device's, shared by every child on it (the most children on it at once is the last column), "
+        "and one marked [host] is the whole host's: those are the largest any child saw, never summed.</p>"
     )
 
 
 def _detail_table(entries: Sequence[Entry]) -> str:
-    specs = [s for s in METRICS if any(e.profile.value(s) is not None for e in entries)]
+    specs = [s for s in METRICS if any(x.profile.value(s) is not None for x in entries)]
     head = "<th class=l>child</th><th class=l>outcome</th><th class=l>instance</th>" + "".join(
-        f"<th>{_e(s.label)}</th>" for s in specs
+        f"<th>{e(s.scoped_label)}</th>" for s in specs
     )
     rows = []
-    for e in sorted(entries, key=lambda e: natural_key(e.child)):
-        cells = "".join(f"<td>{_e(s.display(e.profile.value(s)))}</td>" for s in specs)
+    for x in sorted(entries, key=lambda x: natural_key(x.child)):
+        cells = "".join(f"<td>{e(s.display(x.profile.value(s)))}</td>" for s in specs)
         rows.append(
-            f"<tr><td class=l>{_e(e.child)}</td><td class=l>{_e(e.profile.outcome)}</td>"
-            f"<td class=l>{_e(e.instance or '-')}</td>{cells}</tr>"
+            f"<tr><td class=l>{e(x.child)}</td><td class=l>{e(x.profile.outcome)}</td>"
+            f"<td class=l>{e(x.instance or '-')}</td>{cells}</tr>"
         )
     return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
 
@@ -166,68 +85,103 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
     tput = METRICS_BY_NAME["Throughput"]
     parts = ["<section id=bad-apples><h2>Bad apples</h2>"]
     parts.append(
-        f"<p class=note>A child or instance is flagged when its {_e(tput.label)} in a stage is low, with a "
+        f"<p class=note>A child or instance is flagged when its {e(tput.label)} in a stage is low, with a "
         f"robust z-score (median and MAD) below -{DEFAULT_THRESHOLD}, and differs from the stage median by at least "
         f"{DEFAULT_MIN_RELATIVE:.0%}. Stages need three or more finished children to compare.</p>"
     )
     spread = []
     for stage in data.stages():
-        values = [t for e in data.of_stage(stage) if e.profile.outcome == "ok"
-                  and (t := e.profile.throughput_bps) is not None and t > 0]
+        values = [t for x in data.of_stage(stage) if x.profile.outcome == "ok"
+                  and (t := x.profile.throughput_bps) is not None and t > 0]
         if len(values) >= 2:
-            spread.append(f"{_e(stage)} {max(values) / min(values):.1f} : 1")
+            spread.append(f"{e(stage)} {max(values) / min(values):.1f} : 1")
     if spread:
         parts.append(f"<p class=note>Spread between the fastest and the slowest child: {', '.join(spread)}.</p>")
     if not apples:
         parts.append("<p id=no-bad-apples>No child or instance stands out.</p></section>")
         return "".join(parts)
     head = ("<tr><th class=l>stage</th><th class=l>scope</th><th class=l>name</th>"
-            f"<th>{_e(tput.label)}</th><th>stage median {_e(tput.display_unit)}</th><th>vs median</th>"
+            f"<th>{e(tput.label)}</th><th>stage median {e(tput.display_unit)}</th><th>vs median</th>"
             "<th>robust z</th><th class=l>where</th></tr>")
     rows = []
     for a in apples:
         o = a.outlier
         ratio = f"{o.ratio:.2f}x" if o.ratio is not None else "-"
         rows.append(
-            f"<tr class=bad data-stage='{_e(a.stage)}' data-scope='{_e(a.scope)}' data-name='{_e(a.name)}'>"
-            f"<td class=l>{_e(a.stage)}</td><td class=l>{_e(a.scope)}</td><td class=l>{_e(a.name)}</td>"
-            f"<td>{_e(tput.display(o.value))}</td><td>{_e(tput.display(o.median))}</td><td>{ratio}</td>"
-            f"<td>{o.z:+.1f}</td><td class=l>{_e(a.detail)}</td></tr>"
+            f"<tr class=bad data-stage='{e(a.stage)}' data-scope='{e(a.scope)}' data-name='{e(a.name)}'>"
+            f"<td class=l>{e(a.stage)}</td><td class=l>{e(a.scope)}</td><td class=l>{e(a.name)}</td>"
+            f"<td>{e(tput.display(o.value))}</td><td>{e(tput.display(o.median))}</td><td>{ratio}</td>"
+            f"<td>{o.z:+.1f}</td><td class=l>{e(a.detail)}</td></tr>"
         )
     parts.append(f"<table id=bad-apple-table>{head}{''.join(rows)}</table></section>")
     return "".join(parts)
 
 
+def _contract_value(row: Mapping[str, Any]) -> str:
+    """A contract row's value with its unit, or why there is none (the evaluator's note)."""
+    value = row.get("value")
+    if not isinstance(value, int | float):
+        return str(row.get("note") or "unavailable")
+    shown = f"{number(float(value))} {row.get('unit') or ''}".strip()
+    if row.get("unit") == "B" and value >= 1 << 20:  # the contract's unit, and one a person reads at once
+        shown += f" ({human_bytes(value)})"
+    return shown
+
+
+def _contract_frame(row: Mapping[str, Any]) -> str:
+    start, end = row.get("start_s"), row.get("end_s")
+    if not isinstance(start, int | float) or not isinstance(end, int | float):
+        return ABSENT
+    return f"{number(start)}-{number(end)} s (frame {row.get('frame', 0)})"
+
+
 def _contract_section(data: ReportData) -> str:
-    rows: list[dict[str, Any]] = []
-    for e in sorted(data.entries, key=lambda e: (natural_key(e.child), e.profile.stage)):
-        for result in e.profile.contract:
-            rows.append({"child": e.child, "stage": e.profile.stage, **result})
+    """The rows the contract evaluator wrote per stage (profiling.contract.evaluate_stage): a rule reports
+    a value per time frame where it reaches its threshold, or one row with no value and a note."""
+    rows: list[tuple[Entry, Mapping[str, Any]]] = [
+        (entry, row) for entry in sorted(data.entries, key=lambda x: (natural_key(x.child), x.profile.stage))
+        for row in entry.profile.contract if isinstance(row, Mapping)
+    ]
     parts = ["<section id=contract><h2>Contract rules</h2>"]
     if not rows:
         parts.append("<p class=note>No contract rules were evaluated in this run.</p></section>")
         return "".join(parts)
-    verdicts = [_verdict(r) for r in rows]
     parts.append(
-        f"<p>{verdicts.count(True)} passed, <span class=flag>{verdicts.count(False)} broken</span>, "
-        f"{verdicts.count(None)} without a verdict.</p>"
+        "<p class=note>Each rule reports its value per time frame where the value reaches the rule's threshold; "
+        "a rule the run's probes cannot answer is one row without a value, saying why.</p>"
     )
-    broken = [r for r, v in zip(rows, verdicts, strict=True) if v is False]
-    if broken:
-        parts.append("<h3>Broken rules</h3>" + _table_of_dicts(broken, lead=("child", "stage")))
-    parts.append(f"<details{' open' if not broken else ''}><summary>every rule result</summary>"
-                 f"{_table_of_dicts(rows, lead=('child', 'stage'))}</details></section>")
-    return "".join(parts)
-
-
-def _advice_section(advice: Any) -> str:
-    parts = ["<section id=advice><h2>Recommendation</h2>"]
-    body = advice_as_data(advice)
-    if body is None:
-        parts.append("<p class=note>No recommendation was given to this report.</p>")
-    else:
-        parts.append(_render_value(body))
-    parts.append("</section>")
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for entry, row in rows:
+        groups.setdefault((entry.profile.stage, str(row.get("label", ABSENT))), []).append(row)
+    head = ("<tr><th class=l>stage</th><th class=l>label</th><th>children reporting</th><th>median</th>"
+            "<th>lowest</th><th>highest</th><th class=l>source</th></tr>")
+    summary = []
+    for stage in data.stages():
+        for (g_stage, label), group in groups.items():
+            if g_stage != stage:
+                continue
+            values = sorted(float(r["value"]) for r in group if isinstance(r.get("value"), int | float))
+            unit = str(group[0].get("unit") or "")
+            shown = [f"{number(v)} {unit}".strip() for v in
+                     (values[len(values) // 2], values[0], values[-1])] if values else [ABSENT] * 3
+            if not values:
+                shown[0] = _contract_value(group[0])
+            sources = ", ".join(sorted({str(r.get("source", ABSENT)) for r in group}))
+            summary.append(f"<tr data-label='{e(label)}'><td class=l>{e(stage)}</td><td class=l>{e(label)}</td>"
+                           f"<td>{len(group)}</td>" + "".join(f"<td>{e(v)}</td>" for v in shown)
+                           + f"<td class=l>{e(sources)}</td></tr>")
+    parts.append(f"<table id=contract-summary>{head}{''.join(summary)}</table>")
+    head = ("<tr><th class=l>child</th><th class=l>stage</th><th class=l>label</th><th>value</th>"
+            "<th>time frame</th><th class=l>source</th><th class=l>note</th></tr>")
+    body = "".join(
+        f"<tr class=contract-row><td class=l>{e(entry.child)}</td><td class=l>{e(entry.profile.stage)}</td>"
+        f"<td class=l>{e(row.get('label', ABSENT))}</td><td>{e(_contract_value(row))}</td>"
+        f"<td>{e(_contract_frame(row))}</td><td class=l>{e(row.get('source', ABSENT))}</td>"
+        f"<td class=wrap>{e(row.get('note') or '')}</td></tr>"
+        for entry, row in rows
+    )
+    parts.append(f"<details><summary>every row ({len(rows)})</summary>"
+                 f"<table id=contract-table>{head}{body}</table></details></section>")
     return "".join(parts)
 
 
@@ -238,39 +192,39 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
     body: list[str] = []
 
     body.append("<section id=overview><h2>Overview</h2>")
-    body.append(f"<p>{_e(data.source)}. Children: {len(data.children())}. Stages: {_e(', '.join(stages))}.</p>")
-    failed = [e for e in data.entries if e.profile.outcome != "ok"]
+    body.append(f"<p>{e(data.source)}. Children: {len(data.children())}. Stages: {e(', '.join(stages))}.</p>")
+    failed = [x for x in data.entries if x.profile.outcome != "ok"]
     if failed:
-        names = ", ".join(f"{e.child} {e.profile.stage} ({e.profile.outcome})" for e in failed[:20])
-        body.append(f"<p class=flag>Stages that did not finish: {_e(names)}</p>")
+        names = ", ".join(f"{x.child} {x.profile.stage} ({x.profile.outcome})" for x in failed[:20])
+        body.append(f"<p class=flag>Stages that did not finish: {e(names)}</p>")
     if apples:
         names = ", ".join(
             f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage}" for a in apples[:10]
         )
-        body.append(f"<p class=flag>Bad apples: {_e(names)} (see <a href='#bad-apples'>below</a>).</p>")
+        body.append(f"<p class=flag>Bad apples: {e(names)} (see <a href='#bad-apples'>below</a>).</p>")
     for note in data.notes:
-        body.append(f"<p class=note>{_e(note)}</p>")
+        body.append(f"<p class=note>{e(note)}</p>")
     body.append(_summary_table(data))
     if data.run:
-        body.append(f"<details><summary>run.json</summary>{_render_value(data.run)}</details>")
+        body.append(f"<details><summary>the run (run.json)</summary>{_run_fields(data.run)}</details>")
     body.append("</section>")
 
     for stage in stages:
         entries = data.of_stage(stage)
         flagged = {a.name for a in apples if a.stage == stage and a.scope == "child"}
-        body.append(f"<section class=stage id='stage-{_e(stage)}' data-stage='{_e(stage)}'>")
-        body.append(f"<h2>Stage: {_e(stage)}</h2><p class=note>{len(entries)} children. "
+        body.append(f"<section class=stage id='stage-{e(stage)}' data-stage='{e(stage)}'>")
+        body.append(f"<h2>Stage: {e(stage)}</h2><p class=note>{len(entries)} children. "
                     "Red bars: bad apples; orange: the stage did not finish.</p><div class=grid>")
         for plot_id, fig in stage_figures(entries, flagged):
             div_id = f"plot-{stage}-{plot_id}"
-            body.append(f"<div class=plot data-plot='{_e(stage)}/{_e(plot_id)}'>{_figure_html(fig, div_id)}</div>")
+            body.append(f"<div class=plot data-plot='{e(stage)}/{e(plot_id)}'>{figure_html(fig, div_id)}</div>")
         body.append(f"</div><details><summary>every metric per child</summary>{_detail_table(entries)}</details>")
         body.append("</section>")
 
     body.append(_bad_apple_section(data, apples))
 
     body.append("<section id=timelines><h2>Timelines per child</h2>")
-    with_samples = [c for c in data.children() if any(e.profile.timeline for e in data.entries if e.child == c)]
+    with_samples = [c for c in data.children() if any(x.profile.timeline for x in data.entries if x.child == c)]
     if not data.has_timelines or not with_samples:
         body.append(
             "<p id=no-timelines class=note>No timelines: "
@@ -286,31 +240,20 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
         if len(ordered) > len(shown):
             body.append(f"<p class=note>Showing {len(shown)} of {len(ordered)} children (bad apples first).</p>")
         for n, child in enumerate(shown):
-            entries = [e for e in data.entries if e.child == child]
+            entries = [x for x in data.entries if x.child == child]
             mark = " <span class=flag>(bad apple)</span>" if child in slow else ""
-            body.append(f"<h3>{_e(child)}{mark}</h3>")
-            body.append(f"<div class='plot timeline' data-child='{_e(child)}'>"
-                        f"{_figure_html(timeline_figure(child, entries), f'timeline-{n}')}</div>")
+            body.append(f"<h3>{e(child)}{mark}</h3>")
+            body.append(f"<div class='plot timeline' data-child='{e(child)}'>"
+                        f"{figure_html(timeline_figure(child, entries), f'timeline-{n}')}</div>")
     body.append("</section>")
 
     body.append(_contract_section(data))
-    body.append(_advice_section(advice))
+    body.append(advice_section(advice))
 
-    nav = "".join(
-        ["<a href='#overview'>Overview</a>"]
-        + [f"<a href='#stage-{_e(s)}'>{_e(s)}</a>" for s in stages]
-        + ["<a href='#bad-apples'>Bad apples</a>", "<a href='#timelines'>Timelines</a>",
-           "<a href='#contract'>Contract</a>", "<a href='#advice'>Recommendation</a>"]
-    )
+    nav = [("overview", "Overview"), *((f"stage-{s}", s) for s in stages), ("bad-apples", "Bad apples"),
+           ("timelines", "Timelines"), ("contract", "Contract"), ("advice", "Recommendation")]
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    return (
-        "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
-        "<meta name=viewport content='width=device-width, initial-scale=1'>"
-        f"<title>{_e(title)}</title><style>{_CSS}</style>"
-        f"<script>{plotly.offline.get_plotlyjs()}</script></head><body>"
-        f"<header><h1>{_e(title)}</h1><p>generated {generated}</p></header><nav>{nav}</nav>"
-        f"<main>{''.join(body)}</main></body></html>\n"
-    )
+    return page(title, f"generated {generated}", nav, "".join(body))
 
 
 def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None) -> Path:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
-from profiling.metrics import DEFAULT_NAMESPACE, STAGES, StageProfile
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, stage_order
 
 
 class ReportInputError(ValueError):
@@ -45,8 +45,7 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
 
     def stages(self) -> list[str]:
-        present = {e.profile.stage for e in self.entries}
-        return [s for s in STAGES if s in present] + sorted(present - set(STAGES))
+        return stage_order(e.profile.stage for e in self.entries)
 
     def of_stage(self, stage: str) -> list[Entry]:
         return [e for e in self.entries if e.profile.stage == stage]

@@ -106,14 +106,14 @@ def test_child_killed_mid_download_is_redone_without_duplicates(
            ENV.SCRATCH: str(scratch), ENV.TRAIN_SIZE: "64x48"}
     with ThrottledProxy(s3_server.port, 128 * 1024) as slow:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "job"],
-                                env={**env, ENV.S3_ENDPOINT: slow.endpoint},
+                                env={**env, ENV.S3_ENDPOINT: slow.endpoint, ENV.TASK_ID: "attempt-1"},
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         assert proc.stdout is not None
         for line in proc.stdout:
             if '"event": "start"' in line:
                 break
         # Wait until s5cmd is part-way through: bytes on scratch, the download not finished.
-        incoming = scratch / "part-00001" / "input"
+        incoming = scratch / "task-attempt-1" / "input"
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not any(p.stat().st_size for p in incoming.rglob("*") if p.is_file()):
             time.sleep(0.05)
@@ -122,13 +122,15 @@ def test_child_killed_mid_download_is_redone_without_duplicates(
     assert proc.returncode == -signal.SIGKILL
     assert objects(s3, bucket, "killed/part-00001/") == {}
 
+    # The retry is a new attempt (a new task id): it sweeps the killed attempt's directory.
     rerun = subprocess.run([sys.executable, "-m", "pipeline.cli", "job"], env={**env, ENV.S3_ENDPOINT:
-                           s3_server.endpoint}, capture_output=True, text=True, timeout=120)
+                           s3_server.endpoint, ENV.TASK_ID: "attempt-2"}, capture_output=True, text=True, timeout=120)
     assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     assert set(objects(s3, bucket, "killed/part-00001/")) == {
         "killed/part-00001/shard.tar", "killed/part-00001/index.json", "killed/part-00001/_SUCCESS"}
-    # Scratch was cleaned after success.
-    assert not (scratch / "part-00001" / "input").exists()
+    # Scratch was cleaned after success, and of the killed attempt's files.
+    assert '"attempts": ["task-attempt-1"]' in rerun.stdout
+    assert list(scratch.iterdir()) == []
 
 
 def test_bad_image_fails_its_child_only(

@@ -151,7 +151,8 @@ def test_kill_9_at_random_points_then_rerun_gives_exact_outputs(
         assert_child_complete(s3, bucket, "kills/", c, expected[c])
     assert len(objects(s3, bucket, "kills/part-")) == 3 * len(plans)
     assert open_uploads(s3, bucket, "kills/") == []
-    assert not any((tmp_path / "scratch").glob("part-*/input")), "scratch was not cleaned after success"
+    # Every attempt's directory is gone: removed by its job, or swept or reused by the rerun of a killed one.
+    assert list((tmp_path / "scratch").iterdir()) == [], "scratch was not cleaned"
 
     matrix = Counter((r["target"], r["landed"], r["exit_code"]) for r in results)
     landed_in_stage = sum(1 for r in results if r["landed"] in ("download", "process", "upload"))

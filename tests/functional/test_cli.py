@@ -116,3 +116,43 @@ def test_interrupted_demo_stops_everything(tmp_path: Path, sig: int) -> None:
     while _processes_mentioning(str(run_dir)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert _processes_mentioning(str(run_dir)) == []
+
+
+@pytest.mark.parametrize("index", ["3", "9999"], ids=["just-past", "far-past"])
+def test_job_past_the_frozen_batch_writes_nothing(s3_server: EmbeddedS3, s3: Any, bucket: str, tmp_path: Path,
+                                                  index: str) -> None:
+    from pipeline import s3 as s3io
+    from pipeline.settings import S3Uri
+
+    for i in range(5):
+        s3.put_object(Bucket=bucket, Key=f"images/{i}.png", Body=b"x")
+    frozen = s3io.freeze_batch(s3, input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, "o/"),
+                               per_child=2)
+    before = sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="o/")["Contents"])
+    env = {**s3_server.env(), ENV.INPUT: f"s3://{bucket}/images/", ENV.OUTPUT: f"s3://{bucket}/o/",
+           ENV.MANIFEST: str(frozen.manifest), ENV.IMAGES_PER_CHILD: "2", ENV.ARRAY_INDEX: index,
+           ENV.SCRATCH: str(tmp_path), ENV.S3_ENDPOINT: s3_server.endpoint, ENV.PROFILER_SOCKET: "off"}
+    result = iobatch("job", env=env)
+    assert_one_line_error(result, 65, f"array index {index} is beyond the batch", "has 3 children")
+    assert sorted(o["Key"] for o in s3.list_objects_v2(Bucket=bucket, Prefix="o/")["Contents"]) == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_sidecar_removes_only_a_stale_socket_of_its_own(tmp_path: Path) -> None:
+    import socket
+
+    from profiling.sidecar import remove_stale_socket
+
+    stale = tmp_path / "stale.sock"
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(stale))
+    dead.close()  # bound, never listening: what a killed profiler leaves
+    remove_stale_socket(stale)
+    assert not stale.exists()
+    live_path = tmp_path / "live.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as live:
+        live.bind(str(live_path))
+        live.listen(1)
+        with pytest.raises(ValueError, match="already serving"):
+            remove_stale_socket(live_path)
+    assert live_path.exists()

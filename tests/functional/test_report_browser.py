@@ -1,125 +1,36 @@
-"""The report renders in a real browser: headless Chromium opens it offline, every stage section and
-every plot is drawn, nothing is fetched from the network and the console stays free of errors.
-
-Chromium is driven over the DevTools protocol on a pipe (--remote-debugging-pipe: commands on fd 3,
-replies on fd 4, NUL-separated JSON), so no port is opened and no client library is needed.
+"""The report renders in a real browser: headless Chromium (tests/support/browser.py) opens it offline,
+every stage section and every plot is drawn, nothing is fetched from the network, the console stays free
+of errors, and what a person reads has no "None" and no byte count without a unit. The contract rows are
+the real evaluator's and the advice the real advisor's.
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
 import json
-import os
 import random
-import selectors
-import shutil
-import subprocess
-import time
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from profiling import runfiles
+from profiling.contract import evaluate_stage, load_contract
 from profiling.metrics import MIB, StageProfile, TimelinePoint
 from profiling.report import STAGE_PLOTS, write_report
+from tests.support.browser import chromium, opened
+from tuning.advise import advise
+from tuning.plan import Plan
 
-CHROMIUM_FLAGS = (
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--remote-debugging-pipe", "--window-size=1400,1800",
-)
 SLOW_CHILD = 2
-
-
-def chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        found = shutil.which(name)
-        if found:
-            return found
-    return None
-
-
-class DevTools:
-    """A minimal DevTools-protocol client over Chromium's debugging pipe."""
-
-    def __init__(self, binary: str, user_data_dir: Path) -> None:
-        to_child_r, self._to_child_w = os.pipe()
-        self._from_child_r, from_child_w = os.pipe()
-
-        def wire_fds() -> None:  # runs in the child: its fd 3 reads commands, fd 4 writes replies
-            a, b = os.dup(to_child_r), os.dup(from_child_w)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
-
-        self.proc = subprocess.Popen(
-            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={user_data_dir}", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=wire_fds, pass_fds=(3, 4),  # preexec_fn runs before the other fds are closed
-        )
-        os.close(to_child_r)
-        os.close(from_child_w)
-        self._buffer = b""
-        self._next_id = 0
-        self.events: list[dict[str, Any]] = []
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._from_child_r, selectors.EVENT_READ)
-
-    def _read_message(self, deadline: float) -> dict[str, Any]:
-        while b"\0" not in self._buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._selector.select(left):
-                raise TimeoutError("no reply from Chromium")
-            chunk = os.read(self._from_child_r, 1 << 20)
-            if not chunk:
-                raise EOFError("Chromium closed the pipe")
-            self._buffer += chunk
-        message, self._buffer = self._buffer.split(b"\0", 1)
-        return dict(json.loads(message))
-
-    def send(self, method: str, params: dict[str, Any] | None = None, *, session: str | None = None,
-             timeout: float = 60) -> dict[str, Any]:
-        self._next_id += 1
-        request: dict[str, Any] = {"id": self._next_id, "method": method, "params": params or {}}
-        if session:
-            request["sessionId"] = session
-        os.write(self._to_child_w, json.dumps(request).encode() + b"\0")
-        deadline = time.monotonic() + timeout
-        while True:
-            message = self._read_message(deadline)
-            if message.get("id") == self._next_id:
-                if "error" in message:
-                    raise RuntimeError(f"{method}: {message['error']}")
-                return dict(message.get("result", {}))
-            self.events.append(message)
-
-    def wait_for(self, method: str, timeout: float = 60) -> dict[str, Any]:
-        for event in self.events:
-            if event.get("method") == method:
-                return event
-        deadline = time.monotonic() + timeout
-        while True:
-            message = self._read_message(deadline)
-            self.events.append(message)
-            if message.get("method") == method:
-                return message
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError, RuntimeError, TimeoutError, EOFError):
-            self.send("Browser.close", timeout=10)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        os.close(self._to_child_w)
-        os.close(self._from_child_r)
+CASE_STUDY = Path(__file__).resolve().parents[2] / "contracts" / "case-study.contract"
 
 
 def make_run(run_dir: Path, children: int = 5, seed: int = 3) -> None:
     """A run directory with profiles and timelines; child SLOW_CHILD downloads 5x slower."""
     rng = random.Random(seed)
+    contract = load_contract(CASE_STUDY)
     (run_dir / runfiles.PROFILES).mkdir(parents=True)
     for child in range(children):
         start = 1_790_000_000.0 + child
@@ -137,13 +48,14 @@ def make_run(run_dir: Path, children: int = 5, seed: int = 3) -> None:
             ]
             profile = StageProfile(
                 stage=stage, outcome="ok", started_at=start, duration_s=duration,
-                read_bytes=mib * MIB, write_bytes=mib * MIB, device_write_latency_ms=rng.uniform(2, 5),
+                read_bytes=mib * MIB, write_bytes=mib * MIB, write_calls=mib * 64,
+                device_write_latency_ms=rng.uniform(2, 5),
                 device_queue_depth=rng.uniform(1, 2), peak_dirty_bytes=300 * MIB,
                 dirty_threshold_bytes=2400 * MIB, io_stall_some_ms=40.0, io_stall_full_ms=5.0,
                 properties={"JobId": "local-1", "ArrayIndex": str(child), "InstanceId": "local"},
-                contract=[{"rule": "Throughput >= 100 MiB/s", "passed": rate >= 100}] if stage == "download" else [],
                 timeline=timeline,
             )
+            profile = replace(profile, contract=evaluate_stage(contract, profile))
             lines.append(json.dumps(profile.to_dict()))
             start += duration
         runfiles.profile_path(run_dir, f"part-{child:05d}").write_text("\n".join(lines) + "\n")
@@ -156,42 +68,40 @@ DOM_PROBE = """
     name: d.dataset.plot || ('timeline:' + d.dataset.child),
     drawn: d.querySelectorAll('.js-plotly-plot .main-svg').length > 0,
     traces: (d.querySelector('.js-plotly-plot') || {data: []}).data?.length ?? 0,
+    points: Math.min(...((d.querySelector('.js-plotly-plot') || {data: []}).data || [])
+      .filter(t => t.name === 'read').map(t => t.x.length)),
   }));
   const bad = [...document.querySelectorAll('#bad-apple-table tr.bad')].map(r => [r.dataset.stage, r.dataset.name]);
-  return JSON.stringify({stages, plots, bad, plotly: typeof Plotly, height: document.body.scrollHeight});
+  const contract = [...document.querySelectorAll('#contract-table tr.contract-row')].map(
+    r => [...r.cells].map(c => c.textContent));
+  // What a person reads: every text node outside the plots, scripts and the commands to copy.
+  const prose = document.querySelector('main').cloneNode(true);
+  prose.querySelectorAll('pre, code, script, div.plot').forEach(n => n.remove());
+  const walker = document.createTreeWalker(prose, NodeFilter.SHOW_TEXT);
+  const parts = [];
+  while (walker.nextNode()) parts.push(walker.currentNode.nodeValue);
+  const text = parts.join(' ');
+  return JSON.stringify({stages, plots, bad, contract, text, plotly: typeof Plotly,
+                         findings: document.querySelectorAll('#findings-table tr.finding').length,
+                         deploy: (document.querySelector('#cdk-deploy') || {}).innerText || ''});
 })()
 """
 
 
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    binary = chromium()
-    if binary is None:
+    if chromium() is None:
         pytest.skip("chromium is not installed (apt-get install chromium)")
     root = tmp_path_factory.mktemp("browser")
     make_run(root / "run")
-    report = write_report(root / "run", advice={"volume": "gp3", "dirty_bytes": 1 << 30})
-    browser = DevTools(binary, root / "profile")
-    try:
-        browser.send("Target.setDiscoverTargets", {"discover": True})
-        target = browser.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = browser.send("Target.attachToTarget", {"targetId": target, "flatten": True})["sessionId"]
-        for domain in ("Runtime", "Log", "Network", "Page"):
-            browser.send(f"{domain}.enable", session=session)
-        browser.send("Emulation.setDeviceMetricsOverride",
-                     {"width": 1400, "height": 1800, "deviceScaleFactor": 1, "mobile": False}, session=session)
-        browser.send("Page.navigate", {"url": report.as_uri()}, session=session)
-        browser.wait_for("Page.loadEventFired")
-        time.sleep(1.0)  # let plotly finish its deferred layout passes
-        dom = json.loads(browser.send("Runtime.evaluate", {"expression": DOM_PROBE, "returnByValue": True},
-                                      session=session)["result"]["value"])
-        shot = browser.send("Page.captureScreenshot", {"format": "png"}, session=session)["data"]
-        screenshot = root / "report.png"
-        screenshot.write_bytes(base64.b64decode(shot))
-        events = list(browser.events)
-    finally:
-        browser.close()
-    return {"dom": dom, "events": events, "screenshot": screenshot, "report": report}
+    profiles = list(runfiles.read_profiles(root / "run"))
+    advice = advise(profiles, Plan(jobs_per_instance=2, memory_gib=16, jobs_per_day=500))
+    report = write_report(root / "run", advice=advice)
+    with opened(report) as page:
+        dom = json.loads(page.evaluate(DOM_PROBE))
+        screenshot = page.screenshot(root / "report.png")
+        events = list(page.browser.events)
+    return {"dom": dom, "events": events, "screenshot": screenshot, "report": report, "advice": advice.to_dict()}
 
 
 def test_every_stage_section_and_plot_is_drawn(rendered: dict[str, Any]) -> None:
@@ -204,10 +114,35 @@ def test_every_stage_section_and_plot_is_drawn(rendered: dict[str, Any]) -> None
     assert {f"timeline:child {n}" for n in range(5)} <= names
     undrawn = [p["name"] for p in dom["plots"] if not p["drawn"] or p["traces"] == 0]
     assert undrawn == []
+    timelines = [p for p in dom["plots"] if p["name"].startswith("timeline:")]
+    assert min(p["points"] for p in timelines) >= 4
 
 
-def test_the_slow_child_is_in_the_bad_apple_table(rendered: dict[str, Any]) -> None:
-    assert ["download", f"child {SLOW_CHILD}"] in rendered["dom"]["bad"]
+def test_the_slow_child_is_the_one_bad_apple(rendered: dict[str, Any]) -> None:
+    assert rendered["dom"]["bad"] == [["download", f"child {SLOW_CHILD}"]]
+
+
+def test_what_a_person_reads_has_units_and_no_none(rendered: dict[str, Any]) -> None:
+    text = rendered["dom"]["text"]
+    assert "None" not in text and "null" not in text
+    # a number of 7 digits or more not followed by a unit is a byte count a person cannot read
+    assert re.findall(r"\d[\d,]{6,}(?![\d,])(?! ?(?:B|KiB|MiB|GiB|calls)\b)", text) == []
+
+
+def test_the_contract_table_holds_the_evaluators_rows(rendered: dict[str, Any]) -> None:
+    rows = rendered["dom"]["contract"]
+    assert len(rows) == 5 * 3 * 3  # children x stages x the case study's rules
+    by_label = {(r[0], r[1], r[2]): r for r in rows}
+    assert by_label[("child 0", "download", "num_write")][3] == "6,400 calls"  # 100 MiB in 16 KiB writes
+    assert by_label[("child 0", "download", "total_write")][3] == "104,857,600 B (100 MiB)"
+    assert "latency unavailable" in by_label[("child 0", "download", "mean_lat_write")][3]
+    assert all(r[5] == "procfs" for r in rows)
+
+
+def test_the_recommendation_is_for_a_person(rendered: dict[str, Any]) -> None:
+    dom, advice = rendered["dom"], rendered["advice"]
+    assert dom["deploy"] == f"cdk deploy {advice['cdk_args']}"
+    assert dom["findings"] == len(advice.get("findings") or [])
 
 
 def test_no_console_errors(rendered: dict[str, Any]) -> None:

@@ -69,6 +69,20 @@ def test_freeze_refuses_bad_manifest_and_empty_prefix(s3_server: EmbeddedS3, s3:
                           per_child=1)
 
 
+@pytest.mark.parametrize(("body", "fragment"), [
+    (b'{"key": "images/a.png"}\n{"key": "raw/b.png"}\n', "line 2: key raw/b.png is outside the input prefix images/"),
+    (b'{"key": "images/a.png"}\n{"key": "images/../b.png"}\n', "line 2: key images/../b.png has an empty"),
+    (b'{"key": "images/a.png"}\n\n{"uri": "s3://BUCKET/images/a.png"}\n', "line 3 lists the key of line 1 again"),
+])
+def test_freeze_refuses_keys_outside_the_prefix_odd_or_twice(s3_server: EmbeddedS3, s3: Any, bucket: str,
+                                                            body: bytes, fragment: str) -> None:
+    s3.put_object(Bucket=bucket, Key="m.jsonl", Body=body.replace(b"BUCKET", bucket.encode()))
+    with pytest.raises(ManifestError, match=re.escape(f"s3://{bucket}/m.jsonl {fragment}")):
+        s3io.freeze_batch(s3, input=S3Uri(bucket, "images/"), manifest=S3Uri(bucket, "m.jsonl"),
+                          output=S3Uri(bucket, "out/"), per_child=1)
+    assert not s3io.exists(s3, S3Uri(bucket, "out/_batch/manifest.jsonl"))
+
+
 def test_missing_bucket_is_named(s3_server: EmbeddedS3, s3: Any) -> None:
     with pytest.raises(MissingObjectError, match="bucket of s3://no-such-bucket-x/images/ does not exist"):
         list(s3io.list_images(s3, S3Uri("no-such-bucket-x", "images/")))

@@ -291,10 +291,13 @@ def test_dry_run_validates_and_writes_nothing(aws: Aws) -> None:
 
 
 BAD_INPUTS = [
-    pytest.param(["--manifest", "LINES:{\"key\": \"a.png\"}\n{\"key\": \"b.png\"}\nnot json"],
+    pytest.param(["--manifest", "LINES:{\"key\": \"images/a.png\"}\n{\"key\": \"images/b.png\"}\nnot json"],
                  EXIT_PERMANENT, "line 3 is not JSON", id="manifest-line-not-json"),
-    pytest.param(["--manifest", "LINES:{\"key\": \"a.png\"}\n{\"size\": 3}"],
+    pytest.param(["--manifest", "LINES:{\"key\": \"images/a.png\"}\n{\"size\": 3}"],
                  EXIT_PERMANENT, "line 2 names no object", id="manifest-line-without-key"),
+    pytest.param(["--manifest", "LINES:{\"key\": \"images/a.png\"}\n{\"key\": \"a.png\"}"],
+                 EXIT_PERMANENT, "line 2: key a.png is outside the input prefix images/",
+                 id="key-outside-input-prefix"),
     pytest.param(["--manifest", "LINES:{\"uri\": \"s3://elsewhere/a.png\"}"],
                  EXIT_PERMANENT, "outside the input bucket iobatch-input", id="key-outside-input-bucket"),
     pytest.param(["--prefix", "s3://elsewhere/images/"], EXIT_USAGE,

@@ -1,7 +1,14 @@
-"""The synthesized stack as the synth tests see it; the session fixture that builds it is in tests/synth/conftest.py."""
+"""The synthesized stack as the tests see it: built once per test session (`synthesize`), for the synth
+tests (the session fixture in tests/synth/conftest.py) and the task rehearsal (tests/e2e) alike."""
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,3 +37,25 @@ class Synthesized:
         found = self.resources(cfn_type)
         assert len(found) == 1, f"expected one {cfn_type}, found {sorted(found)}"
         return next(iter(found.values()))
+
+
+@functools.cache
+def synthesize() -> Synthesized:
+    """The stack synthesized as `cdk deploy` synthesizes it (aws-cdk-lib's template validation on, cdk-nag),
+    once per process, into a temporary directory."""
+    # What deploy runs: a CDK_VALIDATION=false left in the environment would test a synth deploy never does.
+    os.environ.pop("CDK_VALIDATION", None)
+    os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+    os.environ.setdefault("JSII_SILENCE_WARNING_UNTESTED_NODE_VERSION", "1")
+    from aws_cdk import assertions as cdk_assertions
+
+    from infra.app import build_app
+
+    outdir = Path(tempfile.mkdtemp(prefix="iobatch-cdk.out-"))
+    atexit.register(shutil.rmtree, outdir, True)
+    app, stack = build_app(outdir=str(outdir))
+    artifact = app.synth().get_stack_by_name(stack.stack_name)
+    template_path = outdir / artifact.template_file
+    template = json.loads(template_path.read_text())
+    return Synthesized(template=template, assertions=cdk_assertions.Template.from_json(template),
+                       template_path=template_path, outdir=outdir, stack_name=stack.stack_name)

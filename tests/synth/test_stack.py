@@ -16,6 +16,7 @@ from pipeline.interface import (
     ENV,
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
+    HOST_CGROUP_MOUNT,
     OUTPUT_KEYS,
     PROFILER_CONTAINER,
     SCRATCH_MOUNT,
@@ -102,15 +103,20 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
     assert props["PlatformCapabilities"] == ["EC2"]
     [task] = props["EcsProperties"]["TaskProperties"]
     assert task["PidMode"] == "task"
-    assert task["Volumes"] == [{"Host": {"SourcePath": "/scratch"}, "Name": "scratch"}]
+    # The scratch volume for both containers; the host's cgroup tree, read-only, for the profiler alone.
+    assert task["Volumes"] == [{"Host": {"SourcePath": "/scratch"}, "Name": "scratch"},
+                               {"Host": {"SourcePath": "/sys/fs/cgroup"}, "Name": "host-cgroup"}]
     job, profiler = task["Containers"]
     [job_log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("JobsLogs")]
     assert (job["Name"], job["Command"], job["Essential"]) == ("job", ["iobatch", "job"], True)
     assert (profiler["Name"], profiler["Command"], profiler["Essential"]) == ("profiler", ["iobatch", "sidecar"], False)
     assert job["Image"] == profiler["Image"]
     assert job["DependsOn"] == [{"Condition": "START", "ContainerName": PROFILER_CONTAINER}]
+    scratch = {"ContainerPath": "/scratch", "ReadOnly": False, "SourceVolume": "scratch"}
+    assert job["MountPoints"] == [scratch]
+    assert profiler["MountPoints"] == [scratch, {"ContainerPath": HOST_CGROUP_MOUNT, "ReadOnly": True,
+                                                 "SourceVolume": "host-cgroup"}]
     for container in (job, profiler):
-        assert container["MountPoints"] == [{"ContainerPath": "/scratch", "ReadOnly": False, "SourceVolume": "scratch"}]
         logs = container["LogConfiguration"]
         assert logs["LogDriver"] == "awslogs"
         assert logs["Options"]["awslogs-group"] == {"Ref": job_log_group}
@@ -259,7 +265,8 @@ def test_the_job_definition_and_the_job_speak_one_interface(synthesized: Synthes
         known = ENV.names() | AWS_ENV.names()
         assert set(env) <= known, f"{container['Name']} sets variables the interface does not name: " \
             f"{sorted(set(env) - known)}"
-        assert [m["ContainerPath"] for m in container["MountPoints"]] == [SCRATCH_MOUNT]
+        extra = [HOST_CGROUP_MOUNT] if container["Name"] == PROFILER_CONTAINER else []
+        assert [m["ContainerPath"] for m in container["MountPoints"]] == [SCRATCH_MOUNT, *extra]
         # What the job builds from the definition's own environment: its scratch is the mounted volume.
         settings = JobSettings.from_env({**env, ENV.INPUT: "s3://in-bucket/i/", ENV.OUTPUT: "s3://out-bucket/o/",
                                          ENV.IMAGES_PER_CHILD: "1"})

@@ -100,7 +100,9 @@ def test_batch_takes_access_denied_as_permanent_not_as_credentials() -> None:
     (NoRegionError(), UsageError, "no AWS region: pass --region or set AWS_REGION"),
     (client_error("ResourceNotFoundException", 400), UsageError, "log group g does not exist in this region"),
     (client_error("AccessDeniedException", 400, "no"), UsageError,
-     "CloudWatch Logs refused the read (AccessDeniedException: no): check the credentials' logs:FilterLogEvents"),
+     "CloudWatch Logs refused the read of g (AccessDeniedException): grant the credentials logs:FilterLogEvents"),
+    (client_error("InvalidParameterException", 400, "startTime is wrong\n<html>"), UsageError,
+     "CloudWatch Logs answered InvalidParameterException while reading g: startTime is wrong"),
     (EndpointConnectionError(endpoint_url="http://127.0.0.1:9"), EndpointUnreachable,
      "CloudWatch Logs endpoint does not answer"),
     (client_error("ThrottlingException", 400), RetryableError, "CloudWatch Logs kept answering ThrottlingException"),
@@ -144,3 +146,57 @@ def test_backoff_pauses_grow_capped_with_jitter() -> None:
     for attempt in range(4):
         backoff.pause(attempt)
     assert slept == backoff.waits == [0.05, 0.1, 0.15, 0.15]
+
+
+# ---- who answered ----------------------------------------------------------------------------------
+
+PAGE = {"Content-Type": "text/html; charset=utf-8", "Server": "nginx/1.24"}
+XML = {"Content-Type": "application/xml"}
+
+
+@pytest.mark.parametrize(("status", "headers", "code", "why"), [
+    (404, PAGE, "", "HTTP 404 from server 'nginx/1.24', a web page, with no AWS request id"),
+    (200, PAGE, "", "HTTP 200 from server 'nginx/1.24', a web page"),  # an empty listing, or no events
+    (500, PAGE, "500", "HTTP 500"),  # botocore turns a 200 page into 500 for S3 ListBuckets
+    (301, {"Location": "/bkt/"}, "301", "HTTP 301, with no AWS error code or request id"),
+    (405, XML, "", "HTTP 405, with no AWS error code"),
+    # answers an AWS API or a look-alike gives
+    (404, {**PAGE, "x-amz-request-id": "R"}, "", None),
+    (404, {**XML, "X-Amzn-RequestId": "R"}, "404", None),  # moto's HEAD: the id only in the header
+    (404, XML, "NoSuchKey", None),  # a look-alike that sends no request id but speaks S3
+    (200, {"Content-Type": "application/x-amz-json-1.1"}, "", None),
+    # a proxy in front of a service that is down or busy: left to the retry rules
+    (503, PAGE, "", None), (502, PAGE, "", None), (504, PAGE, "", None), (429, PAGE, "", None),
+])
+def test_foreign_answers_are_told_from_aws_ones(status: int, headers: dict[str, str], code: str,
+                                                why: str | None) -> None:
+    found = aws.foreign_answer(status, headers, code)
+    assert (found is None) == (why is None) and (why is None or why in str(found)), found
+
+
+@pytest.mark.parametrize(("name", "shaped", "known"), [
+    ("us-east-1", True, True), ("ap-southeast-7", True, True), ("us-gov-west-1", True, True),
+    ("cn-north-1", True, True), ("eusc-de-east-1", True, True),
+    ("us-nowhere-9", True, False),  # shaped like a region of the aws partition, but not one
+    ("xx-nowhere-9", False, False), ("US-EAST-1", False, False), ("us-east", False, False), ("", False, False),
+    ("aws-global", False, False),  # botocore lists it among the regions; it names no endpoint of its own
+])
+def test_regions_are_judged_by_botocores_partitions(name: str, shaped: bool, known: bool) -> None:
+    assert (aws.region_shaped(name), aws.known_region(name)) == (shaped, known)
+
+
+@pytest.mark.parametrize("caller", sorted(TRANSLATORS))
+def test_an_endpoint_that_does_not_answer_in_an_unknown_region_is_a_wrong_region(caller: str) -> None:
+    host = {"s3": "s3.us-nowhere-9.amazonaws.com", "batch": "batch.us-nowhere-9.amazonaws.com",
+            "logs": "logs.us-nowhere-9.amazonaws.com"}[caller]
+    error = TRANSLATORS[caller](EndpointConnectionError(endpoint_url=f"https://{host}/"))
+    assert isinstance(error, UsageError) and error.exit_code == EXIT_USAGE, error
+    assert error.headline.startswith("region 'us-nowhere-9' does not exist") and "--region" in error.headline
+
+
+@pytest.mark.parametrize("caller", sorted(TRANSLATORS))
+@pytest.mark.parametrize("url", ["https://batch.us-east-1.amazonaws.com/v1/describejobs", "http://127.0.0.1:9",
+                                 "https://s3.cn-north-1.amazonaws.com.cn/"])
+def test_an_endpoint_that_does_not_answer_in_a_known_region_is_transient(caller: str, url: str) -> None:
+    error = TRANSLATORS[caller](EndpointConnectionError(endpoint_url=url))
+    assert isinstance(error, RetryableError) and error.exit_code == EXIT_RETRYABLE, error

@@ -1,4 +1,4 @@
-"""Per-call figures: deltas of cumulative counters, record parsing, bpftrace output parsing."""
+"""Per-call figures: deltas of cumulative counters, record parsing, merging probes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,7 @@ import json
 import pytest
 
 from profiling.metrics import by_call
-from profiling.probes.bpftrace import build_script, parse_output
-from profiling.probes.callstats import Stats, calls_dict, size_class, size_label
-from profiling.probes.ebpf import frames_to_calls
+from profiling.probes.callstats import Stats, size_class, size_label
 from profiling.probes.interpose import Record, parse_record, stage_calls
 
 
@@ -45,76 +43,10 @@ def test_record_parsing_and_stage_window() -> None:
     assert [sum(s.count for s in cells.values()) for _t, cells in frames] == [15, 3, 30]
 
 
-def test_bpftrace_json_output() -> None:
-    lines = [
-        '{"type": "attached_probes", "data": {"probes": 9}}',
-        '{"type": "printf", "data": "ready 1000000000\\n"}',
-        '{"type": "printf", "data": "frame 2000000000\\n"}',
-        '{"type": "map", "data": {"@n": {"1,13,9": 10, "4,-1,20": 2}}}',
-        '{"type": "map", "data": {"@b": {"1,13": 40960}}}',
-        '{"type": "map", "data": {"@t": {"1,13": 10000, "4,-1": 3000000}}}',
-        '{"type": "map", "data": {"@mn": {"4,-1": 1000000}}}',
-        '{"type": "map", "data": {"@mx": {"4,-1": 2000000}}}',
-        '{"type": "printf", "data": "final 3000000000\\n"}',
-        '{"type": "map", "data": {"@n": {"1,13,9": 25, "4,-1,20": 2}}}',
-        '{"type": "map", "data": {"@b": {"1,13": 102400}}}',
-        '{"type": "map", "data": {"@t": {"1,13": 30000, "4,-1": 3000000}}}',
-        '{"type": "map", "data": {"@mn": {"4,-1": 1000000}}}',
-        '{"type": "map", "data": {"@mx": {"4,-1": 2000000}}}',
-        '{"type": "map", "data": {"@dt": 12}}',
-    ]
-    frames = parse_output(lines)
-    assert [t for t, _c, _dt in frames] == [2.0, 3.0]
-    write = frames[0][1][("", "write", 13)]
-    # writes carry no exact extremes (too dear per call): the histogram bucket [512, 1024) bounds them
-    assert (write.count, write.bytes, write.min_ns, write.max_ns, write.hist) == (10, 40960, 512, 1023, {9: 10})
-    fsync = frames[0][1][("", "fsync", -1)]
-    assert (fsync.count, fsync.min_ns, fsync.max_ns) == (2, 1_000_000, 2_000_000)
-    total, per_frame, throttle = frames_to_calls(frames, start=1.0, stop=3.0)
-    assert total[("", "write", 13)].count == 25
-    assert [sum(s.count for s in c.values()) for _t, c in per_frame] == [12, 15]
-    assert [t for t, _c in per_frame] == [0.0, 1.0]
-    assert throttle == 12.0
-    calls = calls_dict("ebpf", total, per_frame, filter_text="t", duration_s=2.0, interval_s=1.0,
-                       dirty_throttle_ms=throttle, path_attribution=False)
-    assert by_call(calls)["write"]["count"] == 25 and calls["dirty_throttle_ms"] == 12.0
-    assert calls["path_attribution"] is False
-
-
-def test_bpftrace_script_follows_the_tree() -> None:
-    script = build_script([42, 7], 0.5)
-    assert "@track[7] = 1; @track[42] = 1;" in script
-    assert "sched_process_fork /@track[pid]/" in script
-    assert "writeback:balance_dirty_pages" in script
-    assert "interval:ms:500" in script
-    assert "sys_exit_pwrite64" in script and "sys_enter_fdatasync" in script
-
-
 def test_record_is_frozen() -> None:
     record = Record(1, 0.0, False, {})
     with pytest.raises(AttributeError):
         record.pid = 2  # type: ignore[misc]
-
-
-def test_a_state_closes_on_done_and_a_window_starts_from_its_base() -> None:
-    from profiling.probes.bpftrace import FrameParser
-
-    parser = FrameParser()
-    lines = [
-        '{"type": "printf", "data": "frame 1000000000\\n"}',
-        '{"type": "map", "data": {"@n": {"1,13,9": 10}}}',
-        '{"type": "map", "data": {"@b": {"1,13": 40960}}}',
-        '{"type": "map", "data": {"@dt": 5}}',
-        '{"type": "printf", "data": "done\\n"}',
-    ]
-    assert [parser.feed(line) for line in lines[:-1]] == [[], [], [], []]
-    (base,) = parser.feed(lines[-1])  # complete at "done", not one tick later at the next marker
-    later = [line.replace("1000000000", "2000000000").replace(": 10}", ": 25}").replace("40960", "102400")
-             .replace('"@dt": 5', '"@dt": 7') for line in lines]
-    (end,) = [f for line in later for f in parser.feed(line)]
-    total, per_frame, throttle = frames_to_calls([end], start=1.0, stop=2.0, base=base)
-    assert (total[("", "write", 13)].count, total[("", "write", 13)].bytes) == (15, 61440)
-    assert throttle == 2.0 and [sum(s.count for s in c.values()) for _t, c in per_frame] == [15]
 
 
 def test_merge_keeps_the_first_probe_and_nests_the_others() -> None:
@@ -144,6 +76,8 @@ def test_the_probe_modules_import_one_way() -> None:
         return {m for m in found if m.startswith("profiling.probes")}
 
     assert imports("callstats") == set() and imports("procfs") == set()
-    assert imports("bpftrace") == {"profiling.probes.callstats"}
+    assert imports("libbpf") == set() and imports("cgroup") == set()
+    assert imports("ebpf_maps") == {"profiling.probes.callstats"}
     assert imports("interpose") == {"profiling.probes.callstats"}
-    assert imports("ebpf") == {"profiling.probes.bpftrace", "profiling.probes.callstats", "profiling.probes.procfs"}
+    assert imports("ebpf") == {"profiling.probes.callstats", "profiling.probes.cgroup", "profiling.probes.ebpf_maps",
+                               "profiling.probes.libbpf", "profiling.probes.procfs"}

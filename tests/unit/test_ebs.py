@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from tuning.accounting import HddAccountant
 from tuning.ebs import (
     CONTEXT_KEYS,
     IOPS_TYPES,
@@ -55,13 +56,97 @@ def test_54_gib_of_credits_burst_for_credits_over_burst_minus_baseline() -> None
     assert "refilling at baseline" in text
 
 
-def test_hdd_accounting_small_io_costs_a_full_mib() -> None:
+def test_hdd_accounting_random_small_io_costs_a_full_mib() -> None:
     volume = Volume("st1", 500)
-    assert volume.cost_per_byte(MIB) == pytest.approx(1 / MIB)
-    assert volume.cost_per_byte(64 * KIB) == pytest.approx(16 / MIB)  # 64 KiB costs 1 MiB
-    assert volume.cost_per_byte(4 * MIB) == pytest.approx(1 / MIB)
+    assert volume.cost_per_byte(MIB, random_share=1) == pytest.approx(1 / MIB)
+    assert volume.cost_per_byte(64 * KIB, random_share=1) == pytest.approx(16 / MIB)  # 64 KiB costs 1 MiB
+    assert volume.cost_per_byte(4 * MIB, random_share=1) == pytest.approx(1 / MIB)
     # 64 KiB random I/O: throughput drops 16x, and credits drain 16x faster per byte.
-    assert volume.throughput_bps(io_size=64 * KIB, bursting=True) == pytest.approx(122.0703125 * MIB / 16)
+    assert volume.throughput_bps(io_size=64 * KIB, bursting=True, random_share=1) == pytest.approx(
+        122.0703125 * MIB / 16)
+    # Half the bytes random: the mean of the two costs.
+    assert volume.cost_per_byte(256 * KIB, random_share=0.5) == pytest.approx((1 + 4) / 2 / MIB)
+
+
+def test_hdd_accounting_sequential_io_is_merged_into_1_mib_units() -> None:
+    volume = Volume("st1", 500)
+    # 256 KiB writeback requests, sequential: st1 merges them, so the volume runs at its headline rates.
+    seq = [volume.throughput_bps(io_size=256 * KIB, bursting=b) / MIB for b in (True, False)]
+    assert seq == [pytest.approx(122.07, abs=0.01), pytest.approx(19.53, abs=0.01)]
+    # The same requests at random: each costs 1 MiB, a quarter of the rate.
+    rnd = [volume.throughput_bps(io_size=256 * KIB, bursting=b, random_share=1) / MIB for b in (True, False)]
+    assert rnd == [pytest.approx(30.52, abs=0.01), pytest.approx(4.88, abs=0.01)]
+    with pytest.raises(VolumeError, match="random share"):
+        volume.cost_per_byte(MIB, random_share=1.5)
+
+
+def test_accountant_merges_sequential_requests_and_charges_random_ones_a_unit() -> None:
+    acc = HddAccountant()
+    # Eight sequential 128 KiB requests: one 1 MiB unit.
+    assert sum(acc.charge(i * 128 * KIB, 128 * KIB) for i in range(8)) == 1
+    # Continuing the run opens the next unit on its first request only.
+    assert [acc.charge(MIB + i * 128 * KIB, 128 * KIB) for i in range(8)] == [1, 0, 0, 0, 0, 0, 0, 0]
+    assert acc.random_share == pytest.approx(1 / 16)  # only the very first request was not a continuation
+    rnd = HddAccountant()
+    # Random 4 KiB requests cost a unit each; a random 3 MiB request three.
+    assert [rnd.charge(off, 4 * KIB) for off in (10 * MIB, 3 * MIB, 7 * MIB)] == [1, 1, 1]
+    assert rnd.charge(100 * MIB, 3 * MIB) == 3
+    assert rnd.units == 6 and rnd.random_share == 1.0
+    assert rnd.charge(0, 0) == 0 and HddAccountant().random_share is None
+
+
+# ---- seed figures (the case study's, corrected where it was wrong) -------------------------------------
+
+
+def test_seed_500_gib_st1_baseline_and_burst_for_merged_sequential_io() -> None:
+    volume = Volume("st1", 500)
+    assert volume.baseline_mibps == pytest.approx(19.5, abs=0.05)
+    assert volume.burst_mibps == pytest.approx(122.0, abs=0.1)
+
+
+def test_seed_45_minutes_at_baseline_refills_and_lasts_credits_over_burst_minus_baseline() -> None:
+    volume = Volume("st1", 500)
+    # The case study rounds the baseline to 20 MiB/s: 45 min x 20 MiB/s = 54,000 MiB. At 19.53 MiB/s: 52,734.
+    assert 45 * 60 * 20 == 54_000
+    refilled = volume.refill_mib(45 * 60)
+    assert refilled == pytest.approx(52_734.4, abs=0.1)
+    # While it bursts the bucket refills at baseline: it lasts credits / (burst - baseline), not credits / burst.
+    assert volume.burst_seconds(54_000) == pytest.approx(54_000 / (122.0703125 - 19.53125))
+    assert volume.burst_seconds(54_000) / 60 == pytest.approx(8.78, abs=0.01)
+    assert volume.naive_burst_seconds(54_000) / 60 == pytest.approx(7.37, abs=0.01)  # the case study's "7 min"
+
+
+def test_seed_500_gb_gp2_iops() -> None:
+    volume = Volume("gp2", 500)
+    assert volume.gp2_baseline_iops == 1_500
+    assert volume.spend_limit(bursting=True) == 3_000
+    assert volume.spend_limit(bursting=False) == 1_500
+
+
+# ---- current limits (AWS documentation as of 2025-09) --------------------------------------------------
+
+
+def test_gp3_takes_the_raised_limits() -> None:
+    top = Volume("gp3", 64 * 1024, iops=80_000, throughput_mibps=2_000)
+    assert top.max_mibps == 2_000.0 and top.provisioned_iops == 80_000
+    with pytest.raises(VolumeError, match="outside 3000-80000"):
+        Volume("gp3", 64 * 1024, iops=80_001)
+    with pytest.raises(VolumeError, match="outside 125-2000"):
+        Volume("gp3", 64 * 1024, iops=80_000, throughput_mibps=2_001)
+    with pytest.raises(VolumeError, match="outside 1-65536"):
+        Volume("gp3", 64 * 1024 + 1)
+    with pytest.raises(VolumeError, match="per IOPS"):
+        Volume("gp3", 1000, iops=4_000, throughput_mibps=1_001)  # 0.25 MiB/s per IOPS
+
+
+def test_gp2_170_to_334_gib_gives_250_mibps_only_while_credits_last() -> None:
+    small, middle, large = Volume("gp2", 170), Volume("gp2", 200), Volume("gp2", 334)
+    assert small.ceiling_mibps(bursting=True) == small.ceiling_mibps(bursting=False) == 128.0
+    assert (middle.ceiling_mibps(bursting=True), middle.ceiling_mibps(bursting=False)) == (250.0, 128.0)
+    assert large.ceiling_mibps(bursting=False) == 250.0
+    # At 1 MiB I/O the 200 GiB volume's 3,000 burst IOPS would carry 750 MiB/s: the ceiling binds.
+    assert middle.throughput_bps(io_size=MIB, bursting=True) == 250 * MIB
+    assert middle.throughput_bps(io_size=MIB, bursting=False) == 128 * MIB
 
 
 def test_sc1_rates() -> None:
@@ -174,7 +259,7 @@ def test_context_defaults_and_explicit_round_trip() -> None:
         ({"volumeSizeGiB": "lots"}, "volumeSizeGiB='lots' is not a whole number"),
         ({"volumeIops": "3000"}, "volumeIops applies to gp3, io1 and io2, not st1"),
         ({"volumeType": "io1", "volumeSizeGiB": 100}, "io1 needs volumeIops"),
-        ({"volumeType": "gp3", "volumeThroughput": "2000"}, "volumeThroughput 2000 is outside 125-1000"),
+        ({"volumeType": "gp3", "volumeThroughput": "2001"}, "volumeThroughput 2001 is outside 125-2000"),
         ({"volumeType": "gp3", "volumeThroughput": True}, "volumeThroughput=True is not a whole number"),
         ({"volumeType": "io2", "volumeIops": 3000, "volumeThroughput": 500}, "volumeThroughput applies to gp3"),
     ],

@@ -31,7 +31,23 @@ def test_the_first_result_is_the_calls_and_names_the_source() -> None:
     assert done.calls is not None and by_call(done.calls)["write"]["count"] == 10
     assert done.calls["interpose"] == interpose
     assert done.sources == {"io": "procfs", "calls": "ebpf"}
-    assert done.dirty_throttle_ms == 1.5 and done.write_call_latency_us == 5.0
+    assert done.dirty_throttle_thread_sum_ms == 1.5 and done.write_call_latency_us == 5.0
+    assert done.dirty_throttle_ms is None  # no wall time in this result: not the summed figure in its place
+
+
+def test_dirty_pause_is_wall_time_and_the_thread_sum_says_so() -> None:
+    # Eight threads paused at once for a second each, in a 2 s stage: 1 s of wall time, 8 s summed.
+    calls = {**ebpf_calls(10, 8000.0), "dirty_throttle_wall_ms": 1000.0}
+    done = finish_stage(profile(), [("ebpf", calls)])
+    assert done.dirty_throttle_ms == 1000.0 <= done.duration_s * 1000
+    assert done.dirty_throttle_thread_sum_ms == 8000.0
+
+
+def test_socket_bytes_are_the_childs_network_bytes_in_place_of_the_hosts() -> None:
+    calls = {**ebpf_calls(10), "socket": {"sent_bytes": 5_000_000, "received_bytes": 40_000}}
+    done = finish_stage(profile(host_net_sent_bytes=9_000_000, host_net_received_bytes=9_000_000), [("ebpf", calls)])
+    assert (done.net_sent_bytes, done.net_received_bytes) == (5_000_000, 40_000)
+    assert done.host_net_sent_bytes is None and done.sources["network"] == "ebpf"
 
 
 def test_no_figures_leave_the_profile_as_it_was() -> None:

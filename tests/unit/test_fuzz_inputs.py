@@ -69,23 +69,46 @@ def test_any_manifest_line_parses_or_gives_one_line_manifest_error(line: str | b
         assert again == entry and again is not None and again.etag == entry.etag
 
 
+# Keys people write under a prefix, with the odd segment and repeats among them.
+prefixed_keys = st.lists(st.sampled_from(["a", "b", "", ".", "..", "é"]), min_size=1, max_size=3).map(
+    lambda parts: json.dumps({"key": "img/" + "/".join(parts)}))
+
+
 @FUZZ
-@given(st.lists(st.one_of(line_objects.map(json.dumps), st.just(""), st.text(max_size=30)), max_size=12))
-def test_a_manifest_error_names_its_line_number(lines: list[str]) -> None:
-    good = 0
+@given(st.lists(st.one_of(line_objects.map(json.dumps), st.just(""), st.text(max_size=30), prefixed_keys),
+                max_size=12), st.sampled_from(["", "img/"]))
+def test_a_manifest_error_names_its_line_number(lines: list[str], prefix: str) -> None:
+    keys: list[str] = []
     try:
-        for _ in parse_manifest([line + "\n" for line in lines], bucket="in", source="s3://in/m.jsonl"):
-            good += 1
+        for entry in parse_manifest([line + "\n" for line in lines], bucket="in", source="s3://in/m.jsonl",
+                                    prefix=prefix):
+            keys.append(entry.key)
     except ManifestError as exc:
         one_line(exc.headline)
         number = int(exc.headline.split(" line ", 1)[1].split()[0].rstrip(":"))
-        # The named line is the first that does not parse on its own.
-        assert number == next(i for i, line in enumerate(lines, 1) if _fails(line)), (lines, exc.headline)
+        failing = [i for i, line in enumerate(lines, 1) if _fails(line, prefix)]
+        if failing:  # the named line is the first that does not parse on its own
+            assert number == failing[0], (lines, exc.headline)
+        else:  # or, when every line does, the first to repeat an earlier line's key
+            assert number == _first_repeat(lines, prefix) and "again" in exc.headline, (lines, exc.headline)
+        return
+    assert len(set(keys)) == len(keys) and all(key.startswith(prefix) for key in keys)
 
 
-def _fails(line: str) -> bool:
+def _first_repeat(lines: list[str], prefix: str) -> int | None:
+    seen: set[str] = set()
+    for number, line in enumerate(lines, 1):
+        entry = parse_line(line, bucket="in", where="x", prefix=prefix)
+        if entry is not None and entry.key in seen:
+            return number
+        if entry is not None:
+            seen.add(entry.key)
+    return None
+
+
+def _fails(line: str, prefix: str | None = None) -> bool:
     try:
-        parse_line(line, bucket="in", where="x")
+        parse_line(line, bucket="in", where="x", prefix=prefix)
         return False
     except ManifestError:
         return True

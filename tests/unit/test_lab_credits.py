@@ -18,8 +18,11 @@ def controller(credits_mib: float, *, hold_empty: bool = False, time_scale: floa
 def test_charge_uses_hdd_accounting() -> None:
     c = controller(1000)
     zero = DiskCounters(0, 0, 0, 0)
-    # 64 MiB in 1 MiB writes costs 64 MiB; 64 MiB in 64 KiB writes costs 1024 MiB.
+    # 64 MiB in 1 MiB writes costs 64 MiB; sequential 64 KiB writes are merged into 1 MiB units: 64 MiB too.
     assert c.charge(zero, DiskCounters(0, 0, 64, 64 * MIB)) == pytest.approx(64)
+    assert c.charge(zero, DiskCounters(0, 0, 1024, 1024 * 64 * KIB)) == pytest.approx(64)
+    # Told the I/O is random, each 64 KiB write costs a whole MiB.
+    c.random_share = 1.0
     assert c.charge(zero, DiskCounters(0, 0, 1024, 1024 * 64 * KIB)) == pytest.approx(1024)
     # Reads count too; zero-byte requests (flushes) cost nothing.
     assert c.charge(zero, DiskCounters(2, 2 * MIB, 5, 0)) == pytest.approx(2)

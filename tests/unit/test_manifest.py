@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import pytest
@@ -9,6 +10,7 @@ from pipeline.errors import ManifestError, UsageError
 from pipeline.manifest import (
     OFFSET,
     FrozenManifestWriter,
+    KeyRepeats,
     ManifestEntry,
     array_jobs,
     children_for,
@@ -97,3 +99,52 @@ def test_frozen_index_gives_each_child_its_own_lines() -> None:
     start, end = index_range(3)
     with pytest.raises(ManifestError, match="no entry for child 3"):
         parse_index_range(index.getvalue()[start:end], 3)
+
+
+# ---- keys: under the input prefix, plain paths, each once ------------------------------------------
+
+
+@pytest.mark.parametrize(("key", "fragment"), [
+    ("raw/a.png", "key raw/a.png is outside the input prefix images/, the only keys the job may read"),
+    ("images2/a.png", "is outside the input prefix images/"),
+    ("images/../secrets/a.png", "has an empty, '.' or '..' path segment"),
+    ("images/./a.png", "path segment"), ("images//a.png", "path segment"), ("images/..", "path segment"),
+])
+def test_a_key_outside_the_prefix_or_with_odd_segments_is_bad_input(key: str, fragment: str) -> None:
+    lines = ['{"key": "images/ok.png"}\n', json.dumps({"key": key}) + "\n"]
+    with pytest.raises(ManifestError) as caught:
+        list(parse_manifest(lines, bucket="in", source="s3://in/m.jsonl", prefix="images/"))
+    assert caught.value.headline.startswith("s3://in/m.jsonl line 2: ") and fragment in caught.value.headline
+    assert caught.value.exit_code == 65
+
+
+def test_a_uri_line_is_held_to_the_prefix_too() -> None:
+    with pytest.raises(ManifestError, match=re.escape("line 1: key raw/a.png is outside the input prefix images/")):
+        list(parse_manifest(['{"uri": "s3://in/raw/a.png"}'], bucket="in", source="m", prefix="images/"))
+
+
+def test_a_key_listed_twice_names_both_lines_once_the_manifest_is_read() -> None:
+    lines = [json.dumps({"key": f"images/{i}.png"}) for i in range(6)]
+    lines[4] = lines[1]  # "images/1.png" again
+    lines[5] = json.dumps({"uri": "s3://in/images/0.png"})  # the same key in the other form
+    got: list[str] = []
+    with pytest.raises(ManifestError) as caught:
+        got.extend(entry.key for entry in parse_manifest(lines, bucket="in", source="s3://in/m.jsonl"))
+    assert caught.value.headline == ("s3://in/m.jsonl line 5 lists the key of line 2 again: list each image once "
+                                     "(a repeat would be processed twice)")
+    assert len(got) == 6  # streamed: nothing is written before the whole manifest has been read
+
+
+def test_key_repeats_finds_the_first_repeat_among_many() -> None:
+    repeats = KeyRepeats()
+    for number in range(1, 200_001):
+        repeats.add(f"images/{number % 150_000}.png", number)
+    assert repeats.first_repeat() == (1, 150_001)
+    single = KeyRepeats()
+    single.add("a", 1)
+    assert single.first_repeat() is None and KeyRepeats().first_repeat() is None
+
+
+def test_a_manifest_without_prefix_or_repeats_streams_every_key() -> None:
+    lines = [json.dumps({"key": f"k/{i}"}) for i in range(1000)]
+    assert [e.key for e in parse_manifest(lines, bucket="in", source="m")] == [f"k/{i}" for i in range(1000)]

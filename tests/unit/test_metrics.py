@@ -7,6 +7,8 @@ from profiling.metrics import (
     METRICS_BY_NAME,
     TABLE_METRICS,
     Aggregate,
+    MetricSpec,
+    Scope,
     StageProfile,
     summarize,
     to_metrics,
@@ -64,12 +66,36 @@ def test_summary_takes_medians_of_rates_and_totals_of_bytes() -> None:
 def test_every_metric_says_how_it_aggregates_across_children() -> None:
     for spec in METRICS:
         assert isinstance(spec.aggregate, Aggregate), spec.name
-    # The aggregations summarize has always used: totals of bytes, calls and images, peaks of the page cache.
+    # Totals of each child's own bytes, calls and images; the device's and the host's figures are shared by
+    # the children on them, so their largest is taken, never their sum (two children would count it twice).
     assert {m.name for m in METRICS if m.aggregate is Aggregate.SUM} == {
         "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "Items", "StorageReadBytes", "StorageWriteBytes",
-        "DeviceReadBytes", "DeviceWriteBytes", "DeviceReadOps", "DeviceWriteOps"}
+        "OwnDeviceReadBytes", "OwnDeviceWriteBytes", "NetworkSentBytes", "NetworkReceivedBytes"}
     assert {m.name for m in METRICS if m.aggregate is Aggregate.MAX} == {
-        "PeakDirtyBytes", "PeakWritebackBytes", "DirtyThresholdBytes"}
+        "PeakDirtyBytes", "PeakWritebackBytes", "DirtyThresholdBytes", "DeviceReadBytes", "DeviceWriteBytes",
+        "DeviceReadOps", "DeviceWriteOps", "DeviceSharers", "OwnPeakDirtyBytes", "OwnPeakWritebackBytes",
+        "HostNetworkSentBytes", "HostNetworkReceivedBytes"}
+
+
+def test_every_metric_has_a_scope_and_shared_ones_are_never_summed() -> None:
+    shared = {m.name for m in METRICS if m.scope.shared}
+    assert {"DeviceWriteBytes", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome", "HostNetworkSentBytes"} <= shared
+    assert not {"ReadBytes", "OwnDeviceWriteBytes", "NetworkSentBytes", "DirtyThrottle"} & shared
+    assert all(m.aggregate is not Aggregate.SUM for m in METRICS if m.scope.shared)
+    with pytest.raises(ValueError, match="device-wide"):
+        MetricSpec("X", "Bytes", "x", "x", Aggregate.SUM, scope=Scope.DEVICE)
+    by_name = {m.name: m for m in METRICS}
+    assert by_name["DeviceWriteBytes"].scoped_label.endswith("[device]")
+    assert by_name["IoStallSome"].scoped_label.endswith("[host]")
+    assert by_name["OwnDeviceWriteBytes"].scoped_label == by_name["OwnDeviceWriteBytes"].label
+
+
+def test_two_children_on_one_device_count_its_bytes_once() -> None:
+    # Both saw the device move 500 bytes while they ran side by side; each moved its own share.
+    profiles = [_profile(device_write_bytes=500, own_device_write_bytes=own, device_sharers=2)
+                for own in (100, 400)]
+    row = summarize(profiles)["download"]
+    assert row["DeviceWriteBytes"] == 500 and row["OwnDeviceWriteBytes"] == 500 and row["DeviceSharers"] == 2
 
 
 def test_summary_follows_each_metrics_aggregation() -> None:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import plotly
@@ -14,6 +15,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import emf, runfiles
+from profiling.contract import evaluate_stage, load_contract
 from profiling.emf import profile_from_emf
 from profiling.metrics import METRICS, METRICS_BY_NAME, MIB, STAGES, StageProfile, TimelinePoint
 from profiling.report import (
@@ -33,12 +35,15 @@ from profiling.report import (
     timeline_figure,
     write_report,
 )
+from tuning.advise import advise
+from tuning.plan import Plan
 
 # MiB/s per stage for the normal children: rates a st1-backed child sees.
 RATES = {"download": [240.0, 232.0, 251.0, 228.0, 245.0, 238.0], "process": [44.0, 46.0, 43.0, 45.0, 47.0, 44.5],
          "upload": [91.0, 88.0, 95.0, 90.0, 86.0, 93.0]}
 MIB_MOVED = {"download": 125, "process": 125, "upload": 20}
 T0 = float(int(time.time()) - 3600)  # EMF refuses timestamps older than 14 days
+CASE_STUDY = Path(__file__).resolve().parents[2] / "contracts" / "case-study.contract"
 
 
 def profile(stage: str, child: int, rate_mib_s: float, *, instance: str = "i-0a", outcome: str = "ok",
@@ -86,6 +91,27 @@ def test_slow_child_is_the_only_bad_apple(tmp_path: Path) -> None:
 def test_no_bad_apple_in_an_even_run(tmp_path: Path) -> None:
     write_run(tmp_path)
     assert find_bad_apples(load_run_dir(tmp_path)) == []
+
+
+def timed(child: int, rate: float, start: float) -> Entry:
+    """A download entry of `child` at `rate` MiB/s that starts at T0 + `start`."""
+    return Entry(f"child {child}", replace(profile("download", child, rate), started_at=T0 + start), None)
+
+
+def test_a_warm_up_wave_is_no_bad_apple() -> None:
+    # Two at a time; the first wave ran at 0.58 and 0.62 of the rest while everything warmed up.
+    rates = [140.0, 150.0, 240.0, 241.0, 239.0, 242.0, 240.5, 239.5]
+    entries = [timed(n, r, start=(n // 2) * 10.0 + (n % 2) * 0.2) for n, r in enumerate(rates)]
+    assert find_bad_apples(ReportData(entries=entries, source="test", has_timelines=True)) == []
+
+
+def test_a_child_beside_a_slow_one_is_judged_by_its_contemporaries() -> None:
+    # child 3 crawls for 30 s; child 4 ran beside it at 0.43 of the median (shared cores), the rest alone.
+    entries = [timed(n, 240.0 + n, start=n * 10.0) for n in range(3)]
+    entries += [timed(3, 5.0, start=30.0), timed(4, 103.0, start=31.0)]
+    entries += [timed(n, 240.0 + n, start=70.0 + n * 10.0) for n in range(5, 8)]
+    apples = find_bad_apples(ReportData(entries=entries, source="test", has_timelines=True))
+    assert [(a.name, a.stage) for a in apples] == [("child 3", "download")]
 
 
 def test_a_slow_instance_is_found_across_its_children() -> None:
@@ -186,21 +212,76 @@ def test_emf_only_run_says_there_are_no_timelines(tmp_path: Path) -> None:
     assert 'id="plot-upload-io-stall"' in text
 
 
-def test_contract_results_and_advice_are_rendered() -> None:
-    rules = [{"rule": "Throughput >= 100 MiB/s", "passed": False, "value": 42.0}]
-    entries = [Entry(f"child {n}", profile("download", n, 240.0, contract=rules if n == 1 else []), None)
-               for n in range(3)]
-    data = ReportData(entries=entries, source="test", has_timelines=True)
+def evaluated(entry: Entry, contract: Path = CASE_STUDY) -> Entry:
+    """The entry with the rows the real contract evaluator writes for its profile."""
+    rows = evaluate_stage(load_contract(contract), entry.profile)
+    return replace(entry, profile=replace(entry.profile, contract=rows))
 
-    @dataclass
-    class Advice:
-        volume: str
-        settings: dict[str, int]
 
-    text = render_html(data, advice=Advice("gp3 <500 GiB>", {"vm.dirty_bytes": 1 << 30}))
-    assert "0 passed, <span class=flag>1 broken</span>" in text
-    assert "<tr class=bad><td class=l>child 1</td><td class=l>download</td>" in text
-    assert "gp3 &lt;500 GiB&gt;" in text and "vm.dirty_bytes" in text
+def test_contract_rows_are_the_evaluators_with_values_and_units() -> None:
+    entries = [evaluated(Entry(f"child {n}", profile("download", n, RATES["download"][n]), None)) for n in range(3)]
+    rows = entries[1].profile.contract
+    assert [r["label"] for r in rows] == ["mean_lat_write", "num_write", "total_write"]  # what the evaluator wrote
+    text = render_html(ReportData(entries=entries, source="test", has_timelines=True))
+    section = text[text.index("<section id=contract>"):text.index("<section id=advice>")]
+    assert section.count("<tr class=contract-row>") == 9
+    # 800 write calls, 62.5 MiB (65,536,000 B), and no latency without a per-call probe (the evaluator's note)
+    assert "<td>800 calls</td>" in section and "<td>65,536,000 B (62.5 MiB)</td>" in section
+    assert "latency unavailable (static binary, no eBPF)" in section
+    assert "0-3.13 s (frame 0)" not in section and "0-0.521 s (frame 0)" in section  # 125 MiB at 240 MiB/s
+    assert "procfs" in section and "passed" not in section and "None" not in section
+
+
+def test_no_contract_says_so() -> None:
+    entries = [Entry(f"child {n}", profile("download", n, 240.0), None) for n in range(3)]
+    assert "No contract rules were evaluated" in render_html(ReportData(entries, "test", True))
+
+
+def real_advice(profiles: list[StageProfile]) -> dict[str, object]:
+    """What the advisor really produces for these profiles (Advice.to_dict())."""
+    plan = Plan(jobs_per_instance=2, memory_gib=16, jobs_per_day=500)
+    return advise(profiles, plan).to_dict()
+
+
+def test_the_recommendation_reads_for_a_person(tmp_path: Path) -> None:
+    written = write_run(tmp_path)
+    advice = real_advice(written)
+    text = render_html(load_run_dir(tmp_path), advice=advice)
+    section = text[text.index("<section id=advice>"):]
+    assert "None" not in section and "{" not in section
+    assert f"cdk deploy {html.escape(str(advice['cdk_args']), quote=True)}" in section
+    assert f"<b>Volume: {advice['recommended']}</b>" in section
+    assert section.count("<tr class=pick>") == 1 and "USD per month" in section
+    assert re.search(r"vm.dirty_bytes = [\d.,]+ [KMG]iB", section)
+    prose = re.sub(r"<(pre|code)[^>]*>.*?</\1>", " ", section)  # the commands to copy carry exact bytes
+    assert not re.search(r"\d{7,}", re.sub(r"<[^>]+>", " ", prose)), "a raw byte count without a unit"
+    findings = advice.get("findings")
+    if findings:
+        assert section.count("<tr class=finding") == len(findings)  # type: ignore[arg-type]
+
+
+def test_findings_render_with_codes_costs_and_fix() -> None:
+    advice = {"findings": [
+        {"code": "LOW_ONE", "severity": "low", "title": "t1", "evidence": "e1", "fix": "f1",
+         "cost_s_per_child": None, "cost_usd_per_month": None, "context": {}},
+        {"code": "DIRTY_PAUSE", "severity": "high", "title": "Writers paused", "evidence": "paused 3.2 s",
+         "fix": "raise the dirty limit", "cost_s_per_child": 3.2, "cost_usd_per_month": 41.5,
+         "context": {"dirtyBytes": "1073741824"}},
+    ]}
+    text = render_html(ReportData([Entry("child 0", profile("upload", 0, 90.0), None)], "t", True), advice=advice)
+    section = text[text.index("<section id=advice>"):]
+    codes = re.findall(r"data-code='([A-Z_]+)'", section)
+    assert codes == ["DIRTY_PAUSE", "LOW_ONE"]  # most severe first
+    assert "<td>3.2 s</td><td>$41.5</td>" in section and "not measured" in section
+    assert "-c dirtyBytes=1073741824" in section
+
+
+def test_advice_without_findings_or_with_unknown_fields_still_renders() -> None:
+    data = ReportData([Entry("child 0", profile("upload", 0, 90.0), None)], "t", True)
+    text = render_html(data, advice={"volume": "gp3", "peak_bytes": 3 * MIB, "why": None})
+    section = text[text.index("<section id=advice>"):]
+    assert "carries no findings" in section and "3 MiB" in section and "None" not in section
+    assert "found nothing to fix" in render_html(data, advice={"findings": []})
     assert "No recommendation was given" in render_html(data)
 
 
@@ -259,7 +340,7 @@ def test_cli_bad_input_is_one_line_and_an_exit_code(tmp_path: Path) -> None:
     both = runner.invoke(app, ["report", str(tmp_path), "--from-cloudwatch", "g"])
     assert both.exit_code == 64 and "not both" in both.output
 
-    since = runner.invoke(app, ["report", "--from-cloudwatch", "g", "--since", "soon"])
+    since = runner.invoke(app, ["report", "--from-cloudwatch", "g", "--since", "soon", "--region", "us-east-1"])
     assert since.exit_code == 64 and "--since 'soon' is not a duration" in since.output
 
     written = write_run(tmp_path / "run")

@@ -18,8 +18,9 @@ def test_from_env_reads_the_batch_contract() -> None:
     assert s.input == S3Uri("in-bucket", "images/")
     assert s.array_index == 10003
     assert s.child == "part-10003"
-    assert s.work_dir == Path("/mnt/s/part-10003")
-    assert s.socket_path == Path("/mnt/s/part-10003/profiler.sock")
+    # Scratch is the attempt's (job id and attempt when no launcher or ECS names the task), not the index's.
+    assert s.work_dir == Path("/mnt/s/task-abc-3-1")
+    assert s.socket_path == Path("/mnt/s/task-abc-3-1/profiler.sock")
     assert s.train_size == (64, 48)
     assert s.force and not s.skip_bad_images
     assert str(s.child_output) == "s3://out-bucket/train/part-10003/"
@@ -44,8 +45,8 @@ def test_to_env_round_trips() -> None:
         ({ENV.INPUT: "bucket/prefix"}, "is not an S3 URI"),
         ({ENV.INPUT: "s3://B_ad/prefix"}, "bucket name 'B_ad' is not valid"),
         ({ENV.IMAGES_PER_CHILD: "zero"}, "is not a whole number"),
-        ({ENV.IMAGES_PER_CHILD: "0"}, "is below 1"),
-        ({ENV.ARRAY_INDEX: "-1"}, "is below 0"),
+        ({ENV.IMAGES_PER_CHILD: "0"}, "is out of range: give 1 to"),
+        ({ENV.ARRAY_INDEX: "-1"}, "is out of range: give 0 to"),
         ({ENV.TRAIN_SIZE: "big"}, "is not a size"),
     ],
 )

@@ -57,3 +57,50 @@ def test_simulator_credit_cliff_over_hours() -> None:
     expected = burst_s + (4096 - burst * burst_s) / base
     assert result.waves[-1].stage_s["download"] == pytest.approx(expected, rel=0.02)
     assert any(s.credits == 0 for s in result.samples)
+
+
+# ---- the write cache as balance_dirty_pages throttles it ----------------------------------------------------
+
+BASE_MIBPS = 19.53125  # st1 500 GiB at baseline
+
+
+def _burst_s(cache: WriteCache, mib: int = 500) -> float:
+    stage = StageLoad("download", write_bytes=mib * MIB, floor_s=0.5)
+    return simulate(Volume("st1", 500), [stage], cache=cache, baseline_only=True, dt=0.02).waves[0].stage_s["download"]
+
+
+def test_pos_ratio_is_two_at_freerun_one_at_setpoint_zero_at_limit() -> None:
+    cache = WriteCache(400 * MIB, 200 * MIB)
+    assert (cache.freerun_bytes, cache.setpoint_bytes) == (300 * MIB, 350 * MIB)
+    assert cache.pos_ratio(cache.freerun_bytes) == pytest.approx(2.0)
+    assert cache.pos_ratio(cache.setpoint_bytes) == pytest.approx(1.0)
+    assert cache.pos_ratio(cache.limit_bytes) == pytest.approx(0.0)
+    assert cache.pos_ratio(0) == 2.0 and cache.pos_ratio(500 * MIB) == 0.0
+
+
+def test_writers_past_freerun_climb_towards_the_setpoint_at_about_the_device_rate() -> None:
+    cache = WriteCache(400 * MIB, 200 * MIB)
+    took = _burst_s(cache)
+    # Faster than pausing at freerun (200 MiB at baseline), slower than absorbing up to the setpoint.
+    assert (500 - 350) / BASE_MIBPS < took < (500 - 300) / BASE_MIBPS
+    sim = simulate(Volume("st1", 500), [StageLoad("download", 2048 * MIB, floor_s=0.5)], cache=cache,
+                   baseline_only=True, dt=0.02, sample_every_s=1.0)
+    peak = max(s.dirty_bytes for s in sim.samples)
+    assert 330 * MIB < peak <= cache.setpoint_bytes + MIB  # held at the setpoint, never at the limit
+
+
+def test_other_devices_dirty_pages_use_up_the_same_room() -> None:
+    alone = _burst_s(WriteCache(400 * MIB, 200 * MIB))
+    shared = _burst_s(WriteCache(400 * MIB, 200 * MIB, other_dirty_bytes=100 * MIB))
+    # 100 MiB less room: 100 MiB more at the device's rate.
+    assert shared - alone == pytest.approx(100 / BASE_MIBPS, rel=0.15)
+    # A burst under freerun runs at memory speed (its floor) until others' pages take the room.
+    assert _burst_s(WriteCache(1024 * MIB, 512 * MIB), 500) == pytest.approx(0.5, abs=0.05)
+    assert _burst_s(WriteCache(1024 * MIB, 512 * MIB, other_dirty_bytes=400 * MIB), 500) > 3
+
+
+def test_baseline_only_ignores_a_full_bucket() -> None:
+    stage = StageLoad("download", write_bytes=GIB)
+    sim = simulate(Volume("st1", 500), [stage], baseline_only=True, dt=0.05)
+    assert sim.waves[0].stage_s["download"] == pytest.approx(1024 / BASE_MIBPS, rel=0.02)
+    assert sim.credits_empty_at is None

@@ -35,7 +35,7 @@ def test_round_trip_through_context() -> None:
     ({"volumeSizeGiB": "100"}, "outside 125-16384 for st1"),
     ({"volumeIops": "3000"}, "volumeIops applies to gp3, io1 and io2, not st1"),
     ({"volumeType": "io2", "volumeSizeGiB": 100}, "needs volumeIops"),
-    ({"volumeType": "gp3", "volumeThroughput": "2000"}, "outside 125-1000"),
+    ({"volumeType": "gp3", "volumeThroughput": "2001"}, "outside 125-2000"),
     ({"pipelineName": "My Pipeline"}, "pipelineName 'My Pipeline'"),
     ({"vpcId": "default"}, "vpcId 'default' is not a VPC id"),
     ({"minvCpus": 8, "maxvCpus": 4}, "minvCpus 8 / maxvCpus 4"),
@@ -64,7 +64,7 @@ BAD_VOLUME_CONTEXTS: list[dict[str, object]] = [
     {"volumeType": "standard"},
     {"volumeType": "gp2", "volumeSizeGiB": 20000},  # ... gp2 to 16 TiB
     {"volumeType": "io1", "volumeSizeGiB": 100, "volumeIops": 6000},  # io1 allows 50 IOPS per GiB
-    {"volumeType": "gp3", "volumeIops": 20000},
+    {"volumeType": "gp3", "volumeIops": 90000},  # gp3 goes to 80,000 IOPS
     {"volumeType": "gp3", "volumeThroughput": 1000},  # needs 4000 IOPS
 ]
 

@@ -70,6 +70,9 @@ def test_request_keeps_to_the_prefixes_the_job_role_may_use() -> None:
     request = sub.SubmitRequest.build(manifest=None, prefix="s3://inb/images/cam0/", images_per_child=2,
                                       output=None, **stack)
     assert request.output == S3Uri("outb", "shards/images-cam0-k2/")
+    by_manifest = sub.SubmitRequest.build(manifest="s3://inb/m.jsonl", prefix=None, images_per_child=2,
+                                          output=None, **stack)
+    assert by_manifest.input == S3Uri("inb", "images/")  # its keys are checked against it when it is frozen
     with pytest.raises(UsageError, match=r"outside s3://inb/images/, the only prefix the job may read"):
         sub.SubmitRequest.build(manifest=None, prefix="s3://inb/raw/", images_per_child=2, output=None, **stack)
     with pytest.raises(UsageError, match=r"outside s3://outb/shards/, the only place the job may write"):

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import botocore.session
 import pytest
 
 from pipeline import submit as sub
 from pipeline.errors import UsageError
+from pipeline.submit.status import job_container
 from tests.support.aws import client_error, no_sleep
 
 
@@ -30,10 +32,13 @@ class FakeBatch:
             if job_id in self.parents:
                 out.append(self.parents[job_id])
             elif ":" in job_id:
-                out.append({"jobId": job_id, "ecsProperties": {"taskProperties": [{"containers": [
-                    {"name": "profiler", "logStreamName": "p/" + job_id},
-                    {"name": "job", "logStreamName": "j/" + job_id}]}]}})
-        return {"jobs": out}
+                # A multi-container child as DescribeJobs answers: no job-level container.
+                out.append({"jobId": job_id, "status": "FAILED", "ecsProperties": {"taskProperties": [{"containers": [
+                    {"name": "profiler", "exitCode": 0, "logStreamName": "p/" + job_id},
+                    {"name": "job", "exitCode": 65, "logStreamName": "j/" + job_id}]}]}})
+        body = {"jobs": out}
+        assert_shape("DescribeJobs", body)
+        return body
 
     def list_jobs(self, arrayJobId: str, jobStatus: str, maxResults: int, nextToken: str | None = None) -> Any:
         self.calls.append(("list_jobs", {"status": jobStatus, "token": nextToken}))
@@ -42,12 +47,33 @@ class FakeBatch:
         matching = [(i, s) for i, s in enumerate(self.children[arrayJobId]) if s == jobStatus]
         start = int(nextToken or 0)
         page = matching[start:start + self.page]
+        # ListJobs' summaries of multi-container children carry no container (and so no exit code).
         body: dict[str, Any] = {"jobSummaryList": [
-            {"jobId": f"{arrayJobId}:{i}", "status": s, "statusReason": "Essential container in task exited",
-             "container": {"exitCode": 65}} for i, s in page]}
+            {"jobId": f"{arrayJobId}:{i}", "status": s, "statusReason": "Essential container in task exited"}
+            for i, s in page]}
         if start + self.page < len(matching):
             body["nextToken"] = str(start + self.page)
+        assert_shape("ListJobs", body)
         return body
+
+
+def _check(shape: Any, value: Any, where: str) -> None:
+    """`value` uses only names botocore's model of the Batch API has at this place."""
+    if shape.type_name == "structure":
+        assert isinstance(value, dict), where
+        unknown = set(value) - set(shape.members)
+        assert not unknown, f"{where} has {sorted(unknown)}, which Batch does not answer"
+        for key, item in value.items():
+            _check(shape.members[key], item, f"{where}.{key}")
+    elif shape.type_name == "list":
+        for item in value:
+            _check(shape.member, item, f"{where}[]")
+
+
+def assert_shape(operation: str, body: dict[str, Any]) -> None:
+    """The fake answers in the shape of the real service's answer (botocore's model of AWS Batch)."""
+    model = botocore.session.get_session().get_service_model("batch")
+    _check(model.operation_model(operation).output_shape, body, operation)
 
 
 def _parent(job_id: str, size: int, offset: int, per_child: int, images: int) -> dict[str, Any]:
@@ -118,3 +144,29 @@ def test_progress_view_tracks_finished_children() -> None:
     task = bar.tasks[0]
     assert (task.total, task.completed) == (4, 2)
     assert "running 1 runnable 1 pending 0 failed 1 | images 2/7" in task.description
+
+
+def test_a_failed_multi_container_child_shows_the_job_containers_exit_code_reason_and_log() -> None:
+    """ListJobs gives a multi-container child no container; the described job's job container is read
+    (from the job, else from its last attempt), never the profiler's."""
+    described = {"jobId": "a:0", "status": "FAILED", "statusReason": "Essential container in task exited",
+                 "ecsProperties": {"taskProperties": [{"containers": [
+                     {"name": "profiler", "exitCode": 0, "reason": "", "logStreamName": "profiler/x"},
+                     {"name": "job", "exitCode": 75, "reason": "", "logStreamName": "job/x"}]}]}}
+    from_attempt = {"jobId": "a:1", "status": "FAILED", "attempts": [{"taskProperties": [{"containers": [
+        {"name": "job", "exitCode": 65, "reason": "OutOfMemoryError: killed", "logStreamName": "job/y"}]}]}]}
+    assert_shape("DescribeJobs", {"jobs": [described, from_attempt]})
+    assert job_container(described)["exitCode"] == 75
+    assert job_container(from_attempt)["logStreamName"] == "job/y"
+
+    class Described(FakeBatch):
+        def describe_jobs(self, jobs: list[str]) -> Any:
+            if jobs == ["a"]:
+                return super().describe_jobs(jobs)
+            return {"jobs": [described, from_attempt]}
+
+    batch = Described({"a": _parent("a", 2, 0, 1, 2)}, {"a": ["FAILED", "FAILED"]})
+    state = sub.poll_status(batch, ["a"], backoff=no_sleep())
+    assert [(f.index, f.exit_code, f.log_stream) for f in state.failed] == [(0, 75, "job/x"), (1, 65, "job/y")]
+    assert state.lines()[1] == ("failed child 0 (a:0): exit 75: Essential container in task exited; "
+                                "log stream job/x")

@@ -15,6 +15,7 @@ from tuning.simulator import DIRTYABLE_FRACTION
 
 DEFAULT_STATE_DIR = Path("/run/iobatch-lab")
 DEFAULT_LAB_DIR = Path("/var/tmp/iobatch-lab")
+THROTTLES = ("fuse", "blkio")
 
 
 class LabError(Exception):
@@ -37,6 +38,9 @@ class LabConfig:
     # sustained load (idle time in the lab, e.g. while the demo uploads its dataset, earns nothing).
     hold_empty: bool = False
     guard: bool = True  # start the guard process that restores after SIGKILL
+    # How the volume is slowed: "fuse" (a fixed-rate FUSE device under the loop device: any kernel, cgroup v1
+    # or v2, and AWS's HDD accounting by offset) or "blkio" (the root blkio cgroup: cgroup v1 only).
+    throttle: str = "fuse"
 
     def validate(self, kernel_release: str | None = None) -> None:
         """Raise LabError if the lab cannot build this; the mount options are checked for `kernel_release`
@@ -51,6 +55,8 @@ class LabConfig:
                 self.volume.credit_capacity:
             raise LabError(f"initial credits {self.initial_credits_mib:.0f} MiB are outside 0-"
                            f"{self.volume.credit_capacity:.0f} MiB for {self.volume.label}")
+        if self.throttle not in THROTTLES:
+            raise LabError(f"throttle {self.throttle!r} is not one of {', '.join(THROTTLES)}")
         if self.tuning.filesystem != "xfs":
             raise LabError("the lab builds XFS: use a tuning with filesystem xfs")
         self.tuning.validate(kernel_release if kernel_release is not None else os.uname().release)

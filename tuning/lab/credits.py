@@ -1,10 +1,15 @@
 """The credit controller: a thread that follows the volume's credit bucket (tuning.ebs) and sets the lab
 device's throughput limit to burst while credits last, then to baseline.
 
-It reads the device's completed I/O from /proc/diskstats, charges it in the volume's accounting (HDD: an
-I/O <= 1 MiB costs 1 MiB) and samples the host's page cache and io pressure at every tick; /proc is read
+It reads the device's completed I/O from /proc/diskstats, charges it in the volume's accounting and samples
+the host's page cache and io pressure at every tick; /proc is read
 through profiling.probes.procfs. `time_scale` shrinks the bucket so that hours of credits fit in minutes;
 throughputs stay real.
+
+This is the blkio (cgroup v1) throttle's controller. /proc/diskstats counts requests, not where they land,
+so it cannot tell sequential from random: it charges the device's I/O as `random_share` says (default 0,
+sequential, merged into 1 MiB units as st1 does). The FUSE device (tuning.lab.fusedev) sees each request's
+offset and applies the whole accounting.
 """
 
 from __future__ import annotations
@@ -78,7 +83,8 @@ class CreditController(threading.Thread):
     """Follows the volume's credit bucket and sets the throughput limit (`set_limit`) to burst or baseline."""
 
     def __init__(self, *, volume: Volume, device_name: str, set_limit: Callable[[int], None],
-                 time_scale: float, initial_credits_mib: float, tick_s: float, hold_empty: bool = False) -> None:
+                 time_scale: float, initial_credits_mib: float, tick_s: float, hold_empty: bool = False,
+                 random_share: float = 0.0) -> None:
         super().__init__(name="iobatch-lab-credits", daemon=True)
         self.volume = volume
         self.device_name = device_name
@@ -86,6 +92,7 @@ class CreditController(threading.Thread):
         self.time_scale = time_scale
         self.tick_s = tick_s
         self.hold_empty = hold_empty
+        self.random_share = random_share
         # The lab's bucket: the real one divided by the time scale.
         self.capacity = volume.credit_capacity / time_scale
         self.credits = initial_credits_mib / time_scale
@@ -122,13 +129,14 @@ class CreditController(threading.Thread):
         return self.credits * self.time_scale / 1024
 
     def charge(self, before: DiskCounters, after: DiskCounters) -> float:
-        """Credit units (MiB) the I/O between two readings costs: HDD counts each I/O as >= 1 MiB."""
+        """Credit units (MiB) the I/O between two readings costs, at the controller's random share."""
         cost = 0.0
         for ops, nbytes in ((after.read_ops - before.read_ops, after.read_bytes - before.read_bytes),
                             (after.write_ops - before.write_ops, after.write_bytes - before.write_bytes)):
             if nbytes <= 0:
                 continue  # flushes and other zero-byte requests move no data
-            per_byte = self.volume.cost_per_byte(nbytes / ops) if ops > 0 else 1 / MIB
+            per_byte = (self.volume.cost_per_byte(nbytes / ops, random_share=self.random_share) if ops > 0
+                        else 1 / MIB)
             cost += nbytes * per_byte
         return cost
 

@@ -124,9 +124,15 @@ def restore(state: Mapping[str, Any], *, say: Callable[[str], None] = lambda _: 
     """Undo everything a state records, in the safe order; returns the problems (empty when all went well).
 
     Throttle off first (so unmounting flushes at full speed), then unmount, detach, delete the backing
-    file, and restore the sysctls in the form (ratio or bytes) they had.
+    file (with the FUSE device: unmount it, end its daemon, delete its store), and restore the sysctls in
+    the form (ratio or bytes) they had.
     """
     problems: list[str] = []
+    fuse: Mapping[str, Any] = state.get("fuse") or {}
+    if fuse.get("stats"):
+        # The FUSE device's "throttle off": it serves at full speed from its next stats tick.
+        with contextlib.suppress(OSError):
+            Path(fuse["stats"]).with_suffix(".unthrottle").touch()
     devno = state.get("devno")
     for name, original in (state.get("throttle") or {}).items():
         path = BLKIO_ROOT / name
@@ -150,17 +156,54 @@ def restore(state: Mapping[str, Any], *, say: Callable[[str], None] = lambda _: 
             time.sleep(0.3)
     backing = state.get("backing")
     if backing:
-        listed = _run(["losetup", "-j", backing, "-O", "NAME", "-n"])
-        for device in listed.stdout.split():
+        listed = set(_run(["losetup", "-j", backing, "-O", "NAME", "-n"]).stdout.split())
+        # A dead FUSE daemon makes the backing path unreadable, so `losetup -j` cannot match it: the
+        # recorded device is detached too when the kernel still names this backing file for it.
+        device = str(state.get("device") or "")
+        if device and _loop_backing(device) == backing:
+            listed.add(device)
+        for device in sorted(listed):
             result = _run(["losetup", "-d", device])
             if result.returncode != 0:
                 problems.append(f"losetup -d {device}: {result.stderr.strip()}")
+        if fuse:
+            problems.extend(_restore_fuse(fuse))
         with contextlib.suppress(FileNotFoundError):
             Path(backing).unlink()
     sysctls: Mapping[str, str] = state.get("sysctls") or {}
     problems.extend(_restore_sysctls(sysctls))
     if problems:
         say("lab restore problems: " + "; ".join(problems))
+    return problems
+
+
+def _loop_backing(device: str) -> str | None:
+    # /sys/block/loopN/loop/backing_file (drivers/block/loop.c, loop_attr_backing_file_show).
+    with contextlib.suppress(OSError):
+        return Path(f"/sys/block/{Path(device).name}/loop/backing_file").read_text(encoding="utf-8").strip()
+    return None
+
+
+def _restore_fuse(fuse: Mapping[str, Any]) -> list[str]:
+    """Unmount the FUSE device (its daemon then exits), end the daemon if it is still there, delete its store."""
+    problems: list[str] = []
+    mount = fuse.get("mount")
+    if mount and _is_mounted(mount):
+        result = _run(["fusermount3", "-u", "-z", mount])
+        if result.returncode != 0 and _run(["umount", "-l", mount]).returncode != 0:
+            problems.append(f"fusermount3 -u {mount}: {result.stderr.strip()}")
+    pid = int(fuse.get("pid") or 0)
+    if pid and _pid_alive(pid) and str(read_start_time(pid)) == str(fuse.get("pid_start")):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    if mount:
+        with contextlib.suppress(OSError):
+            Path(mount).rmdir()
+    for key in ("store", "stats"):
+        if fuse.get(key):
+            for path in (Path(fuse[key]), Path(fuse[key]).with_suffix(".unthrottle")):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
     return problems
 
 

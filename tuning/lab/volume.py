@@ -30,6 +30,7 @@ from typing import Any
 
 from tuning.ebs import MIB
 from tuning.host import HostTuning
+from tuning.lab import fusedev
 from tuning.lab.config import LabConfig, LabError, emulated_sysctls
 from tuning.lab.credits import CreditController
 from tuning.lab.restore import (
@@ -66,6 +67,8 @@ class Lab:
         self._state: dict[str, Any] = {}
         self._old_handlers: dict[int, Any] = {}
         self._closed = False
+        self.fuse_mount: Path | None = None
+        self.stats_path = config.lab_dir / "device-stats.json"
 
     # -- setup --
 
@@ -87,9 +90,14 @@ class Lab:
         for tool in REQUIRED_TOOLS:
             if _run(["sh", "-c", f"command -v {tool}"]).returncode != 0:
                 raise LabError(f"{tool} is not installed: install util-linux and xfsprogs")
-        for name in THROTTLE_FILES:
-            if not (BLKIO_ROOT / name).exists():
-                raise LabError(f"{BLKIO_ROOT / name} is missing: the lab needs the cgroup v1 blkio controller")
+        fuse = self.config.throttle == "fuse"
+        if fuse:
+            fusedev.check_can_run()
+        else:
+            for name in THROTTLE_FILES:
+                if not (BLKIO_ROOT / name).exists():
+                    raise LabError(f"{BLKIO_ROOT / name} is missing: the blkio throttle needs the cgroup v1 blkio "
+                                   "controller; use the FUSE throttle (--throttle fuse) on cgroup v2")
         recover(self.config.state_dir, say=self.say)
         self._old_handlers = install_interrupt_handlers()
         # Record first, change second: the state names every setting before it is touched.
@@ -99,8 +107,11 @@ class Lab:
             start_guard(self.config.state_dir)
         self.config.lab_dir.mkdir(parents=True, exist_ok=True)
         self.mount.mkdir(parents=True, exist_ok=True)
-        with open(self.backing, "wb") as image:
-            image.truncate(self.config.loop_size_mib * MIB)
+        if fuse:
+            self._start_fuse()
+        else:
+            with open(self.backing, "wb") as image:
+                image.truncate(self.config.loop_size_mib * MIB)
         attach = _run(["losetup", "--find", "--show", "--direct-io=on", str(self.backing)])
         if attach.returncode != 0:
             raise LabError(f"losetup failed: {attach.stderr.strip()}")
@@ -117,20 +128,42 @@ class Lab:
         if mounted.returncode != 0:
             raise LabError(f"mount -o {options} failed: {mounted.stderr.strip()}")
         os.chmod(self.mount, 0o1777)
-        # The throttle rules for this device did not exist (a fresh loop device): restore writes 0.
-        self._state["throttle"] = {name: self._current_rule(name) for name in THROTTLE_FILES}
-        self._save()
+        if not fuse:
+            # The throttle rules for this device did not exist (a fresh loop device): restore writes 0.
+            self._state["throttle"] = {name: self._current_rule(name) for name in THROTTLE_FILES}
+            self._save()
         volume = self.config.volume
         initial = self.config.initial_credits
+        # With the FUSE device the controller only samples the host (the device keeps its own credits).
         self.controller = CreditController(
-            volume=volume, device_name=Path(self.device).name, set_limit=self._set_limit,
+            volume=volume, device_name=Path(self.device).name,
+            set_limit=(lambda _: None) if fuse else self._set_limit,
             time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s,
-            hold_empty=self.config.hold_empty)
+            hold_empty=self.config.hold_empty or fuse)
         self.controller.start()
         self.say(f"lab: {volume.label} on {self.device} ({self.config.loop_size_mib} MiB XFS at {self.mount}, "
                  f"-o {options}); burst {volume.burst_mibps:.1f} MiB/s, baseline {volume.baseline_mibps:.1f} "
                  f"MiB/s, credits " + ("held empty (baseline only)" if self.config.hold_empty else
                                         f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})"))
+
+    def _start_fuse(self) -> None:
+        """Start the FUSE device's daemon (recorded first) and wait for its file; the loop device attaches it."""
+        config = self.config
+        rates = fusedev.DeviceRates.of(config.volume, time_scale=config.time_scale,
+                                       initial_mib=config.initial_credits, hold_empty=config.hold_empty)
+        self.fuse_mount = config.lab_dir / "device"
+        self.fuse_mount.mkdir(parents=True, exist_ok=True)
+        self.stats_path = config.lab_dir / "device-stats.json"
+        store = config.lab_dir / "device.store"
+        self.backing = self.fuse_mount / fusedev.FILE_NAME
+        fuse_state: dict[str, Any] = {"mount": str(self.fuse_mount), "store": str(store),
+                                      "stats": str(self.stats_path)}
+        self._state.update(backing=str(self.backing), fuse=fuse_state)
+        self._save()
+        pid, start = fusedev.start_daemon(self.fuse_mount, store, config.loop_size_mib * MIB, self.stats_path,
+                                          rates)
+        fuse_state.update(pid=pid, pid_start=start)
+        self._save()
 
     def _current_rule(self, name: str) -> int:
         with contextlib.suppress(OSError):
@@ -177,15 +210,33 @@ class Lab:
         with contextlib.suppress(OSError):
             Path("/proc/sys/vm/drop_caches").write_text("1\n", encoding="ascii")
 
+    def device_stats(self) -> dict[str, Any] | None:
+        """The FUSE device's last figures (tuning.lab.fusedev), None with the blkio throttle."""
+        return fusedev.read_stats(self.stats_path) if self.config.throttle == "fuse" else None
+
     @property
     def credits_gib(self) -> float:
         """Credits left, at the real volume's scale (GiB of 1 MiB I/O)."""
+        stats = self.device_stats()
+        if stats is not None:
+            return max(0.0, float(stats["credits_mib"])) / 1024
         return 0.0 if self.controller is None else self.controller.credits_gib
 
     @property
     def limit_mibps(self) -> float:
         """The throughput limit in force now."""
+        stats = self.device_stats()
+        if stats is not None:
+            return float(stats["limit_bps"]) / MIB
         return 0.0 if self.controller is None else self.controller.current_limit() / MIB
+
+    @property
+    def empty_at(self) -> float | None:
+        """Seconds into the lab when the bucket first ran dry (None while it has not)."""
+        stats = self.device_stats()
+        if stats is not None:
+            return None if stats["empty_at"] is None else float(stats["empty_at"])
+        return None if self.controller is None else self.controller.empty_at
 
     def check(self) -> None:
         """Raise if the controller thread died."""

@@ -1,0 +1,102 @@
+"""The advisor against the lab: predicted vs measured download stage, the closed loop and a sweep. Root only.
+
+    sudo .venv/bin/python -m bench.lab_advise [--full] [--images 32 --images-per-child 16 --workers 2]
+
+1. The closed loop (`iobatch lab --advise --after-cliff`): the demo batch on the emulated st1 500 GiB at
+   baseline under the kernel's defaults; its profiles to the advisor; the advised cache applied; the batch
+   again. Per run the advisor's predicted download stage (median child) beside the measured one.
+2. The sweep: memory emulated 2.5 and 8 GiB x volume at burst (full bucket) and at baseline (bucket held
+   empty) x write cache default (20/10), the case study's 30/20 and the advisor's bytes, predicted vs
+   measured per cell. Each (memory, volume) pair is one loop: its first run (default) gives the advisor its
+   profiles, the other two runs are predicted before they run. The default run covers the baseline cells;
+   `--full` adds the burst cells (about twice the time).
+
+Cells outside 25 % are shown as such. The batch is the demo's synthetic camera images (embedded S3 server,
+s5cmd, profiler sidecar) on the lab volume; the lab device is the FUSE fixed-rate device (tuning.lab.fusedev).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+from tuning.ebs import Volume
+from tuning.host import HostTuning
+from tuning.lab import ComparePlan, LabConfig
+from tuning.lab.loop import AGREEMENT, LoopResult, render_loop, run_advise_loop
+
+
+def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
+          also: list[tuple[str, HostTuning]]) -> LoopResult:
+    from pipeline.local.demo import lab_batch
+    from profiling import runfiles
+
+    plan = ComparePlan(tuned=HostTuning(), memory_gib=memory_gib, workers=args.workers, images=args.images,
+                       image_mib=args.image_mib, images_per_child=args.images_per_child)
+    run_dir = args.run_dir / tag
+    run_batch = lab_batch(plan, run_dir, stdout=sys.stderr)
+
+    def run_profiles(number: int, setting: str, scratch: Path) -> list:  # type: ignore[type-arg]
+        run_batch(number, setting, scratch)
+        return list(runfiles.read_profiles(run_dir / f"run-{number}-{setting}"))
+
+    config = LabConfig(volume=Volume("st1", 500), hold_empty=baseline, lab_dir=args.lab_dir)
+    return run_advise_loop(config, plan, run_profiles, also=also, say=lambda m: print(m, file=sys.stderr))
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=int, default=32)
+    parser.add_argument("--image-mib", type=float, default=25.0)
+    parser.add_argument("--images-per-child", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--full", action="store_true", help="also the cells at burst")
+    parser.add_argument("--loop-only", action="store_true", help="only the closed loop (part 1)")
+    parser.add_argument("--lab-dir", type=Path, default=Path("/var/tmp/iobatch-lab"))
+    parser.add_argument("--run-dir", type=Path, default=Path(".iobatch/lab-advise"))
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("lab_advise: skipped, it needs root (loop device, mounts, sysctls)")
+        return 0
+    print(f"# the advisor in the lab, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, kernel "
+          f"{os.uname().release}, {os.cpu_count()} cores; {args.images} images of ~{args.image_mib:g} MiB, "
+          f"{args.images_per_child} per child, {args.workers} children at once\n")
+    started = time.monotonic()
+    case_study = ("30/20", HostTuning())
+    # The closed loop is the sweep's (2.5 GiB, baseline) cell pair, with the case study's 30/20 run between.
+    print("## 1. The closed loop: `iobatch lab --advise --after-cliff --memory-gib 2.5` (plus a 30/20 run)\n")
+    loop = _loop(args, 2.5, True, "sweep-2.5-base", [case_study])
+    print(render_loop(loop) + "\n")
+    if args.loop_only:
+        return 0
+    print("## 2. The sweep: predicted vs measured download stage (median child), st1 500 GiB\n")
+    rows = [(2.5, True, loop)]
+    cells = [(8.0, True)] + ([(2.5, False), (8.0, False)] if args.full else [])
+    for memory, baseline in cells:
+        tag = f"sweep-{memory:g}-{'base' if baseline else 'burst'}"
+        rows.append((memory, baseline, _loop(args, memory, baseline, tag, [case_study])))
+    print("| memory GiB | volume | cache | dirty_bytes MiB | predicted s | measured s | error |")
+    print("|---:|---|---|---:|---:|---:|---|")
+    outside = 0
+    for memory, baseline, result in rows:
+        for run in result.runs:
+            flag = "" if run.agrees else " **outside 25 %**"
+            outside += 0 if run.agrees else 1
+            error = "-" if run.error is None else f"{run.error:+.0%}{flag}"
+            print(f"| {memory:g} | {'baseline 19.5 MiB/s' if baseline else 'burst 122 MiB/s'} | {run.setting} | "
+                  f"{int(run.sysctls.get('vm.dirty_bytes', 0)) / 2**20:,.0f} | {run.predicted_s:.1f} | "
+                  f"{_cell(run.measured_s)} | {error} |")
+    cells = sum(len(r.runs) for _, _, r in rows)
+    print(f"\n{cells - outside} of {cells} cells within {AGREEMENT:.0%}; wall time {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Checks every command makes on its flags before it runs anything: output paths, directories, endpoints,
+regions, JSON files. Each failure is a UsageError (exit 64) naming the flag, the value and the fix.
+
+Checking first is the point: a command that found out after an hour that it cannot write its result would
+have lost the hour, and one that failed half-way would have left half of its output behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from pipeline.errors import UsageError
+
+__all__ = ["endpoint_url", "json_object", "output_dir", "output_file", "readable_file", "region"]
+
+
+def _nearest_existing(path: Path) -> Path:
+    probe = path.absolute()
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return probe
+
+
+def _writable(folder: Path) -> bool:
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
+def output_file(path: Path, flag: str) -> Path:
+    """A file the command will write: not a directory, in an existing folder it may write to."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory: give a file path")
+    folder = path.absolute().parent
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist: create it or give another path")
+    if not _writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"{flag} {path} is not writable: give a path you may write to")
+    return path
+
+
+def output_dir(path: Path, flag: str) -> Path:
+    """A directory the command will create or fill: not a file, under a folder it may write to."""
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"{flag} {path} is a file: give a directory")
+    existing = _nearest_existing(path)
+    if not existing.is_dir():
+        raise UsageError(f"{flag} {path}: {existing} is a file, not a directory: give another path")
+    if not _writable(existing):
+        raise UsageError(f"{flag} {path} is not writable: give a directory you may write to")
+    return path
+
+
+def readable_file(path: Path, flag: str) -> Path:
+    """A file the command will read."""
+    if path.is_dir():
+        raise UsageError(f"{flag} {path} is a directory: give a file")
+    if not path.is_file():
+        raise UsageError(f"{flag} {path} does not exist: give an existing file")
+    if not os.access(path, os.R_OK):
+        raise UsageError(f"{flag} {path} is not readable: fix its mode or give another file")
+    return path
+
+
+def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
+    """A JSON file holding one object (the only shape the commands read)."""
+    readable_file(path, flag)
+    try:
+        body = json.loads(path.read_bytes())
+    except OSError as exc:  # readable by its mode, yet not to read (/proc/1/mem, a FIFO's peer gone, EIO)
+        raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
+    except (ValueError, RecursionError) as exc:  # also bytes that are not UTF-8
+        raise UsageError(f"{flag} {path} is not JSON ({str(exc)[:80]}): give {what}") from None
+    if not isinstance(body, dict):
+        raise UsageError(f"{flag} {path} holds a JSON {type(body).__name__}, not an object: give {what}")
+    return body
+
+
+def endpoint_url(url: str | None, flag: str = "--s3-endpoint") -> str | None:
+    """An endpoint URL: http or https, a host, a valid port, nothing after the path."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url.strip())
+        port = parts.port  # raises ValueError for a port that is not a number from 0 to 65535
+    except ValueError:
+        parts, port = None, None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0 \
+            or parts.query or parts.fragment:
+        raise UsageError(f"{flag} {url!r} is not an endpoint URL: write it as http://HOST:PORT or https://HOST")
+    return url.strip()
+
+
+def region(name: str | None, flag: str = "--region") -> str:
+    """The AWS region from the flag, else AWS_REGION, else where boto3 looks (AWS_DEFAULT_REGION, the
+    profile's config file): boto3 alone never reads AWS_REGION, which Batch and most tools set."""
+    import boto3
+
+    from pipeline.aws import region_shaped
+    from pipeline.interface import AWS_ENV
+
+    chosen = name or os.environ.get(AWS_ENV.REGION) or boto3.session.Session().region_name
+    if not chosen:
+        raise UsageError(f"no AWS region: pass {flag} or set {AWS_ENV.REGION} (e.g. us-east-1)")
+    # A name no partition forms regions like is a typo, not a region to retry against (pipeline.aws owns which).
+    if not region_shaped(chosen):
+        raise UsageError(f"{chosen!r} is not an AWS region name: pass {flag} like us-east-1")
+    return chosen

@@ -1,0 +1,46 @@
+/* The layout the CO-RE program (iobatch.bpf.c) and its Python loader (profiling/probes/ebpf_maps.py) share.
+ * This header owns it; tests/unit/test_ebpf_maps.py checks the Python copy against these lines. */
+#ifndef IOBATCH_H
+#define IOBATCH_H
+
+#define IOB_CALLS 5        /* read, write, open, close, fsync: profiling.probes.callstats.CALLS, in order */
+#define IOB_SIZES 48       /* size class k = bit length of the bytes a read or write moved (0..47) */
+#define IOB_HIST 48        /* latency bucket h holds calls that took [2^h, 2^(h+1)) ns (bucket 0 also 0 ns) */
+#define IOB_CELLS (IOB_CALLS * IOB_SIZES)   /* cell index = call * IOB_SIZES + size class (0 for open/close/fsync) */
+#define IOB_TASKS 1024     /* tasks whose dirty-throttle pause is kept one by one */
+
+/* One (call type, size class): what the program adds per call. min_ns starts at ~0 (unset). */
+struct iob_cell {
+	__u64 count;
+	__u64 bytes;
+	__u64 total_ns;
+	__u64 min_ns;
+	__u64 max_ns;
+	__u64 hist[IOB_HIST];
+};
+
+/* The selection (written by the loader) and the job-wide counters (written by the program). */
+struct iob_state {
+	__u64 cgroup_id;        /* the cgroup v2 whose tasks (and descendants' tasks) are counted; 0: none */
+	__u64 cgroup_level;     /* its depth in the v2 hierarchy */
+	__u64 exclude_tgid;     /* a process (host pid) inside it whose own calls are not counted; 0: none */
+	__u64 throttle_ms;      /* pauses in balance_dirty_pages, summed over tasks */
+	__u64 throttle_wall_ns; /* time during which at least one task was paused */
+	__u64 paused_until_ns;  /* end of the latest pause (to merge overlapping ones) */
+	__u64 dirtied_pages;    /* page-cache pages the tasks dirtied (writeback_dirty_folio) */
+	__u64 sock_sent;        /* bytes sent on sockets (sock_send_length) */
+	__u64 sock_received;    /* bytes received on sockets (sock_recv_length) */
+	__u64 missed;           /* calls not timed: no per-task slot for their entry time stamp */
+	__u64 find_ns_inum;     /* the task finder's question: a pid in this pid namespace ... */
+	__u64 find_pid;         /* ... */
+	__u64 found_cgroup_id;  /* its answer, 0: not found */
+	__u64 found_cgroup_level;
+	__u64 found_tgid;       /* the task's pid in the initial pid namespace */
+};
+
+struct iob_task_pause {
+	__u64 ms;
+	char comm[16];
+};
+
+#endif

@@ -1,0 +1,220 @@
+"""The recommendation section: the advisor's findings, the volume and settings it recommends with their
+predicted effect, its candidate volumes, and the `cdk deploy` line to copy. Pure (text in, HTML out).
+
+It reads the plain dict of `tuning.advise.Advice.to_dict()` (documented there) and shows what is present:
+an advice without findings, or with fields this page does not know, still renders, the unknown fields in a
+collapsed list with their units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from profiling.report.page import ABSENT, e, field_value, human_bytes, key_values, number, seconds
+
+SEVERITY_ORDER = ("high", "medium", "low", "info")
+# The fields this section shows in its own places; any other top-level field goes under "other fields".
+SHOWN = ("findings", "recommended", "candidates", "write_cache", "untuned_download_s", "burst", "cdk_args",
+         "cdk_context", "plan", "workload", "prices")
+# Candidate columns: (field, heading with its unit, formatter).
+CANDIDATE_COLUMNS: tuple[tuple[str, str, Any], ...] = (
+    ("baseline_mibps", "baseline MiB/s", number),
+    ("burst_mibps", "burst MiB/s", number),
+    ("download_s", "download s (full credits)", number),
+    ("upload_s", "upload s", number),
+    ("time_to_durable_s", "on the volume after s", number),
+    ("steady_download_s", "download s (late in the day)", number),
+    ("credits_run_out_h", "credits run out", lambda v: "never" if v is None else f"after {number(v)} h"),
+    ("monthly_usd", "USD per month", lambda v: ABSENT if v is None else f"${number(v)}"),
+)
+
+
+def advice_as_data(advice: Any) -> dict[str, Any] | None:
+    """The advisor's output as its plain dict: `to_dict()` when it has one (the Advice), else a mapping or
+    a dataclass as given."""
+    if advice is None:
+        return None
+    to_dict = getattr(advice, "to_dict", None)
+    if callable(to_dict):
+        return dict(to_dict())
+    if isinstance(advice, Mapping):
+        return dict(advice)
+    if dataclasses.is_dataclass(advice) and not isinstance(advice, type):
+        return dataclasses.asdict(advice)
+    return {"advice": str(advice)}
+
+
+def findings_of(advice: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The advice's findings (mappings only), most severe first; [] when it has none."""
+    raw = (advice or {}).get("findings")
+    found = [dict(f) for f in raw if isinstance(f, Mapping)] if isinstance(raw, list) else []
+    return sorted(found, key=lambda f: SEVERITY_ORDER.index(f["severity"])
+                  if f.get("severity") in SEVERITY_ORDER else len(SEVERITY_ORDER))
+
+
+def context_args(context: Any) -> str:
+    """CDK context as `-c key=value ...`."""
+    if not isinstance(context, Mapping):
+        return ""
+    return " ".join(f"-c {k}={v}" for k, v in context.items())
+
+
+def findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
+    head = ("<tr><th class=l>severity</th><th class=l>code</th><th class=l>finding</th><th class=l>evidence</th>"
+            "<th class=l>fix</th><th>costs per child</th><th>costs per month</th></tr>")
+    rows = []
+    for f in findings:
+        severity = str(f.get("severity") or "info")
+        context = context_args(f.get("context"))
+        fix = e(f.get("fix") or ABSENT) + (f"<br><code>{e(context)}</code>" if context else "")
+        cost_s = f.get("cost_s_per_child")
+        cost_usd = f.get("cost_usd_per_month")
+        rows.append(
+            f"<tr class=finding data-code='{e(f.get('code', ''))}'>"
+            f"<td class=l><span class='sev sev-{e(severity)}'>{e(severity)}</span></td>"
+            f"<td class=l><code>{e(f.get('code', ABSENT))}</code></td><td class=wrap>{e(f.get('title', ABSENT))}</td>"
+            f"<td class=wrap>{e(f.get('evidence') or ABSENT)}</td><td class=wrap>{fix}</td>"
+            f"<td>{'not measured' if cost_s is None else e(seconds(cost_s))}</td>"
+            f"<td>{'not measured' if cost_usd is None else '$' + e(number(cost_usd))}</td></tr>"
+        )
+    return f"<table id=findings-table>{head}{''.join(rows)}</table>"
+
+
+def _candidate(advice: Mapping[str, Any]) -> dict[str, Any] | None:
+    for c in advice.get("candidates") or []:
+        if isinstance(c, Mapping) and c.get("volume") == advice.get("recommended"):
+            return dict(c)
+    return None
+
+
+def _recommendation(advice: Mapping[str, Any]) -> str:
+    parts = []
+    rec = advice.get("recommended")
+    chosen = _candidate(advice)
+    cache = advice.get("write_cache") if isinstance(advice.get("write_cache"), Mapping) else {}
+    if rec:
+        line = f"<p><b>Volume: {e(rec)}</b>"
+        if chosen:
+            line += (f": download {e(seconds(chosen.get('download_s')))} with full credits, "
+                     f"{e(seconds(chosen.get('steady_download_s')))} late in the day; "
+                     f"{e(field_value('monthly_usd', chosen.get('monthly_usd')))} per volume")
+        parts.append(line + ".</p>")
+    if cache:
+        settings = [f"vm.dirty_bytes = {human_bytes(cache.get('dirty_bytes'))}",
+                    f"vm.dirty_background_bytes = {human_bytes(cache.get('dirty_background_bytes'))}"]
+        effect = ""
+        untuned = advice.get("untuned_download_s")
+        if chosen and untuned is not None and chosen.get("download_s") is not None:
+            effect = (f" Predicted download on {e(rec)}: {e(seconds(untuned))} with the kernel's defaults, "
+                      f"{e(seconds(chosen['download_s']))} with these.")
+        parts.append(f"<p><b>Write cache: {e(', '.join(settings))}</b>, sized for a burst of "
+                     f"{e(human_bytes(cache.get('burst_bytes')))} per instance.{effect}</p>")
+        if cache.get("tradeoff"):
+            parts.append(f"<p class=note>Durability: {e(cache['tradeoff'])}</p>")
+        if cache.get("mount_options"):
+            parts.append(f"<p>Mount options: <code>{e(cache['mount_options'])}</code></p>")
+    if advice.get("burst"):
+        parts.append(f"<p class=note>{e(advice['burst'])}</p>")
+    args = advice.get("cdk_args") or context_args(advice.get("cdk_context"))
+    if args:
+        parts.append(f"<p>To apply it all:</p><pre class=cmd id=cdk-deploy>cdk deploy {e(args)}</pre>")
+    return "".join(parts)
+
+
+def _candidates(advice: Mapping[str, Any]) -> str:
+    rows = [c for c in advice.get("candidates") or [] if isinstance(c, Mapping)]
+    if not rows:
+        return ""
+    prices = advice.get("prices") if isinstance(advice.get("prices"), Mapping) else {}
+    where = f" (prices: {e(prices.get('region'))}, {e(prices.get('as_of'))})" if prices else ""
+    head = "<tr><th class=l>volume</th>" + "".join(f"<th>{e(h)}</th>" for _, h, _ in CANDIDATE_COLUMNS) + "</tr>"
+    body = []
+    for c in rows:
+        mark = " class=pick" if c.get("volume") == advice.get("recommended") else ""
+        cells = "".join(f"<td>{e(show(c.get(k)))}</td>" for k, _, show in CANDIDATE_COLUMNS)
+        body.append(f"<tr{mark}><td class=l>{e(c.get('volume', ABSENT))}</td>{cells}</tr>")
+    return (f"<h3>Candidate volumes{where}</h3><table id=candidates-table>{head}{''.join(body)}</table>"
+            "<p class=note>Each volume replays a day of the plan; the recommended one (highlighted) is the "
+            "cheapest close to the fastest late in the day.</p>")
+
+
+def _plan(advice: Mapping[str, Any]) -> str:
+    parts = []
+    plan = advice.get("plan")
+    if isinstance(plan, Mapping):
+        parts.append("<h3>Plan</h3>" + key_values(plan))
+    workload = advice.get("workload")
+    if isinstance(workload, Mapping):
+        stages = [s for s in workload.get("stages") or [] if isinstance(s, Mapping)]
+        if stages:
+            head = ("<tr><th class=l>stage</th><th>written to the volume</th><th>read from it</th>"
+                    "<th>I/O size</th><th>time not waiting on I/O</th></tr>")
+            rows = "".join(
+                f"<tr><td class=l>{e(s.get('stage', ABSENT))}</td><td>{e(human_bytes(s.get('write_bytes')))}</td>"
+                f"<td>{e(human_bytes(s.get('read_bytes')))}</td><td>{e(human_bytes(s.get('io_size')))}</td>"
+                f"<td>{e(seconds(s.get('floor_s')))}</td></tr>" for s in stages)
+            children = workload.get("children_profiled")
+            parts.append(f"<h3>Workload per child (median of {e(number(children))} children)</h3>"
+                         f"<table>{head}{rows}</table>")
+        notes = [str(n) for n in workload.get("notes") or []]
+        parts.extend(f"<p class=note>{e(n)}</p>" for n in notes)
+    return "".join(parts)
+
+
+def advice_section(advice: Any) -> str:
+    """The recommendation section of the report (a note when no advice was given)."""
+    parts = ["<section id=advice><h2>Recommendation</h2>"]
+    data = advice_as_data(advice)
+    if data is None:
+        parts.append("<p class=note>No recommendation was given to this report.</p></section>")
+        return "".join(parts)
+    findings = findings_of(data)
+    if findings:
+        parts.append("<h3>Findings</h3>" + findings_table(findings))
+    elif isinstance(data.get("findings"), list):
+        parts.append("<p id=no-findings>The advisor found nothing to fix in this run.</p>")
+    else:
+        parts.append("<p class=note>This advice carries no findings.</p>")
+    parts.append(_recommendation(data))
+    parts.append(_candidates(data))
+    details = _plan(data)
+    other = {k: v for k, v in data.items() if k not in SHOWN}
+    if other:
+        details += "<h3>Other fields</h3>" + key_values(other)
+    if details:
+        parts.append(f"<details><summary>what the advice is based on</summary>{details}</details>")
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def takeaways(summary: Mapping[str, Mapping[str, float | None]], advice: Any) -> list[str]:
+    """Two lines for the end of a run: the slowest stage and what bounds it (the findings that name it),
+    and the one setting the advisor would change first (the most severe finding with a CDK fix, else
+    the recommended write cache)."""
+    durations = {s: d for s, row in summary.items() if (d := row.get("StageDuration")) is not None}
+    data = advice_as_data(advice) or {}
+    findings = findings_of(data)
+    lines = []
+    if durations:
+        slowest = max(durations, key=lambda s: durations[s])
+        total = sum(durations.values())
+        bound = [f for f in findings if slowest in str(f.get("title", "")).lower()]
+        why = (f"{bound[0].get('title')} [{bound[0].get('code')}]: {bound[0].get('evidence')}" if bound
+               else "no finding names it" if findings or data else "no advice was made for this run")
+        lines.append(f"slowest stage: {slowest}, {number(durations[slowest])} s of {number(total)} s per child "
+                     f"(medians); {why}")
+    fixes = [f for f in findings if context_args(f.get("context"))]
+    cache = data.get("write_cache") if isinstance(data.get("write_cache"), Mapping) else None
+    if fixes:
+        top = fixes[0]
+        cost = top.get("cost_s_per_child")
+        costs = "cost not measured" if cost is None else f"costs {seconds(cost)} per child now"
+        lines.append(f"the advisor would change: {context_args(top.get('context'))} ({top.get('fix')}; {costs})")
+    elif cache and cache.get("dirty_bytes") is not None:
+        lines.append(f"the advisor would change: vm.dirty_bytes={cache['dirty_bytes']} "
+                     f"({human_bytes(cache['dirty_bytes'])}) and vm.dirty_background_bytes="
+                     f"{cache.get('dirty_background_bytes')} ({human_bytes(cache.get('dirty_background_bytes'))}), "
+                     "sized for this machine's burst (no finding asks for a stack setting)")
+    return lines

@@ -1,0 +1,181 @@
+"""Two runs side by side, per stage: the loop deploy -> profile -> advice -> redeploy -> faster, in one page.
+
+Per stage it shows, for run A and run B, the figures of COMPARED (aggregated across children as
+profiling.metrics.METRICS says: durations and rates are medians, dirty figures the peak) with the ratio
+B / A, and a plot of the children of both runs; then the advisor's findings that went away, stayed, or
+came with B, when advice for the runs is given.
+
+Entry points: `render_comparison(a, b)` on two ReportData, and `write_comparison(run_a, run_b, out)` on
+two local run directories (what `iobatch report --compare` and `iobatch lab` write).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from profiling import runfiles
+from profiling.metrics import METRICS_BY_NAME, summarize
+from profiling.report.advice import advice_as_data, findings_of
+from profiling.report.page import e, figure_html, page
+from profiling.report.sources import ReportData, load_run_dir
+
+# The figures compared per stage, and whether a smaller value is the better one (None: a limit, neither).
+COMPARED: tuple[tuple[str, bool | None], ...] = (
+    ("StageDuration", True),
+    ("Throughput", False),
+    ("PeakDirtyBytes", None),
+    ("DirtyThresholdBytes", None),
+    ("IoStallSome", True),
+    ("DirtyThrottle", True),
+    ("DeviceWriteLatency", True),
+    ("DeviceQueueDepth", None),
+)
+# The plot's panels: (metric, title).
+PANELS: tuple[tuple[str, str], ...] = (
+    ("StageDuration", "duration"),
+    ("Throughput", "throughput"),
+    ("PeakDirtyBytes", "peak dirty against the limit"),
+    ("IoStallSome", "I/O stall (PSI some)"),
+)
+RUN_COLORS = ("#7f8c8d", "#2e86de")
+# Changes smaller than this share are shown without colour: run-to-run noise on a shared machine.
+NOISE_SHARE = 0.05
+
+
+def ratio_text(a: float | None, b: float | None, smaller_is_better: bool | None) -> tuple[str, str]:
+    """(B / A as text, css class): 'better' or 'worse' when the change is past the noise, else ''."""
+    if a is None or b is None:
+        return "-", ""
+    if a == 0:
+        return ("same", "") if b == 0 else ("from 0", "")
+    ratio = b / a
+    if smaller_is_better is None or abs(ratio - 1) < NOISE_SHARE:
+        return f"{ratio:.2f}x", ""
+    return f"{ratio:.2f}x", "better" if (ratio < 1) == smaller_is_better else "worse"
+
+
+def _stage_table(stage: str, rows: tuple[dict[str, float | None], dict[str, float | None]],
+                 names: Sequence[str]) -> str:
+    head = (f"<tr><th class=l>figure</th><th>{e(names[0])}</th><th>{e(names[1])}</th>"
+            f"<th>{e(names[1])} / {e(names[0])}</th></tr>")
+    body = []
+    for name, smaller_is_better in COMPARED:
+        spec = METRICS_BY_NAME[name]
+        a, b = rows[0].get(name), rows[1].get(name)
+        if a is None and b is None:
+            continue
+        text, css = ratio_text(a, b, smaller_is_better)
+        unit = f" {spec.display_unit}" if spec.display_unit else ""
+        shown = [spec.display(v) + (unit if v is not None else "") for v in (a, b)]
+        body.append(f"<tr data-figure='{e(name)}'><td class=l>{e(spec.description or spec.label)}</td>"
+                    f"<td>{e(shown[0])}</td><td>{e(shown[1])}</td><td class='{css}'>{e(text)}</td></tr>")
+    children = [int(r.get("children") or 0) for r in rows]
+    return (f"<table class=compare-table data-stage='{e(stage)}'>{head}{''.join(body)}</table>"
+            f"<p class=note>{children[0]} and {children[1]} children. Durations, rates, latencies and stalls "
+            "are medians across children; dirty figures are the peak.</p>")
+
+
+def _stage_figure(stage: str, runs: Sequence[ReportData], names: Sequence[str]) -> go.Figure:
+    """Each child of both runs, per panel: the runs side by side, the dirty limit as a line."""
+    fig = make_subplots(rows=1, cols=len(PANELS), subplot_titles=[
+        f"{title} ({METRICS_BY_NAME[m].display_unit})" for m, title in PANELS])
+    fig.update_annotations(font={"size": 12})
+    limit = METRICS_BY_NAME["DirtyThresholdBytes"]
+    for col, (metric, _) in enumerate(PANELS, 1):
+        spec = METRICS_BY_NAME[metric]
+        for n, (data, name, color) in enumerate(zip(runs, names, RUN_COLORS, strict=True)):
+            entries = data.of_stage(stage)
+            values = [None if (v := x.profile.value(spec)) is None else v / spec.scale for x in entries]
+            fig.add_trace(go.Box(y=values, name=name, marker_color=color, boxpoints="all", jitter=0.4,
+                                 pointpos=0, text=[x.child for x in entries], showlegend=col == 1,
+                                 legendgroup=name, offsetgroup=str(n)), row=1, col=col)
+            if metric == "PeakDirtyBytes":
+                limits = [v / limit.scale for x in entries if (v := x.profile.value(limit)) is not None]
+                if limits:
+                    fig.add_trace(go.Scatter(x=[name], y=[max(limits)], mode="markers", showlegend=False,
+                                             marker={"symbol": "line-ew-open", "size": 40, "color": "#555"},
+                                             name=f"{limit.label} ({name})"), row=1, col=col)
+        fig.update_yaxes(rangemode="tozero", row=1, col=col)
+    fig.update_layout(template="plotly_white", height=340, margin={"l": 50, "r": 20, "t": 50, "b": 40},
+                      legend={"orientation": "h", "y": -0.12}, boxmode="group")
+    return fig
+
+
+def _findings(advice: Sequence[Any], names: Sequence[str]) -> str:
+    parts = ["<section id=compare-findings><h2>Findings</h2>"]
+    data = [advice_as_data(a) for a in advice]
+    if any(d is None or not isinstance(d.get("findings"), list) for d in data):
+        parts.append("<p class=note>No findings were given for both runs: run the advisor on each "
+                     "(iobatch advise RUN_DIR --json) to see which went away.</p></section>")
+        return "".join(parts)
+    found = [{f.get("code"): f for f in findings_of(d)} for d in data]
+    groups = (("went away", [c for c in found[0] if c not in found[1]], 0, "better"),
+              ("still there", [c for c in found[0] if c in found[1]], 1, ""),
+              (f"new in {names[1]}", [c for c in found[1] if c not in found[0]], 1, "worse"))
+    rows = []
+    for label, codes, side, css in groups:
+        for code in codes:
+            f = found[side][code]
+            rows.append(f"<tr data-code='{e(code)}'><td class='l {css}'>{e(label)}</td><td class=l><code>"
+                        f"{e(code)}</code></td><td class=wrap>{e(f.get('title', ''))}</td>"
+                        f"<td class=wrap>{e(f.get('evidence', ''))}</td></tr>")
+    if not rows:
+        parts.append("<p>Neither run has findings.</p></section>")
+        return "".join(parts)
+    parts.append("<table id=compare-findings-table><tr><th class=l></th><th class=l>code</th>"
+                 f"<th class=l>finding</th><th class=l>evidence</th></tr>{''.join(rows)}</table></section>")
+    return "".join(parts)
+
+
+def render_comparison(a: ReportData, b: ReportData, *, names: Sequence[str] = ("A", "B"),
+                      advice: Sequence[Any] = (None, None), title: str = "iobatch: two runs compared") -> str:
+    """The comparison page of two runs (plotly.js inline, no network needed to open it)."""
+    runs = (a, b)
+    summaries = [summarize([x.profile for x in r.entries]) for r in runs]
+    stages = [s for s in a.stages() if s in b.stages()]
+    only = sorted(set(a.stages()) ^ set(b.stages()))
+    body = ["<section id=compare-overview><h2>The runs</h2><dl class=kv>"]
+    body += [f"<dt>{e(n)}</dt><dd>{e(r.source)}</dd>" for n, r in zip(names, runs, strict=True)]
+    body.append("</dl>")
+    if only:
+        body.append(f"<p class=note>Stages in one run only, not compared: {e(', '.join(only))}.</p>")
+    head = "<tr><th class=l>stage</th>" + "".join(f"<th>duration {e(n)}</th>" for n in names) + "<th>ratio</th></tr>"
+    rows = []
+    for stage in stages:
+        d = [summaries[i].get(stage, {}).get("StageDuration") for i in (0, 1)]
+        text, css = ratio_text(d[0], d[1], True)
+        rows.append(f"<tr><td class=l><a href='#compare-{e(stage)}'>{e(stage)}</a></td>"
+                    + "".join(f"<td>{e(METRICS_BY_NAME['StageDuration'].display(v))} s</td>" for v in d)
+                    + f"<td class='{css}'>{e(text)}</td></tr>")
+    body.append(f"<table id=compare-summary>{head}{''.join(rows)}</table></section>")
+    for stage in stages:
+        rows_ab = (summaries[0].get(stage, {}), summaries[1].get(stage, {}))
+        body.append(f"<section class=compare-stage id='compare-{e(stage)}' data-stage='{e(stage)}'>"
+                    f"<h2>Stage: {e(stage)}</h2>{_stage_table(stage, rows_ab, names)}"
+                    f"<div class=plot data-plot='compare/{e(stage)}'>"
+                    f"{figure_html(_stage_figure(stage, runs, names), f'compare-plot-{stage}')}</div></section>")
+    body.append(_findings(advice, names))
+    nav = [("compare-overview", "The runs"), *((f"compare-{s}", s) for s in stages),
+           ("compare-findings", "Findings")]
+    generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    return page(title, f"{names[0]} against {names[1]}, generated {generated}", nav, "".join(body))
+
+
+def write_comparison(run_a: Path, run_b: Path, out: Path, *, names: Sequence[str] | None = None,
+                     advice: Sequence[Any] = (None, None)) -> Path:
+    """Write the comparison of two local run directories to `out` (atomically) and return it.
+
+    `names` label the runs (default: the directories' names); `advice` is the advisor's output for each
+    run (Advice, its to_dict(), or None). Raises ReportInputError when a run directory is unusable.
+    """
+    a, b = load_run_dir(Path(run_a)), load_run_dir(Path(run_b))
+    shown = tuple(names) if names else (Path(run_a).name or str(run_a), Path(run_b).name or str(run_b))
+    if shown[0] == shown[1]:
+        shown = (f"A: {shown[0]}", f"B: {shown[1]}")
+    return runfiles.write_text_atomic(Path(out), render_comparison(a, b, names=shown, advice=advice))

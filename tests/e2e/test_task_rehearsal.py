@@ -1,0 +1,156 @@
+"""The task rehearsal: the synthesized job definition run as Batch runs it, as far as this machine can.
+
+Each child is a pod of the job and profiler containers from the real image, made from the template's task
+(tests/support/rehearsal.py). One "host" has a scratch volume prepared by the rendered user-data script on
+an XFS loop device; another has a bare root-owned /scratch, as a host whose setup failed. On the prepared
+host two batches run at once with the same child indices; one child's job is killed with SIGKILL in its
+download, one child is stopped with SIGTERM (as ECS stops a task) in its download; both are then retried
+as Batch retries them. Needs root, podman, runc and a loop device; skips with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pipeline import s3 as s3io
+from pipeline.errors import EXIT_RETRYABLE
+from pipeline.imaging import INDEX_NAME, SHARD_NAME, write_shard
+from pipeline.interface import JOB_CONTAINER, PROFILER_CONTAINER
+from pipeline.local.proxy import ThrottledProxy
+from pipeline.local.s3server import EmbeddedS3
+from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, child_name
+from pipeline.submit.plan import SubmitRequest, batch_environment
+from tests.support import images
+from tests.support.data import upload_dir
+from tests.support.rehearsal import Host, MetadataEndpoint, TaskSpec, emf_documents, rehearsal_podman
+from tests.support.synth import synthesize
+from tuning.host import SCRATCH_READY_MARKER, HostTuning
+
+pytestmark = [pytest.mark.root, pytest.mark.container]
+
+if os.geteuid() != 0:
+    pytest.skip("needs root: podman pods, a loop device and a mount", allow_module_level=True)
+if missing := [t for t in ("podman", "runc", "debootstrap", "losetup", "mkfs.xfs", "node") if shutil.which(t) is None]:
+    pytest.skip(f"needs {', '.join(missing)} (make setup installs them)", allow_module_level=True)
+
+PER_CHILD = 4  # two children per batch over the session's 8 small images
+DOWNLOAD_BPS = 256 * 1024  # the slowed children download for ~8 s, long enough to be hit in the stage
+
+
+@pytest.fixture
+def prepared_scratch(tmp_path: Path) -> Iterator[Path]:
+    """A host's scratch volume as the user data prepares it: the rendered script on an XFS loop device (its
+    sysctls left out, so this machine's page cache is not changed), with the ready marker."""
+    image, mount_point = tmp_path / "scratch.img", tmp_path / "host-a"
+    with image.open("wb") as stream:
+        stream.truncate(320 << 20)  # XFS wants at least 300 MiB; sparse
+    found = subprocess.run(["losetup", "--find", "--show", str(image)], capture_output=True, text=True, check=False)
+    if found.returncode != 0:
+        pytest.skip(f"no loop device available: {found.stderr.strip()}")
+    device = found.stdout.strip()
+    try:
+        script = HostTuning(dirty_ratio=None, dirty_background_ratio=None,
+                            mount_point=str(mount_point)).render_script(device=device)
+        env = {**os.environ, "IOBATCH_FSTAB": "", "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf")}
+        done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120,
+                              check=False)
+        assert done.returncode == 0, done.stderr
+        assert (mount_point / SCRATCH_READY_MARKER).is_file()
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], capture_output=True, check=False)
+        subprocess.run(["losetup", "-d", device], capture_output=True, check=False)
+
+
+def expected_outputs(source: Path, keys: list[str], child: int, work: Path) -> dict[str, bytes]:
+    """What a child run alone writes (shards are deterministic): built in-process from the same bytes."""
+    ordered = sorted(keys)[child * PER_CHILD:(child + 1) * PER_CHILD]
+    out = work / f"solo-{child}"
+    write_shard([(k, source / k.split("/", 1)[1]) for k in ordered], out, size=DEFAULT_TRAIN_SIZE,
+                child=child_name(child))
+    return {SHARD_NAME: (out / SHARD_NAME).read_bytes(), INDEX_NAME: (out / INDEX_NAME).read_bytes()}
+
+
+def test_the_task_rehearsal(s3_server: EmbeddedS3, s3: Any, bucket: str, small_dataset: tuple[Any, Path],
+                            prepared_scratch: Path, tmp_path: Path) -> None:
+    _, source = small_dataset
+    keys = upload_dir(s3, bucket, "images/", source)
+    spec = TaskSpec.from_template(synthesize().template)
+    image = images.job_image()
+    batches = {}
+    for name in ("a", "b"):
+        request = SubmitRequest(input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, f"{name}/"),
+                                images_per_child=PER_CHILD, name=name)
+        frozen = s3io.freeze_batch(s3, input=request.input, manifest=None, output=request.output,
+                                   per_child=PER_CHILD)
+        assert frozen.children == 2
+        batches[name] = batch_environment(request, frozen.manifest, 0)
+    unprepared = tmp_path / "host-b"
+    unprepared.mkdir(mode=0o755)  # the root disk's mount point: root's, not the volume
+
+    metadata = MetadataEndpoint()
+    try:
+        with rehearsal_podman(tmp_path) as conf, ThrottledProxy(s3_server.port, DOWNLOAD_BPS) as slow:
+            host_a = Host(spec, image, prepared_scratch, metadata, conf, s3_server.env())
+            host_b = Host(spec, image, unprepared, metadata, conf, s3_server.env())
+
+            def start(host: Host, batch: str, index: int, attempt: int = 1, endpoint: str | None = None) -> Any:
+                return host.start(array_job=f"job-{batch}", index=index, attempt=attempt, override=batches[batch],
+                                  s3_endpoint=endpoint or s3_server.endpoint)
+
+            # Two batches at once on one host, indices 0 and 1 in both; batch b's children download slowly.
+            tasks = {("a", 0): start(host_a, "a", 0), ("a", 1): start(host_a, "a", 1),
+                     ("b", 0): start(host_a, "b", 0, endpoint=slow.endpoint),
+                     ("b", 1): start(host_a, "b", 1, endpoint=slow.endpoint)}
+            for index in (0, 1):
+                assert tasks[("b", index)].wait_for_log(JOB_CONTAINER, '"stage": "download"'), \
+                    tasks[("b", index)].log(JOB_CONTAINER)
+            tasks[("b", 0)].signal(JOB_CONTAINER, "KILL")  # killed in its download
+            for container in (JOB_CONTAINER, PROFILER_CONTAINER):  # ECS stops a task: SIGTERM to each container
+                tasks[("b", 1)].signal(container, "TERM")
+            codes = {key: task.finish(spec) for key, task in tasks.items()}
+            # Batch retries both (137 by the host-reclaim rule's kin, 75 by the exit-code rule): new attempts.
+            retries = {("b", i): start(host_a, "b", i, attempt=2) for i in (0, 1)}
+            retry_codes = {key: task.finish(spec) for key, task in retries.items()}
+            # A host that did not prepare its scratch: the child exits 75 to be run elsewhere.
+            bad_host = start(host_b, "a", 0, attempt=2)
+            bad_codes = bad_host.finish(spec)
+    finally:
+        metadata.close()
+
+    logs = {key: task.logs for key, task in tasks.items()}
+    assert codes[("a", 0)][JOB_CONTAINER] == 0 and codes[("a", 1)][JOB_CONTAINER] == 0, logs
+    assert codes[("b", 0)][JOB_CONTAINER] == 137, logs[("b", 0)]
+    assert codes[("b", 1)][JOB_CONTAINER] == EXIT_RETRYABLE, logs[("b", 1)]
+    assert "error: the child was stopped by SIGTERM" in tasks[("b", 1)].logs[JOB_CONTAINER]
+    assert [c[JOB_CONTAINER] for c in retry_codes.values()] == [0, 0], [t.logs for t in retries.values()]
+    assert bad_codes[JOB_CONTAINER] == EXIT_RETRYABLE, bad_host.logs
+    assert "this host did not prepare its scratch volume" in bad_host.logs[JOB_CONTAINER]
+    # Every child's outputs, byte for byte those of the child run alone.
+    for batch in ("a", "b"):
+        for child in (0, 1):
+            prefix = f"{batch}/{child_name(child)}/"
+            for name, data in expected_outputs(source, keys, child, tmp_path).items():
+                assert s3.get_object(Bucket=bucket, Key=prefix + name)["Body"].read() == data, prefix + name
+            assert s3io.exists(s3, S3Uri(bucket, prefix + s3io.SUCCESS_MARKER))
+    # Profiles for every child, from a sidecar that had no array index: the index came with the task.
+    finished = {**{k: t for k, t in tasks.items() if k[0] == "a"}, **retries}
+    for (_, child), task in finished.items():
+        docs = emf_documents(task.logs[PROFILER_CONTAINER])
+        assert [(d["Stage"], d["ArrayIndex"]) for d in docs] == [(s, str(child)) for s in
+                                                                 ("download", "process", "upload")], task.logs
+    stopped = emf_documents(tasks[("b", 1)].logs[PROFILER_CONTAINER])
+    assert [(d["Stage"], d["Outcome"]) for d in stopped] == [("download", "interrupted")], tasks[("b", 1)].logs
+    # Nothing left on the shared volume but the host's marker: the killed child's directory was swept.
+    killed_dir = f"task-{tasks[('b', 0)].task_id}"
+    assert killed_dir in "".join(t.logs[JOB_CONTAINER] for t in retries.values() if '"event": "swept"' in
+                                 t.logs[JOB_CONTAINER]), "no retry swept the killed child's directory"
+    assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]
+    assert list(unprepared.iterdir()) == []

@@ -1,0 +1,87 @@
+"""The eBPF probe's dirty-throttle figures against a device that throttles, and tmpfs that cannot.
+
+A loop device of our own gets a tiny dirty limit of its own (its backing device info's strict_limit and
+max_bytes, Documentation/ABI/testing/sysfs-class-bdi), so buffered writes to it pause in
+balance_dirty_pages as on a slow EBS volume with a small dirty limit, without touching any global setting.
+The device's two settings are read first and restored on every path, and the device is detached.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from profiling.probes import ebpf
+
+pytestmark = pytest.mark.root
+
+WRITEBENCH = Path(__file__).resolve().parents[2] / "profiling" / "interpose" / "writebench"
+BLOCKS = 8192  # 32 MiB of 4 KiB writes
+
+
+@pytest.fixture
+def throttled_device(tmp_path: Path) -> Iterator[str]:
+    reason = ebpf.available()
+    if reason is not None:
+        pytest.skip(reason)
+    if shutil.which("losetup") is None:
+        pytest.skip("losetup not installed")
+    backing = tmp_path / "disk.img"
+    with backing.open("wb") as f:
+        f.truncate(128 << 20)
+    done = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"no loop device: {done.stderr.strip()}")
+    device = done.stdout.strip()
+    try:
+        rdev = os.stat(device).st_rdev
+        bdi = Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
+        if not (bdi / "max_bytes").exists():
+            pytest.skip("this kernel has no per-device max_bytes (Linux 6.2+)")
+        # max_ratio_fine is the exact form of the limit max_bytes also sets: restore that one.
+        saved = {name: (bdi / name).read_text().strip() for name in ("strict_limit", "max_ratio_fine")}
+        try:
+            (bdi / "strict_limit").write_text("1")
+            (bdi / "max_bytes").write_text(str(1 << 20))
+            yield device
+        finally:
+            for name, value in saved.items():
+                (bdi / name).write_text(value)
+    finally:
+        subprocess.run(["losetup", "-d", device], check=False)
+
+
+def writes_to(target: str) -> dict:
+    proc = subprocess.Popen(["sh", "-c", f"read go; exec {WRITEBENCH} {target} {BLOCKS} 4096"], stdin=subprocess.PIPE)
+    probe = ebpf.EbpfProbe()
+    probe.start(proc.pid)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=300) == 0
+    finally:
+        calls = probe.stop()
+    assert calls is not None
+    return calls
+
+
+def test_a_throttled_device_shows_pause_and_tmpfs_none(throttled_device: str, tmp_path: Path) -> None:
+    if not WRITEBENCH.exists():
+        subprocess.run(["make", "-s", "-C", str(WRITEBENCH.parent)], check=True)
+    slow = writes_to(throttled_device)
+    assert slow["dirty_throttle_ms"] > 0 and slow["dirty_throttle_wall_ms"] > 0
+    # one writer: the wall time paused is its own pause
+    assert slow["dirty_throttle_wall_ms"] == pytest.approx(slow["dirty_throttle_ms"], rel=0.01)
+    (task,) = slow["dirty_throttle_tasks"]
+    assert task["comm"] == "writebench" and task["ms"] == slow["dirty_throttle_ms"]
+    assert slow["dirtied_bytes"] == BLOCKS * 4096  # every page it wrote, dirtied once
+    shm = Path("/dev/shm") if Path("/dev/shm").is_dir() else tmp_path
+    fast = writes_to(str(shm / f"iobatch-throttle-{os.getpid()}"))
+    (shm / f"iobatch-throttle-{os.getpid()}").unlink()
+    assert fast["dirty_throttle_ms"] == 0 and fast["dirty_throttle_tasks"] == []

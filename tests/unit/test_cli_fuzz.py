@@ -1,0 +1,103 @@
+"""The CLI's flags fuzzed with hypothesis: whatever a person types, the answer is a documented exit code and
+at most one error line, never a traceback.
+
+The commands' actions (starting the S3 server, running a batch, a command, the profiler, AWS calls, the
+report, the advisor) are replaced by a stub that records they were reached: input that passes every check
+reaches the action, input that does not is refused with one line, and nothing runs for real.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
+
+DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
+
+
+class Reached(Exception):
+    """A command passed its checks and would now act."""
+
+
+def _reached(*_args: Any, **_kwargs: Any) -> Any:
+    raise Reached
+
+
+# What each command would do once its flags are checked.
+ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "pipeline.local.runner.prepare_run_dir",
+           "pipeline.local.submit.submit_local", "pipeline.submit.submit_to_stack",
+           "pipeline.submit.require_credentials", "profiling.command.profile_command", "profiling.sidecar.Sidecar.bind",
+           "profiling.report.write_report", "tuning.advise.advise", "tuning.lab.run_comparison", "tuning.lab.recover",
+           "tuning.lab.loop.run_advise_loop"]
+
+ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "99999999999999999999", "", " ", "abc",
+              "1.5", "0x10", "s3://", "s3://bkt/i/", "s3://B_AD/x", "http://", "http://127.0.0.1:0",
+              "ftp://x", "99999x99999", "512x384", "\x00", "é", "--", "-", "/", "/dev/null", "/proc/1/mem",
+              "/nonexistent/x", "."]
+COMMAND_FLAGS: dict[str, list[str]] = {
+    "demo": ["--images", "--image-mib", "--images-per-child", "--workers", "--run-dir", "--scratch",
+             "--s3-endpoint", "--slow-child", "--seed", "--contract"],
+    "run": ["--input", "--output", "--manifest", "--images-per-child", "--workers", "--s3-endpoint",
+            "--run-dir", "--scratch", "--train-size", "--contract"],
+    "profile": ["--interval", "--json", "--emf", "--device", "--contract"],
+    "submit": ["--manifest", "--prefix", "-k", "--stack", "--output", "--s3-endpoint", "--run-dir", "--workers",
+               "--region"],
+    "status": ["--interval", "--region"],
+    "report": ["--out", "--from-cloudwatch", "--since", "--namespace", "--region", "--logs-endpoint", "--advice"],
+    "advise": ["--jobs-per-instance", "--memory-gib", "--jobs-per-day", "--instance-ebs-mibps", "--kernel",
+               "--candidate", "--cache-budget-pct", "--io-size-kib"],
+    # the lab's runs need root and change kernel settings: stubbed above, so only its checks run
+    "lab": ["--volume", "--memory-gib", "--workload", "--workers", "--images", "--image-mib", "--images-per-child",
+            "--rounds", "--dirty-ratio", "--dirty-background-ratio", "--time-scale", "--credits-gib",
+            "--loop-size-mib", "--throttle"],
+}
+SWITCHES = ["--force", "--local", "--dry-run", "--json", "--watch", "--no-report", "--bogus", "-h"]
+
+
+@st.composite
+def argv(draw: st.DrawFn) -> list[str]:
+    command = draw(st.sampled_from(sorted(COMMAND_FLAGS)))
+    words: list[str] = [command]
+    for _ in range(draw(st.integers(0, 5))):
+        if draw(st.booleans()):
+            words += [draw(st.sampled_from(COMMAND_FLAGS[command])),
+                      draw(st.sampled_from(ODD_VALUES) | st.text(max_size=12))]
+        else:
+            words.append(draw(st.sampled_from(SWITCHES + ODD_VALUES)))
+    return words
+
+
+@pytest.fixture(scope="module")
+def stubbed() -> Any:
+    patch = pytest.MonkeyPatch()
+    for target in ACTIONS:
+        patch.setattr(target, _reached)
+    yield
+    patch.undo()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(words=argv())
+def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as folder:
+        env = {"IOBATCH_CACHE": str(Path(folder) / "cache"), "AWS_REGION": "us-east-1"}
+        result = CliRunner().invoke(app, words, env=env)
+    if isinstance(result.exception, Reached):
+        return  # every check passed: the command would act now
+    assert result.exception is None or isinstance(result.exception, SystemExit), (words, result.exception)
+    assert result.exit_code in DOCUMENTED, (words, result.exit_code, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    if result.exit_code != EXIT_OK:
+        assert len(errors) == 1, (words, result.stderr)
+    if "--json" in words and result.exit_code == EXIT_OK and result.stdout.startswith("{"):
+        json.loads(result.stdout)

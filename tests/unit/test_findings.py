@@ -1,0 +1,157 @@
+"""The advisor's named findings: each one fires on a workload that has the problem and stays quiet on a
+clean one. Profiles are StageProfile (the sidecar's own type); per-call figures come from the probes'
+own builder (profiling.probes.callstats.calls_dict)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from profiling.metrics import StageProfile
+from profiling.probes.callstats import NO_SIZE, Stats, calls_dict
+from tuning.advise import advise
+from tuning.ebs import GIB, MIB, Volume
+from tuning.findings import CHECKS, Finding, find
+from tuning.host import HostTuning
+from tuning.plan import Plan
+
+IMAGE = 25 * MIB
+
+
+def child(i: int, *, download_s: float = 1.5, stall_ms: float = 300.0, images: int = 5,
+          **download: object) -> list[StageProfile]:
+    """One clean child: a download at 83 MiB/s (near the st1's burst) that waits a little on I/O, a
+    CPU-bound process stage with a small shard, and an upload."""
+    size = images * IMAGE
+    props = {"ArrayIndex": str(i)}
+    fields: dict[str, object] = dict(
+        read_bytes=size, write_bytes=size, storage_write_bytes=size, device_write_bytes=size,
+        device_write_ops=size // MIB, io_stall_some_ms=stall_ms,
+        device_utilization_pct=40.0, device_queue_depth=1.0, peak_dirty_bytes=size,
+        dirty_threshold_bytes=4 * GIB, dirty_background_threshold_bytes=2 * GIB, properties=props)
+    fields.update(download)
+    return [
+        StageProfile("download", "ok", 0.0, download_s, **fields),  # type: ignore[arg-type]
+        StageProfile("process", "ok", 12.0, 20.0, read_bytes=size, write_bytes=size // 8,
+                     storage_write_bytes=size // 8, io_stall_some_ms=100.0, properties=props),
+        StageProfile("upload", "ok", 32.0, 3.0, read_bytes=size // 8, write_bytes=size // 8,
+                     io_stall_some_ms=100.0, properties=props),
+    ]
+
+
+def batch(children: int = 6, **download: object) -> list[StageProfile]:
+    return [p for i in range(children) for p in child(i, **download)]
+
+
+PLAN = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=40)
+
+
+def codes(profiles: list[StageProfile], plan: Plan = PLAN) -> dict[str, Finding]:
+    return {f.code: f for f in advise(profiles, plan).findings}
+
+
+def test_a_clean_workload_has_only_the_cpu_bound_note() -> None:
+    assert set(codes(batch())) == {"STAGE_CPU_BOUND"}
+
+
+def test_findings_are_priced_and_json_shaped() -> None:
+    found = advise(batch(device_utilization_pct=99.0, io_stall_some_ms=9_000.0), PLAN).to_dict()["findings"]
+    assert found, "a saturated device is a finding"
+    for item in found:
+        assert set(item) == {"code", "severity", "title", "evidence", "fix", "cost_s_per_child",
+                             "cost_usd_per_month", "context"}
+    sat = next(f for f in found if f["code"] == "DEVICE_SATURATED")
+    assert sat["cost_s_per_child"] == 9.0
+    # 9 s per child x 10 rounds a day x 30 days x 0.384 USD/h / 3600.
+    assert sat["cost_usd_per_month"] == pytest.approx(9 * 10 * 30 * 0.384 / 3600, abs=0.01)
+
+
+def test_dirty_pause_from_ebpf_and_from_dirty_levels() -> None:
+    paused = codes(batch(dirty_throttle_ms=4_000.0))["DIRTY_PAUSE"]
+    assert paused.cost_s_per_child == 4.0 and "dirtyBytes" in paused.context
+    at_limit = codes(batch(peak_dirty_bytes=int(3.5 * GIB)))
+    assert "DIRTY_PAUSE" in at_limit
+    assert "DIRTY_PAUSE" not in codes(batch(dirty_throttle_ms=10.0))
+
+
+def test_credits_running_out_within_the_day() -> None:
+    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=4_000, current_volume=Volume("st1", 125))
+    found = codes(batch(images=40), heavy)["BURST_CREDITS"]
+    assert found.cost_s_per_child is not None and found.cost_s_per_child > 0
+    assert "BURST_CREDITS" not in codes(batch(images=40))  # 40 jobs a day on the default 500 GiB st1
+
+
+def test_small_random_io_on_st1() -> None:
+    random = dataclasses.replace(PLAN, random_pct=80)
+    found = codes(batch(device_write_ops=5 * IMAGE // (64 * 1024)), random)["HDD_RANDOM_IO"]
+    assert found.context["volumeType"] == "gp3" and (found.cost_s_per_child or 0) > 0
+    assert "HDD_RANDOM_IO" not in codes(batch(device_write_ops=5 * IMAGE // (64 * 1024)))  # sequential
+    on_gp3 = dataclasses.replace(random, current_volume=Volume("gp3", 500))
+    assert "HDD_RANDOM_IO" not in codes(batch(device_write_ops=5 * IMAGE // (64 * 1024)), on_gp3)
+
+
+def test_device_saturated_by_utilisation_or_queue() -> None:
+    assert "DEVICE_SATURATED" in codes(batch(device_utilization_pct=97.0))
+    assert "DEVICE_SATURATED" in codes(batch(device_queue_depth=12.0))
+
+
+def test_io_bound_stage() -> None:
+    found = codes(batch(io_stall_some_ms=10_000.0))["STAGE_IO_BOUND"]
+    assert found.cost_s_per_child == 10.0
+    assert "STAGE_IO_BOUND" not in codes(batch())
+
+
+def test_cpu_bound_needs_psi() -> None:
+    no_psi = [dataclasses.replace(p, io_stall_some_ms=None) for p in batch()]
+    assert "STAGE_CPU_BOUND" not in codes(no_psi)
+
+
+def test_download_network_bound() -> None:
+    # 125 MiB in 40 s is ~3 MiB/s, far below the volume's 122 MiB/s, with almost no io stall.
+    found = codes(batch(download_s=40.0, stall_ms=200.0))["DOWNLOAD_NETWORK_BOUND"]
+    assert found.cost_s_per_child == pytest.approx(40 - 125 / 122.0703125, abs=0.1)
+    waits = codes(batch(download_s=40.0, stall_ms=30_000.0))
+    assert "DOWNLOAD_NETWORK_BOUND" not in waits and "STAGE_IO_BOUND" in waits
+
+
+def test_scratch_smaller_than_the_childrens_images() -> None:
+    big = batch(images=2_000)  # 50 GiB per child, 4 per instance, on 125 GiB
+    small_volume = dataclasses.replace(PLAN, current_volume=Volume("st1", 125))
+    found = codes(big, small_volume)["SCRATCH_TOO_SMALL"]
+    assert int(found.context["volumeSizeGiB"]) >= 4 * 2_000 * 25 * 2 // 1024
+    assert "SCRATCH_TOO_SMALL" not in codes(big)  # 500 GiB holds 4 x 50 GiB
+
+
+def test_stragglers_from_the_bad_apple_test() -> None:
+    profiles = batch(8)
+    slow = child(99, download_s=60.0)
+    found = codes(profiles + slow)["STRAGGLERS"]
+    assert "99" in found.evidence and found.cost_s_per_child == pytest.approx(58.5)
+    assert "STRAGGLERS" not in codes(profiles)
+
+
+def test_cache_over_the_memory_budget() -> None:
+    greedy = dataclasses.replace(PLAN, current_tuning=HostTuning(dirty_ratio=60, dirty_background_ratio=30))
+    found = codes(batch(), greedy)["CACHE_OVER_BUDGET"]
+    assert found.cost_s_per_child is None and "not priced" in found.evidence
+    assert "dirtyBytes" in found.context
+    assert "CACHE_OVER_BUDGET" not in codes(batch())  # 30% of 90% of memory is under the 40% budget
+
+
+def calls(call: str, count: int, total_ms: float) -> dict[str, object]:
+    stats = Stats(count=count, total_ns=int(total_ms * 1e6))
+    return calls_dict("ebpf", {("", call, NO_SIZE): stats}, [], filter_text="test", duration_s=12.0,
+                      interval_s=1.0)
+
+
+@pytest.mark.parametrize(("code", "call"), [("FSYNC_HEAVY", "fsync"), ("METADATA_HEAVY", "open")])
+def test_fsync_and_metadata_heavy(code: str, call: str) -> None:
+    found = codes(batch(calls=calls(call, 5_000, 6_000.0)))[code]
+    assert found.cost_s_per_child == 6.0
+    assert code not in codes(batch(calls=calls(call, 50, 60.0)))
+
+
+def test_every_check_has_a_test() -> None:
+    assert len(CHECKS) == 10
+    assert find.__doc__

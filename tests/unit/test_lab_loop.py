@@ -1,0 +1,113 @@
+"""The lab's closed loop (profile -> advice -> applied -> predicted against measured), with a stand-in volume.
+No root needed: the lab volume is tests' StandInLab, the batch returns profiles shaped as the sidecar writes them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from profiling.metrics import MIB, StageProfile
+from tuning.ebs import Volume
+from tuning.host import KERNEL_DEFAULTS, HostTuning
+from tuning.lab.compare import ComparePlan
+from tuning.lab.config import LabConfig, emulated_sysctls
+from tuning.lab.loop import ADVISED, DEFAULT, LoopRun, cache_of, predict_download, render_loop, run_advise_loop
+from tuning.plan import workload_from_profiles
+
+
+class StandInLab:
+    def __init__(self, mount: Path, events: list[str]) -> None:
+        self.mount = mount
+        self.events = events
+        self.credits_gib = 0.0
+
+    def __enter__(self) -> StandInLab:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.events.append("close")
+
+    def drain(self) -> None:
+        self.events.append("drain")
+
+    def apply_cache(self, tuning: HostTuning, memory_bytes: int | None = None) -> dict[str, str]:
+        values = emulated_sysctls(tuning, memory_bytes)
+        self.events.append(f"cache {values['vm.dirty_bytes']}")
+        return values
+
+    def check(self) -> None:
+        pass
+
+
+def child_profiles(children: int, download_s: float, stall_s: float, mib: int = 500) -> list[StageProfile]:
+    """Each child downloads `mib` MiB, processes and uploads a small shard."""
+    size = mib * MIB
+    out: list[StageProfile] = []
+    for i in range(children):
+        props = {"ArrayIndex": str(i)}
+        out += [
+            StageProfile("download", "ok", 0.0, download_s, write_bytes=size, storage_write_bytes=size,
+                         device_write_bytes=size // 2, device_write_ops=size // 2 // MIB,
+                         io_stall_some_ms=stall_s * 1000, properties=props),
+            StageProfile("process", "ok", 0.0, 5.0, read_bytes=size, storage_write_bytes=size // 40, properties=props),
+            StageProfile("upload", "ok", 0.0, 0.5, read_bytes=size // 40, properties=props),
+        ]
+    return out
+
+
+PLAN = ComparePlan(tuned=HostTuning(), memory_gib=2.5, workers=2, images=32, image_mib=25.0, images_per_child=16)
+AT_BASELINE = LabConfig(volume=Volume("st1", 500), hold_empty=True)
+
+
+def test_default_then_others_then_the_advised_cache_each_predicted(tmp_path: Path) -> None:
+    events: list[str] = []
+    measured = {DEFAULT: 40.0, "30/20": 20.0, ADVISED: 3.0}
+
+    def run_profiles(number: int, setting: str, scratch: Path) -> list[StageProfile]:
+        assert scratch == tmp_path / f"run-{number}" and scratch.is_dir()
+        events.append(f"batch {setting}")
+        return child_profiles(2, measured[setting], stall_s=measured[setting] - 1.0, mib=400)
+
+    result = run_advise_loop(AT_BASELINE, PLAN, run_profiles, also=[("30/20", HostTuning())], say=lambda _: None,
+                             open_lab=lambda config, say: StandInLab(tmp_path, events),
+                             other_dirty=lambda: 10 * MIB)
+    assert [r.setting for r in result.runs] == [DEFAULT, "30/20", ADVISED]
+    default_bytes = emulated_sysctls(KERNEL_DEFAULTS, PLAN.memory_bytes)["vm.dirty_bytes"]
+    advised = result.advice.cache.tuning
+    assert events[:3] == ["drain", f"cache {default_bytes}", "batch default"]
+    assert events[-2:] == [f"batch {ADVISED}", "close"]
+    assert result.runs[-1].sysctls["vm.dirty_bytes"] == str(advised.dirty_bytes)
+    # Two children of 400 MiB at once on 2.5 GiB: the advisor asks for the 40 % budget, 1 GiB.
+    assert advised.dirty_bytes == 1024 * MIB
+    first, last = result.runs[0], result.runs[-1]
+    assert first.other_dirty_bytes == 10 * MIB and first.measured_s == 40.0
+    # Default: 800 MiB through a ~460 MiB cache at 19.5 MiB/s; advised: a 1 GiB cache takes nearly all of it.
+    assert 15 < first.predicted_s < 25
+    assert last.predicted_s < first.predicted_s / 3
+    speedup = result.speedup(measured=True)
+    assert speedup == pytest.approx(40 / 3)
+    text = render_loop(result)
+    assert "closed loop: st1 500 GiB at baseline" in text and "default / advised" in text
+    assert f"vm.dirty_bytes={advised.dirty_bytes}" in text
+
+
+def test_prediction_uses_rounds_and_the_bucket() -> None:
+    workload = workload_from_profiles(child_profiles(4, 10.0, 9.0, mib=250))
+    plan = ComparePlan(tuned=HostTuning(), memory_gib=2.5, workers=2, images=40, image_mib=25.0,
+                       images_per_child=10)
+    cache = cache_of(emulated_sysctls(KERNEL_DEFAULTS, plan.memory_bytes))
+    at_baseline = predict_download(workload, plan, AT_BASELINE, cache)
+    with_credits = predict_download(workload, plan, LabConfig(volume=Volume("st1", 500)), cache)
+    assert with_credits < at_baseline / 3
+    # Others' dirty pages in the same global limits make the wait longer.
+    crowded = predict_download(workload, plan, AT_BASELINE, cache_of(emulated_sysctls(KERNEL_DEFAULTS,
+                                                                                      plan.memory_bytes), 200 * MIB))
+    assert crowded > at_baseline
+
+
+def test_error_and_agreement() -> None:
+    run = LoopRun(DEFAULT, {}, 0, predicted_s=12.0, measured_s=10.0, credits_gib=0.0)
+    assert run.error == pytest.approx(0.2) and run.agrees
+    assert not LoopRun(DEFAULT, {}, 0, 13.0, 10.0, 0.0).agrees
+    assert LoopRun(DEFAULT, {}, 0, 13.0, None, 0.0).error is None

@@ -1,0 +1,356 @@
+"""Named findings, priced: what the profiles say is wrong, what it costs and what setting fixes it. Pure.
+
+In the manner of Darshan's Drishti (a code, a severity, the evidence and the fix per finding), each finding
+also says what it costs: seconds per child, and dollars per month of instance time per instance, as
+`cost_s_per_child x rounds per day (jobs per day / jobs per instance) x 30 days x the instance's hourly price
+/ 3600` (the hosts run only while jobs run). A cost that cannot be worked out from what was measured is
+None, and the evidence says why. `context` holds the CDK context keys that apply the fix (empty when the
+fix is not a stack setting).
+
+`find()` takes what the advisor already computed (the workload, the stack's volume under the plan, the
+recommended volume and write cache) and the profiles themselves; every threshold is a named constant.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from profiling.metrics import STAGES, StageProfile, by_call, median
+from profiling.outliers import find_outliers
+from tuning.ebs import GIB, MIB, Volume
+from tuning.host import HostTuning
+from tuning.plan import Plan, Workload
+from tuning.simulator import WriteCache
+
+DAYS_PER_MONTH = 30
+SEVERITIES = ("high", "medium", "low", "info")
+# Writers count as paused when the dirty-throttle pause (eBPF) is at least this long in a stage.
+DIRTY_PAUSE_MIN_MS = 100.0
+# A stage waits on I/O when PSI io stall is at least this share of its duration; CPU-bound below the other.
+IO_BOUND_SHARE = 0.5
+CPU_BOUND_SHARE = 0.1
+CPU_BOUND_MIN_S = 1.0  # shorter stages say nothing either way
+# The device is saturated at this utilisation or this many requests in flight.
+SATURATED_UTIL_PCT = 90.0
+SATURATED_QUEUE = 4.0
+# An HDD workload is "random" from this share of random bytes: it pays 1 MiB for each small request.
+HDD_RANDOM_SHARE = 0.25
+# The download is network-bound below this share of the slower of the volume's rate and the network, while
+# it waits little on I/O.
+NETWORK_BOUND_SHARE = 0.5
+NETWORK_BOUND_MAX_STALL = 0.2
+# fsync-heavy: fsync time at least this share of the stage; metadata-heavy: open+close time the same.
+SYNC_SHARE = 0.1
+METADATA_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One named finding; `to_dict()` is the JSON shape the report renders."""
+
+    code: str
+    severity: str  # one of SEVERITIES
+    title: str
+    evidence: str
+    fix: str
+    cost_s_per_child: float | None
+    cost_usd_per_month: float | None
+    context: dict[str, str] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code, "severity": self.severity, "title": self.title, "evidence": self.evidence,
+            "fix": self.fix,
+            "cost_s_per_child": None if self.cost_s_per_child is None else round(self.cost_s_per_child, 1),
+            "cost_usd_per_month": None if self.cost_usd_per_month is None else round(self.cost_usd_per_month, 2),
+            "context": dict(self.context),
+        }
+
+
+@dataclass(frozen=True)
+class Situation:
+    """What the findings are judged on: the plan, the profiles and the advisor's results."""
+
+    plan: Plan
+    profiles: Sequence[StageProfile]
+    workload: Workload
+    volume: Volume  # the stack's scratch volume now
+    tuning: HostTuning  # the stack's write-cache settings now
+    current_download_s: float  # the stack's volume and cache, first round of the day (simulated)
+    current_steady_download_s: float  # the same, late in the day
+    current_credits_run_out_h: float | None
+    tuned_download_s: float  # the stack's volume with the advised cache
+    advised_tuning: HostTuning
+    recommended: Volume
+
+    def usd_per_month(self, cost_s_per_child: float | None) -> float | None:
+        """Instance dollars per month (per instance) that `cost_s_per_child` seconds per child cost."""
+        if cost_s_per_child is None:
+            return None
+        rounds = self.plan.jobs_per_day / self.plan.jobs_per_instance
+        return cost_s_per_child * rounds * DAYS_PER_MONTH * self.plan.instance_usd_per_hour / 3600
+
+    def of_stage(self, stage: str) -> list[StageProfile]:
+        return [p for p in self.profiles if p.stage == stage and p.outcome == "ok"]
+
+
+def _values(profiles: Sequence[StageProfile], get: Callable[[StageProfile], float | None]) -> list[float]:
+    return [v for v in (get(p) for p in profiles) if v is not None]
+
+
+def _finding(s: Situation, code: str, severity: str, title: str, evidence: str, fix: str,
+             cost: float | None, context: dict[str, str] | None = None) -> Finding:
+    return Finding(code, severity, title, evidence, fix, cost, s.usd_per_month(cost), context or {})
+
+
+# ---- the checks: each returns its findings (usually none or one) -------------------------------------
+
+
+def dirty_pause(s: Situation) -> list[Finding]:
+    """Writers paused by the dirty limit: eBPF's pause, or dirty data at the limit's freerun point."""
+    out = []
+    for stage in STAGES:
+        rows = s.of_stage(stage)
+        pauses = _values(rows, lambda p: p.dirty_throttle_ms)
+        at_limit = [p for p in rows if p.peak_dirty_bytes and p.dirty_threshold_bytes
+                    and p.dirty_background_threshold_bytes is not None
+                    and p.peak_dirty_bytes >= (p.dirty_threshold_bytes + p.dirty_background_threshold_bytes) / 2]
+        pause = median(pauses) if pauses else None
+        if not (pause is not None and pause >= DIRTY_PAUSE_MIN_MS) and len(at_limit) * 2 <= len(rows):
+            continue
+        cost: float | None
+        if pause is not None and pause >= DIRTY_PAUSE_MIN_MS:
+            evidence = f"{stage}: writers paused {pause / 1000:.1f} s per child in balance_dirty_pages (median)"
+            cost = pause / 1000
+        else:
+            evidence = (f"{stage}: dirty data reached the point where the kernel pauses writers in "
+                        f"{len(at_limit)} of {len(rows)} children")
+            cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
+        t = s.advised_tuning
+        out.append(_finding(
+            s, "DIRTY_PAUSE", "high", f"Writers paused by the dirty limit ({stage})", evidence,
+            f"raise the write cache to vm.dirty_bytes={t.dirty_bytes} / vm.dirty_background_bytes="
+            f"{t.dirty_background_bytes} so one instance's burst passes without pauses",
+            cost, t.to_context()))
+    return out
+
+
+def credits(s: Situation) -> list[Finding]:
+    """Burst credits exhausted, or projected to run out within the day's plan."""
+    if s.current_credits_run_out_h is None:
+        return []
+    cost = max(0.0, s.current_steady_download_s - s.current_download_s)
+    return [_finding(
+        s, "BURST_CREDITS", "high", f"Burst credits of {s.volume.label} run out during the day",
+        f"at {s.plan.jobs_per_day} jobs per instance per day the bucket runs dry "
+        f"{s.current_credits_run_out_h:.1f} h into the day; a download then takes "
+        f"{s.current_steady_download_s:.0f} s instead of {s.current_download_s:.0f} s",
+        f"use {s.recommended.label}" if s.recommended != s.volume else
+        "a larger volume (its baseline grows with size) or gp3", cost,
+        s.recommended.to_context() if s.recommended != s.volume else {})]
+
+
+def hdd_random(s: Situation) -> list[Finding]:
+    """Small or random I/O on st1/sc1: each random request under 1 MiB costs a whole MiB of throughput."""
+    if not s.volume.is_hdd:
+        return []
+    out = []
+    for load in s.workload.stages:
+        moved = load.write_bytes + load.read_bytes
+        if load.random_share < HDD_RANDOM_SHARE or moved == 0 or load.io_size >= MIB:
+            continue
+        base = s.volume.throughput_bps
+        at_random = moved / base(io_size=load.io_size, bursting=False, random_share=load.random_share)
+        if_sequential = moved / base(io_size=load.io_size, bursting=False)
+        gp3 = Volume("gp3", max(1, s.volume.size_gib))
+        out.append(_finding(
+            s, "HDD_RANDOM_IO", "high", f"Small random I/O on {s.volume.kind} ({load.name})",
+            f"{load.name}: {load.random_share:.0%} of {moved / MIB:,.0f} MiB in random {load.io_size / 1024:,.0f} "
+            f"KiB requests, each charged 1 MiB: {at_random:,.0f} s at baseline instead of {if_sequential:,.0f} s",
+            "write whole files sequentially (one part per file for s5cmd), or move scratch to gp3",
+            at_random - if_sequential, gp3.to_context()))
+    return out
+
+
+def saturated(s: Situation) -> list[Finding]:
+    """The device is saturated: utilisation or queue depth high."""
+    out = []
+    for stage in STAGES:
+        rows = s.of_stage(stage)
+        util = _values(rows, lambda p: p.device_utilization_pct)
+        queue = _values(rows, lambda p: p.device_queue_depth)
+        u = median(util) if util else None
+        q = median(queue) if queue else None
+        if not ((u is not None and u >= SATURATED_UTIL_PCT) or (q is not None and q >= SATURATED_QUEUE)):
+            continue
+        stalls = _values(rows, lambda p: p.io_stall_some_ms)
+        cost = median(stalls) / 1000 if stalls else None
+        out.append(_finding(
+            s, "DEVICE_SATURATED", "medium", f"Scratch device saturated ({stage})",
+            f"{stage}: utilisation {'-' if u is None else f'{u:.0f}%'}, queue depth "
+            f"{'-' if q is None else f'{q:.1f}'} (median child)"
+            + ("" if cost is not None else "; io stall not measured, so not priced"),
+            f"a faster volume ({s.recommended.label}) or fewer jobs per instance", cost,
+            s.recommended.to_context()))
+    return out
+
+
+def bound(s: Situation) -> list[Finding]:
+    """Each stage I/O-bound (io stall most of its time) or CPU-bound (almost no io stall)."""
+    out = []
+    for stage in STAGES:
+        rows = [p for p in s.of_stage(stage) if p.io_stall_some_ms is not None and p.duration_s > 0]
+        if not rows:
+            continue  # no PSI: nothing to say either way
+        duration = median([p.duration_s for p in rows])
+        stall = median([(p.io_stall_some_ms or 0.0) / 1000 for p in rows])
+        share = stall / duration if duration else 0.0
+        if share >= IO_BOUND_SHARE:
+            out.append(_finding(
+                s, "STAGE_IO_BOUND", "medium", f"{stage} waits on I/O",
+                f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}, median child)",
+                "a larger write cache or a faster volume (see the other findings)", stall))
+        elif share < CPU_BOUND_SHARE and duration >= CPU_BOUND_MIN_S and stage == "process":
+            # Only the process stage: a transfer stage that does not wait on the volume waits on the network.
+            out.append(_finding(
+                s, "STAGE_CPU_BOUND", "info", f"{stage} is CPU-bound",
+                f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}): storage settings will "
+                "not shorten it, so it is not priced", "more vCPUs per job (vcpusPerJob) or a faster instance",
+                None))
+    return out
+
+
+def network_bound(s: Situation) -> list[Finding]:
+    """The download runs well below both the volume's rate and the network's, without waiting on I/O."""
+    rows = [p for p in s.of_stage("download") if p.throughput_bps and p.duration_s > 0]
+    if not rows:
+        return []
+    rate = median(_values(rows, lambda p: p.throughput_bps))
+    stalls = _values(rows, lambda p: p.io_stall_some_ms)
+    duration = median([p.duration_s for p in rows])
+    stall_share = median(stalls) / 1000 / duration if stalls else None
+    limits = [s.volume.burst_mibps * MIB]
+    if s.plan.instance_network_mibps:
+        limits.append(s.plan.instance_network_mibps * MIB)
+    ceiling = min(limits)
+    if rate >= NETWORK_BOUND_SHARE * ceiling or stall_share is None or stall_share > NETWORK_BOUND_MAX_STALL:
+        return []
+    known = [float(p.write_bytes) for p in rows if p.write_bytes is not None]
+    if not known:  # the tree's bytes could not be read: nothing to judge by
+        return []
+    moved = median(known)
+    cost = max(0.0, duration - moved / ceiling)
+    return [_finding(
+        s, "DOWNLOAD_NETWORK_BOUND", "medium", "The download is network-bound",
+        f"download at {rate / MIB:,.1f} MiB/s (median child), under {NETWORK_BOUND_SHARE:.0%} of "
+        f"{ceiling / MIB:,.0f} MiB/s (the volume's burst" + (" and the instance's network" if len(limits) > 1
+                                                             else "") + f"), io stall {stall_share:.0%}",
+        "more parallel transfers (s5cmd --numworkers), an S3 gateway endpoint, or an instance with more "
+        "network bandwidth", cost)]
+
+
+def scratch_too_small(s: Situation) -> list[Finding]:
+    """The children of one instance hold more on scratch at once than the volume has."""
+    per_child = sum(load.write_bytes for load in s.workload.stages if load.name != "upload")
+    need = per_child * s.plan.jobs_per_instance
+    have = s.volume.size_gib * GIB
+    if need <= have:
+        return []
+    size = -(-need * 2 // GIB)
+    round_s = sum(load.floor_s for load in s.workload.stages)
+    return [_finding(
+        s, "SCRATCH_TOO_SMALL", "high", "Scratch is smaller than the children's images",
+        f"{s.plan.jobs_per_instance} children x {per_child / GIB:.1f} GiB = {need / GIB:.1f} GiB on a "
+        f"{s.volume.size_gib} GiB volume: children fail with a full scratch and are retried",
+        f"a volume of at least {size} GiB", round_s,
+        Volume(s.volume.kind, max(size, s.volume.limits.size_gib[0]), s.volume.iops,
+               s.volume.throughput_mibps).to_context())]
+
+
+def stragglers(s: Situation) -> list[Finding]:
+    """Children whose throughput in a stage is a slow outlier (the report's bad-apple test)."""
+    out = []
+    for stage in STAGES:
+        rows = [p for p in s.of_stage(stage) if p.throughput_bps]
+        keyed = {p.properties.get("ArrayIndex") or p.properties.get("JobId") or str(i): p
+                 for i, p in enumerate(rows)}
+        slow = find_outliers({k: float(p.throughput_bps or 0) for k, p in keyed.items()}, low_only=True)
+        if not slow:
+            continue
+        typical = median([p.duration_s for p in rows])
+        worst = max(keyed[o.key].duration_s for o in slow)
+        out.append(_finding(
+            s, "STRAGGLERS", "medium", f"Slow children ({stage})",
+            f"{stage}: children {', '.join(o.key for o in slow)} ran at "
+            + ", ".join(f"{o.value / MIB:,.1f}" for o in slow) + f" MiB/s against a median of "
+            f"{slow[0].median / MIB:,.1f} MiB/s", "look at those children's instances (the report's bad "
+            "apples): a noisy neighbour, a throttled volume or a slow network path", max(0.0, worst - typical)))
+    return out
+
+
+def cache_over_budget(s: Situation) -> list[Finding]:
+    """The stack's write cache may hold more than the memory budget allows."""
+    t = s.tuning
+    if t.dirty_bytes:
+        limit = float(t.dirty_bytes)
+    elif t.dirty_ratio:
+        limit = float(WriteCache.from_ratios(s.plan.memory_bytes, t.dirty_ratio, t.dirty_background_ratio or 0)
+                      .limit_bytes)
+    else:
+        return []
+    budget = s.plan.memory_bytes * s.plan.cache_budget_pct / 100
+    if limit <= budget:
+        return []
+    a = s.advised_tuning
+    return [_finding(
+        s, "CACHE_OVER_BUDGET", "medium", "The write cache is larger than the memory budget allows",
+        f"the dirty limit is {limit / GIB:.2f} GiB, over {s.plan.cache_budget_pct:.0f}% of "
+        f"{s.plan.memory_gib:g} GiB ({budget / GIB:.2f} GiB): dirty pages the jobs cannot use; its cost is "
+        "memory, not time, so it is not priced",
+        f"vm.dirty_bytes={a.dirty_bytes} / vm.dirty_background_bytes={a.dirty_background_bytes}", None,
+        a.to_context())]
+
+
+def _call_share(s: Situation, stage: str, calls: tuple[str, ...]) -> tuple[float, float, int] | None:
+    rows = [p for p in s.of_stage(stage) if by_call(p.calls)]
+    if not rows:
+        return None
+    spent = median([sum(float(by_call(p.calls).get(c, {}).get("total_us", 0)) for c in calls) / 1e6 for p in rows])
+    count = int(median([sum(int(by_call(p.calls).get(c, {}).get("count", 0)) for c in calls) for p in rows]))
+    return spent, median([p.duration_s for p in rows]), count
+
+
+def sync_and_metadata(s: Situation) -> list[Finding]:
+    """fsync-heavy or metadata-heavy (open/close) stages, from the per-call probes."""
+    out = []
+    for stage in STAGES:
+        for code, calls, share_min, fix in (
+                ("FSYNC_HEAVY", ("fsync",), SYNC_SHARE,
+                 "drop fsync on scratch (it is disposable: a lost child is retried), or batch it per shard"),
+                ("METADATA_HEAVY", ("open", "close"), METADATA_SHARE,
+                 "fewer, larger files (pack small files into a shard), and keep files open")):
+            figures = _call_share(s, stage, calls)
+            if figures is None:
+                continue
+            spent, duration, count = figures
+            if duration <= 0 or spent / duration < share_min:
+                continue
+            out.append(_finding(
+                s, code, "medium", f"{stage} is {code.split('_')[0].lower()}-heavy",
+                f"{stage}: {count:,} {'/'.join(calls)} calls took {spent:.1f} s of {duration:.1f} s "
+                f"({spent / duration:.0%}, median child)", fix, spent))
+    return out
+
+
+CHECKS: tuple[Callable[[Situation], list[Finding]], ...] = (
+    dirty_pause, credits, hdd_random, saturated, bound, network_bound, scratch_too_small, stragglers,
+    cache_over_budget, sync_and_metadata,
+)
+
+
+def find(situation: Situation) -> list[Finding]:
+    """Every finding, the most severe and then the most costly first."""
+    found = [f for check in CHECKS for f in check(situation)]
+    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_s_per_child or 0.0)))
