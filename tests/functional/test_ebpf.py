@@ -227,8 +227,10 @@ with reporter.stage("download"):
         os.write(fd, b"x" * 4096)
 for _ in range(777):
     os.write(fd, b"between")
-sys.stdout.write(Path("/proc/self/cgroup").read_text())  # where the probe put this job (between the stages)
-sys.stdout.flush()
+if sys.argv[2] == "plain":  # say where the probe put this job, then wait for the test to look at the sidecar
+    sys.stdout.write(Path("/proc/self/cgroup").read_text() + "ready\n")
+    sys.stdout.flush()
+    sys.stdin.readline()
 with reporter.stage("process"):
     for _ in range(500):
         os.write(fd, b"z" * 512)
@@ -288,18 +290,22 @@ def _sidecar_and_job(tmp_path: Path, mode: str) -> tuple[subprocess.Popen[str], 
 
 def test_one_program_for_the_job_exact_per_stage_and_gone_after(probe_ok: None, tmp_path: Path) -> None:
     sidecar, job = _sidecar_and_job(tmp_path, "plain")
-    programs: set[int] = set()
-    while job.poll() is None:
-        try:
-            programs |= _programs_of(sidecar.pid)
-        except OSError:
-            break
-        time.sleep(0.05)
-    assert job.wait() == 0
     from profiling.probes.cgroup import PREFIX
 
-    # The job's own /proc/self/cgroup, read between its stages: the cgroup the probe made for it.
-    seen_cgroup = f"{PREFIX}{sidecar.pid}-" in (job.stdout.read() if job.stdout else "")
+    assert job.stdin is not None and job.stdout is not None
+    # The job waits between its stages, after printing its own /proc/self/cgroup: the program the sidecar
+    # holds and the cgroup the probe made for the job are looked at while the job certainly runs.
+    lines = iter(job.stdout.readline, "")
+    cgroup_text = ""
+    for line in lines:
+        if line == "ready\n":
+            break
+        cgroup_text += line
+    programs = _programs_of(sidecar.pid)
+    seen_cgroup = f"{PREFIX}{sidecar.pid}-" in cgroup_text
+    job.stdin.write("go\n")
+    job.stdin.flush()
+    assert job.wait() == 0
     assert sidecar.wait(timeout=30) == 0, sidecar.stderr.read() if sidecar.stderr else ""
     profiles = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
     assert [p["stage"] for p in profiles] == ["download", "process"]
