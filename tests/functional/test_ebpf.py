@@ -19,11 +19,11 @@ import pytest
 
 from profiling.metrics import by_call
 from profiling.probes import ebpf
+from tests.support.writebench import writebench as built_writebench
 
 pytestmark = pytest.mark.root
 
 REPO = Path(__file__).resolve().parents[2]
-WRITEBENCH = REPO / "profiling" / "interpose" / "writebench"
 WRITE_SYSCALLS = ("write", "pwrite64", "writev", "pwritev", "pwritev2")  # the program's write family
 
 
@@ -36,10 +36,7 @@ def probe_ok() -> None:
 
 @pytest.fixture(scope="module")
 def writebench() -> Path:
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler (cc) to build the workload")
-    subprocess.run(["make", "-s", "-C", str(WRITEBENCH.parent)], check=True, capture_output=True)
-    return WRITEBENCH
+    return built_writebench()
 
 
 def gated(command: str) -> subprocess.Popen[bytes]:
@@ -182,6 +179,7 @@ def test_s5cmd_writes_match_strace(probe_ok: None, s5cmd_source: str, s3_server:
 IN_NAMESPACE = r"""
 import json, os, subprocess, sys
 from profiling.probes import ebpf
+from tests.support.writebench import writebench as built_writebench
 from profiling.metrics import by_call
 assert os.getpid() == 1
 job = subprocess.Popen(["sh", "-c", "read go; exec " + sys.argv[1] + " /dev/null 3000 4096"], stdin=subprocess.PIPE)

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from profiling.probes import ebpf
+from tests.support.writebench import writebench
 
 pytestmark = pytest.mark.root
 
-WRITEBENCH = Path(__file__).resolve().parents[2] / "profiling" / "interpose" / "writebench"
 BLOCKS = 8192  # 32 MiB of 4 KiB writes
 
 
@@ -57,7 +57,7 @@ def throttled_device(tmp_path: Path) -> Iterator[str]:
 
 
 def writes_to(target: str) -> dict:
-    proc = subprocess.Popen(["sh", "-c", f"read go; exec {WRITEBENCH} {target} {BLOCKS} 4096"], stdin=subprocess.PIPE)
+    proc = subprocess.Popen(["sh", "-c", f"read go; exec {writebench()} {target} {BLOCKS} 4096"], stdin=subprocess.PIPE)
     probe = ebpf.EbpfProbe()
     probe.start(proc.pid)
     try:
@@ -72,8 +72,6 @@ def writes_to(target: str) -> dict:
 
 
 def test_a_throttled_device_shows_pause_and_tmpfs_none(throttled_device: str, tmp_path: Path) -> None:
-    if not WRITEBENCH.exists():
-        subprocess.run(["make", "-s", "-C", str(WRITEBENCH.parent)], check=True)
     slow = writes_to(throttled_device)
     assert slow["dirty_throttle_ms"] > 0 and slow["dirty_throttle_wall_ms"] > 0
     # one writer: the wall time paused is its own pause
