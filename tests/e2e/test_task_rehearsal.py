@@ -10,6 +10,7 @@ as Batch retries them. Needs root, podman, runc and a loop device; skips with th
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -154,3 +155,37 @@ def test_the_task_rehearsal(s3_server: EmbeddedS3, s3: Any, bucket: str, small_d
                                  t.logs[JOB_CONTAINER]), "no retry swept the killed child's directory"
     assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]
     assert list(unprepared.iterdir()) == []
+
+
+def test_a_user_image_built_from_ours(s3_server: EmbeddedS3, s3: Any, bucket: str,
+                                      small_dataset: tuple[Any, Path], prepared_scratch: Path,
+                                      tmp_path: Path) -> None:
+    """README "Your own processing": examples/Dockerfile FROM the project's image, deployed with -c jobImage=...;
+    its processing command (the image's IOBATCH_PROCESS_COMMAND) runs in the process stage of a real task."""
+    _, source = small_dataset
+    upload_dir(s3, bucket, "images/", source)
+    image = images.user_image()
+    spec = TaskSpec.from_template(synthesize(jobImage=image).template)
+    assert {c.name: c.image for c in spec.containers} == {JOB_CONTAINER: image, PROFILER_CONTAINER: image}
+    request = SubmitRequest(input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, "user/"),
+                            images_per_child=8, name="user")
+    frozen = s3io.freeze_batch(s3, input=request.input, manifest=None, output=request.output, per_child=8)
+    assert frozen.children == 1
+    metadata = MetadataEndpoint()
+    try:
+        with rehearsal_podman(tmp_path) as conf:
+            host = Host(spec, "no-such-image", prepared_scratch, metadata, conf, s3_server.env())
+            task = host.start(array_job="job-user", index=0, attempt=1, s3_endpoint=s3_server.endpoint,
+                              override=batch_environment(request, frozen.manifest, 0))
+            codes = task.finish(spec)
+    finally:
+        metadata.close()
+    assert codes[JOB_CONTAINER] == 0, task.logs
+    prefix = f"user/{child_name(0)}/"
+    marker = json.loads(s3.get_object(Bucket=bucket, Key=prefix + s3io.SUCCESS_MARKER)["Body"].read())
+    stats = s3.head_object(Bucket=bucket, Key=prefix + "stats.npy")
+    assert [(o["key"], o["size"]) for o in marker["objects"]] == [("stats.npy", stats["ContentLength"])]
+    # The command's own sub-stages are stages of the profile, between the pipeline's.
+    stages = [d["Stage"] for d in emf_documents(task.logs[PROFILER_CONTAINER])]
+    assert stages == ["download", "process/stats", "process/write", "process", "upload"], task.logs
+    assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]

@@ -74,3 +74,14 @@ def job_image() -> str:
     built = run(*args, ".", cwd=ROOT, timeout=1200)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return JOB_IMAGE
+
+
+USER_IMAGE = "localhost/iobatch-user:test"
+
+
+def user_image() -> str:
+    """A user's image as the README's "Your own processing" builds it: examples/Dockerfile FROM the job image."""
+    built = run("podman", "build", "--isolation=chroot", "--network=host", "--build-arg", f"BASE={job_image()}",
+                "-f", "examples/Dockerfile", "-t", USER_IMAGE, "examples", cwd=ROOT, timeout=600)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    return USER_IMAGE

@@ -1,7 +1,7 @@
 """A Batch task of the synthesized job definition, run on this machine with podman: one pod per task.
 
-What is taken from the template: the containers (name, image command, environment, mount points,
-essential, dependsOn), the task's pidMode (`task`: the pod shares one pid namespace) and its host volume
+What is taken from the template: the containers (name, image where it names one, command, environment,
+mount points, essential, dependsOn), the task's pidMode (`task`: the pod shares one pid namespace) and its host volume
 (the host path becomes a directory given per "host"). What Batch and ECS add is added as they do: the
 Batch variables (AWS_BATCH_JOB_ID "<array job id>:<index>", AWS_BATCH_JOB_ATTEMPT, AWS_BATCH_JQ_NAME; the
 array index only in the job container, the one Batch documents it for), the submit override of both
@@ -50,6 +50,7 @@ def _value(node: Any) -> str:
 @dataclass(frozen=True)
 class ContainerSpec:
     name: str
+    image: str | None  # the template's image when it names one (jobImage), None for the stack's own asset
     command: tuple[str, ...]
     environment: dict[str, str]
     mounts: dict[str, tuple[str, bool]]  # container path -> (the task's volume name, read-only)
@@ -72,7 +73,7 @@ class TaskSpec:
                         if r["Type"] == "AWS::Batch::JobDefinition"]
         [task] = definition["EcsProperties"]["TaskProperties"]
         containers = tuple(ContainerSpec(
-            name=c["Name"], command=tuple(c["Command"]),
+            name=c["Name"], image=c["Image"] if isinstance(c["Image"], str) else None, command=tuple(c["Command"]),
             environment={e["Name"]: _value(e["Value"]) for e in c.get("Environment", [])},
             mounts={m["ContainerPath"]: (m["SourceVolume"], bool(m.get("ReadOnly", False)))
                     for m in c.get("MountPoints", [])},
@@ -176,7 +177,8 @@ class Task:
 
 
 class Host:
-    """A Batch host on this machine: its scratch directory and the tasks it runs."""
+    """A Batch host on this machine: its scratch directory and the tasks it runs. `image` is the stack's own
+    image (the asset `cdk deploy` builds), run where the template does not name one (jobImage)."""
 
     def __init__(self, spec: TaskSpec, image: str, scratch: Path, metadata: MetadataEndpoint, conf: Path,
                  credentials: Mapping[str, str]) -> None:
@@ -210,7 +212,7 @@ class Host:
                 args += ["--volume", f"{host_path}:{path}{':ro' if read_only else ''}"]
             for key, value in env.items():
                 args += ["--env", f"{key}={value}"]
-            started = task.podman(*args, self.image, *container.command)
+            started = task.podman(*args, container.image or self.image, *container.command)
             assert started.returncode == 0, started.stderr
             task.names[container.name] = name
         return task

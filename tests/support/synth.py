@@ -40,9 +40,9 @@ class Synthesized:
 
 
 @functools.cache
-def synthesize() -> Synthesized:
-    """The stack synthesized as `cdk deploy` synthesizes it (aws-cdk-lib's template validation on, cdk-nag),
-    once per process, into a temporary directory."""
+def synthesize(**context: str) -> Synthesized:
+    """The stack synthesized as `cdk deploy -c KEY=VALUE ...` synthesizes it (aws-cdk-lib's template validation
+    on, cdk-nag), once per process and context, into a temporary directory."""
     # What deploy runs: a CDK_VALIDATION=false left in the environment would test a synth deploy never does.
     os.environ.pop("CDK_VALIDATION", None)
     os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -53,7 +53,7 @@ def synthesize() -> Synthesized:
 
     outdir = Path(tempfile.mkdtemp(prefix="iobatch-cdk.out-"))
     atexit.register(shutil.rmtree, outdir, True)
-    app, stack = build_app(outdir=str(outdir))
+    app, stack = build_app(context, outdir=str(outdir))
     artifact = app.synth().get_stack_by_name(stack.stack_name)
     template_path = outdir / artifact.template_file
     template = json.loads(template_path.read_text())
