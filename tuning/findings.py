@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiling.metrics import STAGES, StageProfile, by_call, median
-from profiling.outliers import find_outliers
+from profiling.outliers import find_slow
 from tuning.ebs import GIB, MIB, Volume
 from tuning.host import HostTuning
 from tuning.plan import Plan, Workload
@@ -276,7 +276,9 @@ def stragglers(s: Situation) -> list[Finding]:
         rows = [p for p in s.of_stage(stage) if p.throughput_bps]
         keyed = {p.properties.get("ArrayIndex") or p.properties.get("JobId") or str(i): p
                  for i, p in enumerate(rows)}
-        slow = find_outliers({k: float(p.throughput_bps or 0) for k, p in keyed.items()}, low_only=True)
+        # The report's rule, one rule: slow against all children and against the ones that ran beside it.
+        slow = find_slow({k: float(p.throughput_bps or 0) for k, p in keyed.items()},
+                         {k: (p.started_at, p.started_at + p.duration_s) for k, p in keyed.items()})
         if not slow:
             continue
         typical = median([p.duration_s for p in rows])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,46 +20,85 @@ def _read_advice(path: Path | None) -> Any:
     return checks.json_object(path, "--advice", "the JSON object `iobatch advise --json` printed")
 
 
-def _cloudwatch_report(log_group: str, out: Path, since: str, namespace: str, region: str | None,
-                       logs_endpoint: str | None, advice: Any) -> Path:
-    """The report from CloudWatch Logs: the AWS edge (client, region, errors) around profiling.report."""
+def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
+    """A CloudWatch Logs client that refuses answers from anything but CloudWatch Logs."""
     import os
 
     import boto3
+
+    from pipeline.aws import refuse_foreign_answers
+    from pipeline.interface import AWS_ENV
+
+    # AWS_REGION is what Batch and most tools set; boto3 itself reads only AWS_DEFAULT_REGION.
+    client = boto3.client("logs", region_name=region or os.environ.get(AWS_ENV.REGION) or None,
+                          endpoint_url=logs_endpoint)
+    refuse_foreign_answers(client.meta.events, service="CloudWatch Logs",
+                           fix="point --logs-endpoint at CloudWatch Logs (or leave it out for AWS's)")
+    return client
+
+
+def _from_logs(log_group: str, read: Callable[[], Any]) -> Any:
+    """`read()` with CloudWatch Logs' errors as the pipeline's (pipeline.aws.logs_error)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from pipeline.aws import logs_error, refuse_foreign_answers
-    from pipeline.interface import AWS_ENV
-    from profiling.report import parse_since, write_report_from_cloudwatch
+    from pipeline.aws import logs_error
 
-    since_s = parse_since(since)
     try:
-        # AWS_REGION is what Batch and most tools set; boto3 itself reads only AWS_DEFAULT_REGION.
-        region = region or os.environ.get(AWS_ENV.REGION) or None
-        client = boto3.client("logs", region_name=region, endpoint_url=logs_endpoint)
-        refuse_foreign_answers(client.meta.events, service="CloudWatch Logs",
-                               fix="point --logs-endpoint at CloudWatch Logs (or leave it out for AWS's)")
-        return write_report_from_cloudwatch(client, log_group, out, since_s=since_s, namespace=namespace,
-                                            advice=advice)
+        return read()
     except (BotoCoreError, ClientError) as exc:
         raise logs_error(exc, log_group=log_group) from None
 
 
-def _compare_report(runs: tuple[Path, Path], out: Path) -> None:
-    """Two run directories side by side, each with the advisor's findings for this machine (local/demo)."""
-    from pipeline.local.demo import demo_advice
-    from profiling import runfiles
-    from profiling.report import DamagedInputError, ReportInputError, write_comparison
+def _cloudwatch_report(log_group: str, out: Path, since: str, namespace: str, region: str | None,
+                       logs_endpoint: str | None, advice: Any) -> Path:
+    """The report from CloudWatch Logs: the AWS edge (client, region, errors) around profiling.report."""
+    from profiling.report import parse_since, write_report_from_cloudwatch
 
-    checks.output_file(out, "--out")
+    since_s = parse_since(since)
+    return _from_logs(log_group, lambda: write_report_from_cloudwatch(
+        _logs_client(region, logs_endpoint), log_group, out, since_s=since_s, namespace=namespace, advice=advice))
+
+
+def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: str | None,
+                    logs_endpoint: str | None) -> None:
+    """Two runs side by side, each a run directory (with the advisor's findings for this machine, as the
+    demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
+    from pipeline.local.demo import demo_advice
+    from profiling.report import (
+        CloudWatchRange,
+        DamagedInputError,
+        ReportInputError,
+        load_cloudwatch_range,
+        load_run_dir,
+        parse_run_side,
+        write_comparison,
+    )
+
     try:
-        advice = []
-        for run in runs:
-            profiles = list(runfiles.read_profiles(run)) if run.is_dir() else []
-            workers = int((runfiles.read_run(run) if runfiles.is_run_dir(run) else {}).get("workers") or 2)
-            advice.append(demo_advice(profiles, workers, say=lambda _: None) if profiles else None)
-        path = write_comparison(runs[0], runs[1], out, advice=advice)
-    except (DamagedInputError, runfiles.DamagedFileError) as exc:
+        # Both sides are checked before anything is read; a DURATION side ends now, the same now for both.
+        now = time.time()
+        parsed = [parse_run_side(side, now=now) for side in sides]
+        checks.output_file(out, "--out")
+        if any(isinstance(side, CloudWatchRange) for side in parsed):
+            region = checks.region(region)
+            logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")
+        client = None
+        runs: list[Any] = []
+        advice: list[Any] = []
+        for side in parsed:
+            if isinstance(side, CloudWatchRange):
+                client = client or _from_logs(side.log_group, partial(_logs_client, region, logs_endpoint))
+                runs.append(_from_logs(side.log_group, partial(load_cloudwatch_range, client, side,
+                                                               namespace=namespace)))
+                advice.append(None)
+                continue
+            data = load_run_dir(side)
+            workers = int((data.run or {}).get("workers") or 2)
+            advice.append(demo_advice([x.profile for x in data.entries], workers, say=lambda _: None))
+            runs.append(data)
+        names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
+        path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
+    except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None
     except ReportInputError as exc:
         raise UsageError(str(exc)) from None
@@ -73,27 +115,33 @@ def report(
                                                "CloudWatch Logs group instead of a run directory."),
     since: str = typer.Option("1h", metavar="DURATION", help="With --from-cloudwatch: how far back to read (90s, 30m, "
                               "1h, 2d)."),
-    namespace: str = typer.Option("IoBatch", metavar="NAME", help="With --from-cloudwatch: the EMF namespace to keep."),
-    region: str | None = typer.Option(None, metavar="REGION", help="With --from-cloudwatch: the AWS region (default: "
+    namespace: str = typer.Option("IoBatch", metavar="NAME", help="With CloudWatch Logs: the EMF namespace to keep."),
+    region: str | None = typer.Option(None, metavar="REGION", help="With CloudWatch Logs: the AWS region (default: "
                                       "AWS_REGION, then AWS_DEFAULT_REGION)."),
-    logs_endpoint: str | None = typer.Option(None, metavar="URL", help="With --from-cloudwatch: a CloudWatch Logs "
+    logs_endpoint: str | None = typer.Option(None, metavar="URL", help="With CloudWatch Logs: a CloudWatch Logs "
                                              "endpoint other than AWS's (e.g. a local emulator)."),
     advice: Path | None = typer.Option(None, metavar="FILE", help="A JSON recommendation (from the advisor) to show in "
                                        "the report."),
-    compare: tuple[Path, Path] | None = typer.Option(None, "--compare", metavar="RUN_A RUN_B",
-                                                     help="Compare two local run directories side by side, per "
-                                                     "stage, with the advisor's findings of each (default --out "
-                                                     "./compare.html)."),
+    compare: tuple[str, str] | None = typer.Option(None, "--compare", metavar="RUN_A RUN_B",
+                                                   help="Compare two runs side by side, per stage (default --out "
+                                                   "./compare.html). Each is a local run directory, with the "
+                                                   "advisor's findings for this machine, or a CloudWatch Logs "
+                                                   "range: cw:LOG_GROUP@START..END, ISO 8601 times, UTC "
+                                                   "unless a zone is given (cw:G@2026-11-20T10:00..2026-11-20T"
+                                                   "11:30+01:00; no END: until now), or cw:LOG_GROUP@DURATION "
+                                                   "(the last 90s, 30m, 1h, 2d). Name a directory that starts "
+                                                   "with cw: as ./cw:..."),
 ) -> None:
     """Write the HTML report of a run: per-stage plots, a timeline per child, bad apples, contract rule
     results and the advisor's recommendation. The file opens offline (plotly.js is embedded)."""
     from pipeline.errors import PermanentError
     from profiling.report import DamagedInputError, ReportInputError, write_report
 
-    if compare and all(compare):
-        if run_dir is not None or from_cloudwatch is not None:
-            raise UsageError("give --compare RUN_A RUN_B alone, without a run directory or --from-cloudwatch")
-        _compare_report(compare, out or Path("compare.html"))
+    if compare is not None:
+        if run_dir is not None or from_cloudwatch is not None or advice is not None:
+            raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
+                             "--advice (it runs the advisor on each local run itself)")
+        _compare_report(compare, out or Path("compare.html"), namespace, region, logs_endpoint)
         return
     given = _read_advice(advice)
     if from_cloudwatch is not None and run_dir is not None:

@@ -1,6 +1,7 @@
 """The HTML report of a run, from a local run directory or from CloudWatch Logs.
 
-    sources    what a report reads (a run directory through profiling.runfiles, or CloudWatch Logs) as ReportData
+    sources    what a report reads (a run directory through profiling.runfiles, or CloudWatch Logs: the last
+               DURATION or a range, parse_run_side) as ReportData
     badapples  the children and instances whose throughput holds a stage back
     figures    the per-stage plots (one small function per kind, in a table) and the timelines
     advice     the recommendation section, from the advisor's Advice.to_dict()
@@ -17,12 +18,15 @@ from profiling.report.compare import render_comparison, write_comparison
 from profiling.report.figures import PLOTTERS, STAGE_PLOTS, downsample, stage_figures, timeline_figure
 from profiling.report.html import render_html, write_report, write_report_from_cloudwatch
 from profiling.report.sources import (
+    CloudWatchRange,
     DamagedInputError,
     Entry,
     ReportData,
     ReportInputError,
     load_cloudwatch,
+    load_cloudwatch_range,
     load_run_dir,
+    parse_run_side,
     parse_since,
     profiles_from_emf_lines,
 )
@@ -31,6 +35,7 @@ __all__ = [
     "PLOTTERS",
     "STAGE_PLOTS",
     "BadApple",
+    "CloudWatchRange",
     "DamagedInputError",
     "Entry",
     "ReportData",
@@ -40,7 +45,9 @@ __all__ = [
     "find_bad_apples",
     "findings_of",
     "load_cloudwatch",
+    "load_cloudwatch_range",
     "load_run_dir",
+    "parse_run_side",
     "parse_since",
     "profiles_from_emf_lines",
     "render_comparison",

@@ -6,7 +6,8 @@ B / A, and a plot of the children of both runs; then the advisor's findings that
 came with B, when advice for the runs is given.
 
 Entry points: `render_comparison(a, b)` on two ReportData, and `write_comparison(run_a, run_b, out)` on
-two local run directories (what `iobatch report --compare` and `iobatch lab` write).
+two local run directories or ReportData already read (a CloudWatch Logs range: sources.parse_run_side),
+what `iobatch report --compare` and `iobatch lab` write.
 """
 
 from __future__ import annotations
@@ -110,9 +111,11 @@ def _stage_figure(stage: str, runs: Sequence[ReportData], names: Sequence[str]) 
 def _findings(advice: Sequence[Any], names: Sequence[str]) -> str:
     parts = ["<section id=compare-findings><h2>Findings</h2>"]
     data = [advice_as_data(a) for a in advice]
-    if any(d is None or not isinstance(d.get("findings"), list) for d in data):
-        parts.append("<p class=note>No findings were given for both runs: run the advisor on each "
-                     "(iobatch advise RUN_DIR --json) to see which went away.</p></section>")
+    missing = [n for n, d in zip(names, data, strict=True) if d is None or not isinstance(d.get("findings"), list)]
+    if missing:
+        parts.append(f"<p class=note>No advisor findings for {e(' and '.join(missing))}, so none are compared "
+                     "(iobatch report --compare gives them for local run directories, judged on this machine; "
+                     "a CloudWatch range has none).</p></section>")
         return "".join(parts)
     found = [{f.get("code"): f for f in findings_of(d)} for d in data]
     groups = (("went away", [c for c in found[0] if c not in found[1]], 0, "better"),
@@ -167,15 +170,18 @@ def render_comparison(a: ReportData, b: ReportData, *, names: Sequence[str] = ("
     return page(title, f"{names[0]} against {names[1]}, generated {generated}", nav, "".join(body))
 
 
-def write_comparison(run_a: Path, run_b: Path, out: Path, *, names: Sequence[str] | None = None,
-                     advice: Sequence[Any] = (None, None)) -> Path:
-    """Write the comparison of two local run directories to `out` (atomically) and return it.
+def write_comparison(run_a: Path | ReportData, run_b: Path | ReportData, out: Path, *,
+                     names: Sequence[str] | None = None, advice: Sequence[Any] = (None, None)) -> Path:
+    """Write the comparison of two runs, each a local run directory or ReportData, to `out` (atomically) and
+    return it.
 
-    `names` label the runs (default: the directories' names); `advice` is the advisor's output for each
-    run (Advice, its to_dict(), or None). Raises ReportInputError when a run directory is unusable.
+    `names` label the runs (default: the directories' names, or A and B); `advice` is the advisor's output
+    for each run (Advice, its to_dict(), or None). Raises ReportInputError when a run directory is unusable.
     """
-    a, b = load_run_dir(Path(run_a)), load_run_dir(Path(run_b))
-    shown = tuple(names) if names else (Path(run_a).name or str(run_a), Path(run_b).name or str(run_b))
+    runs = [r if isinstance(r, ReportData) else load_run_dir(Path(r)) for r in (run_a, run_b)]
+    shown = tuple(names) if names else tuple(
+        default if isinstance(r, ReportData) else (Path(r).name or str(r))
+        for r, default in zip((run_a, run_b), ("A", "B"), strict=True))
     if shown[0] == shown[1]:
         shown = (f"A: {shown[0]}", f"B: {shown[1]}")
-    return runfiles.write_text_atomic(Path(out), render_comparison(a, b, names=shown, advice=advice))
+    return runfiles.write_text_atomic(Path(out), render_comparison(runs[0], runs[1], names=shown, advice=advice))

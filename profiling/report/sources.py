@@ -1,15 +1,18 @@
 """What a report reads: a local run directory, or EMF documents from CloudWatch Logs, as ReportData.
 
 A local run is read through profiling.runfiles (profile JSON with timelines, or its EMF files when it
-kept no profiles); CloudWatch Logs give the per-stage figures of a batch in AWS but no timelines.
+kept no profiles); CloudWatch Logs give the per-stage figures of a batch in AWS but no timelines, read
+either for the last DURATION (`load_cloudwatch`) or for a time range (`parse_run_side`, `load_cloudwatch_range`).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +91,77 @@ def parse_since(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ReportInputError(f"--since {text!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
     return value
+
+
+# A CloudWatch Logs side of a comparison: cw:LOG_GROUP@START..END (ISO 8601 times; no zone means UTC; an
+# empty END means now) or cw:LOG_GROUP@DURATION (the last DURATION, as --since).
+CLOUDWATCH_PREFIX = "cw:"
+CLOUDWATCH_FORMS = "cw:LOG_GROUP@2026-11-20T10:00..2026-11-20T11:30 (UTC unless a zone is given) or cw:LOG_GROUP@1h"
+# The characters and length CloudWatch Logs accepts in a log group name (CloudWatch Logs API Reference,
+# CreateLogGroup, logGroupName: 1-512 of [\.\-_/#A-Za-z0-9]); '@' is not among them, so it ends the name.
+LOG_GROUP_NAME = re.compile(r"[.\-_/#A-Za-z0-9]{1,512}")
+
+
+@dataclass(frozen=True)
+class CloudWatchRange:
+    """A log group and a time window, [start, end] in seconds since the epoch, as given on the command line."""
+
+    log_group: str
+    start: float
+    end: float
+    text: str
+
+    def window(self) -> str:
+        """'2026-11-20 10:00:00 to 11:30:00 UTC' (the date repeated only when the end is on another day)."""
+        a, b = (datetime.fromtimestamp(t, tz=UTC) for t in (self.start, self.end))
+        end = b.strftime("%H:%M:%S" if a.date() == b.date() else "%Y-%m-%d %H:%M:%S")
+        return f"{a:%Y-%m-%d %H:%M:%S} to {end} UTC"
+
+
+def _instant(text: str, side: str) -> float:
+    try:
+        moment = datetime.fromisoformat(text.strip())
+        # A time without a zone is UTC, whatever this machine's zone is.
+        seconds = (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    except (ValueError, OverflowError):
+        seconds = -1.0
+    if seconds < 0:
+        raise ReportInputError(f"{side}: {text!r} is not a time after 1970: write ISO 8601, e.g. "
+                               f"2026-11-20T10:00 or 2026-11-20T10:00+01:00; use {CLOUDWATCH_FORMS}")
+    return seconds
+
+
+def parse_run_side(text: str, *, now: float | None = None) -> Path | CloudWatchRange:
+    """One side of `--compare`: a local run directory, or a CloudWatch Logs range (CLOUDWATCH_FORMS).
+
+    A directory whose name starts with 'cw:' is given as ./cw:... . `now` (default: the clock) ends the
+    DURATION form and a range without an end. Raises ReportInputError naming the side and the fix.
+    """
+    if not text.startswith(CLOUDWATCH_PREFIX):
+        if not text:
+            raise ReportInputError("--compare: a side is empty: give a run directory or " + CLOUDWATCH_FORMS)
+        return Path(text)
+    group, at, window = text[len(CLOUDWATCH_PREFIX):].partition("@")
+    if not LOG_GROUP_NAME.fullmatch(group):
+        raise ReportInputError(f"--compare {text!r}: {group!r} is not a log group name (1-512 letters, digits and "
+                               f"._-/#): use {CLOUDWATCH_FORMS}")
+    if not at or not window.strip():
+        raise ReportInputError(f"--compare {text!r} has no time range: use {CLOUDWATCH_FORMS}")
+    clock = time.time() if now is None else now
+    if ".." not in window:
+        try:
+            span = parse_since(window)
+        except ReportInputError:
+            raise ReportInputError(f"--compare {text!r}: {window!r} is neither START..END nor a duration (90s, "
+                                   f"30m, 1h, 2d): use {CLOUDWATCH_FORMS}") from None
+        return CloudWatchRange(group, max(0.0, clock - span), clock, text)
+    first, _, last = window.partition("..")
+    start = _instant(first, f"--compare {text!r}")
+    end = _instant(last, f"--compare {text!r}") if last.strip() else clock
+    if end <= start:
+        raise ReportInputError(f"--compare {text!r}: the range ends before it starts: give START..END with "
+                               "START first")
+    return CloudWatchRange(group, start, end, text)
 
 
 def profiles_from_emf_lines(
@@ -187,18 +261,30 @@ def load_cloudwatch(
 ) -> ReportData:
     """The stage documents a batch's containers logged to CloudWatch Logs in the last `since_s` seconds."""
     end = time.time() if now is None else now
-    start_ms = int((end - since_s) * 1000)
-    lines = fetch_log_messages(client, log_group, start_ms=start_ms, end_ms=int(end * 1000))
+    return _load_window(client, log_group, end - since_s, end, namespace,
+                        f"the last {_duration(since_s)}", "widen --since")
+
+
+def load_cloudwatch_range(client: Any, where: CloudWatchRange, *, namespace: str = DEFAULT_NAMESPACE) -> ReportData:
+    """The stage documents a log group received within a range (parse_run_side)."""
+    return _load_window(client, where.log_group, where.start, where.end, namespace, where.window(),
+                        f"widen the range of {where.text}")
+
+
+def _load_window(client: Any, log_group: str, start: float, end: float, namespace: str, window: str,
+                 widen: str) -> ReportData:
+    # FilterLogEvents returns the events whose timestamp is neither before startTime nor after endTime
+    # (CloudWatch Logs API Reference, FilterLogEvents; milliseconds since the epoch): [start, end], whole
+    # milliseconds outwards so that a document stamped on a bound is in.
+    lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000))
     profiles = profiles_from_emf_lines(lines, where=f"log group {log_group}", namespace=namespace)
     if not profiles:
-        raise ReportInputError(
-            f"log group {log_group} has no {namespace} EMF stage documents in the last {_duration(since_s)}: "
-            "widen --since, or check the log group and --namespace"
-        )
+        raise ReportInputError(f"log group {log_group} has no {namespace} EMF stage documents in {window}: "
+                               f"{widen}, or check the log group and --namespace")
     pairs = [(p, f"document {n}") for n, p in enumerate(profiles, 1)]
     return ReportData(
         entries=_entries(pairs),
-        source=f"CloudWatch Logs group {log_group}: {len(profiles)} EMF documents from the last {_duration(since_s)}",
+        source=f"CloudWatch Logs group {log_group}: {len(profiles)} EMF documents from {window}",
         has_timelines=False,
     )
 

@@ -1,25 +1,34 @@
-"""`iobatch report --from-cloudwatch`: EMF documents read back from CloudWatch Logs (moto server).
+"""`iobatch report --from-cloudwatch` and `--compare` with a CloudWatch Logs range: EMF documents read back
+from CloudWatch Logs (moto server).
 
 The documents are the sidecar's real EMF (profiling.emf through aws-embedded-metrics), mixed with
 the job's ordinary log lines, as the awslogs driver ships them. moto does not extract metrics from
-EMF; the report does not need it to: it reads the log lines.
+EMF; the report does not need it to: it reads the log lines. The comparison ships a run's own EMF files.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 import socket
 import time
 from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import boto3
 import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from profiling import emf
+from profiling import emf, runfiles
+from profiling.command import profile_command
 from profiling.metrics import MIB, STAGES, StageProfile
+from profiling.probes.procfs import device_of
+from profiling.sidecar import write_profile_line
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
@@ -133,3 +142,115 @@ def test_unreachable_endpoint_is_retryable(monkeypatch: pytest.MonkeyPatch) -> N
     assert result.exit_code == 75
     assert result.output.startswith("error: CloudWatch Logs endpoint does not answer")
     assert result.output.count("\n") == 1
+
+
+# ---- --compare with a CloudWatch Logs range -------------------------------------------------------------
+
+COMPARE_GROUP = "/aws/batch/iobatch-compare"
+
+
+@pytest.fixture(scope="module")
+def profiled_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[StageProfile]]:
+    """A local run directory written as the sidecar writes one: each stage of 4 children is a real command
+    profiled from the kernel's counters (profiling.command), kept as a profile line and as EMF."""
+    run = tmp_path_factory.mktemp("compare") / "run"
+    run.mkdir()
+    device, _ = device_of(run)
+    profiles = []
+    for child in range(4):
+        name = f"part-{child:05d}"
+        for stage_name, mib in (("download", 8), ("process", 2), ("upload", 1)):
+            scratch = run / f"{name}-{stage_name}.bin"
+            argv = ["dd", "if=/dev/zero", f"of={scratch}", "bs=1M", f"count={mib}", "conv=fsync", "status=none"]
+            profile = profile_command(argv, stage=stage_name, device=device, interval_s=0.1, properties={
+                "Pipeline": "iobatch", "JobId": f"job-3:{child}", "ArrayIndex": str(child)}).profile
+            assert profile.outcome == "ok", profile
+            write_profile_line(runfiles.profile_path(run, name), profile)
+            emf.emit_profile(profile, emf.sink_for(str(runfiles.emf_path(run, name))))
+            scratch.unlink()
+            profiles.append(profile)
+    return run, profiles
+
+
+def _put(logs: Any, stream: str, lines: list[tuple[int, str]]) -> None:
+    logs.create_log_stream(logGroupName=COMPARE_GROUP, logStreamName=stream)
+    logs.put_log_events(logGroupName=COMPARE_GROUP, logStreamName=stream,
+                        logEvents=[{"timestamp": t, "message": m} for t, m in sorted(lines)])
+
+
+@pytest.fixture(scope="module")
+def shipped_run(logs_url: str, profiled_run: tuple[Path, list[StageProfile]]) -> str:
+    """The run's own EMF files shipped to a log group as the awslogs driver would (each line stamped when it
+    was written: the document's own timestamp), beside another batch two hours before and one after it.
+    Returns the range of the run, its first start to its last end, as `--compare` takes it."""
+    run, profiles = profiled_run
+    logs = boto3.client("logs", region_name="us-east-1", endpoint_url=logs_url,
+                        aws_access_key_id="testing", aws_secret_access_key="testing")
+    logs.create_log_group(logGroupName=COMPARE_GROUP)
+    for path in runfiles.emf_files(run):
+        docs = path.read_text(encoding="utf-8").splitlines()
+        stamped = [(json.loads(doc)["_aws"]["Timestamp"], doc) for doc in docs]
+        _put(logs, f"iobatch/profiler/{path.stem}", [*stamped, (stamped[0][0], "job: 8 MiB downloaded")])
+    for job, shift in (("job-before", -7200.0), ("job-after", 1800.0)):
+        others = [replace(p, started_at=p.started_at + shift, properties={**p.properties, "JobId": f"{job}:0"})
+                  for p in profiles[:3]]
+        _put(logs, f"iobatch/profiler/{job}", [(json.loads(d)["_aws"]["Timestamp"], d)
+                                                for p in others for d in emf.serialize(p)])
+    start = math.floor(min(p.started_at for p in profiles))
+    end = math.ceil(max(p.started_at + p.duration_s for p in profiles))
+    # The start without a zone (UTC), the end in another zone: both forms of the one parser.
+    first = datetime.fromtimestamp(start, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    last = datetime.fromtimestamp(end, tz=timezone(timedelta(hours=2))).isoformat()
+    return f"cw:{COMPARE_GROUP}@{first}..{last}"
+
+
+def _figures(page: str) -> dict[tuple[str, str], list[str]]:
+    """(stage, figure) -> the cells of its row in the per-stage tables: A, B and B / A."""
+    rows: dict[tuple[str, str], list[str]] = {}
+    for stage_name, table in re.findall(r"<table class=compare-table data-stage='([^']+)'>(.*?)</table>", page):
+        for figure, cells in re.findall(r"<tr data-figure='([^']+)'>(.*?)</tr>", table):
+            rows[(stage_name, figure)] = re.findall(r"<td[^>]*>(.*?)</td>", cells)[1:]
+    return rows
+
+
+def test_compare_a_run_with_its_own_documents_in_cloudwatch(
+        profiled_run: tuple[Path, list[StageProfile]], shipped_run: str, logs_url: str, tmp_path: Path) -> None:
+    run, _ = profiled_run
+    pages = {}
+    for name, other in (("local", str(run)), ("cloudwatch", shipped_run)):
+        out = tmp_path / f"{name}.html"
+        result = runner.invoke(app, ["report", "--compare", str(run), other, "--logs-endpoint", logs_url,
+                                     "--out", str(out)])
+        assert result.exit_code == 0, result.output
+        assert result.output == f"comparison: {out}\n"
+        pages[name] = out.read_text(encoding="utf-8")
+    local, cloud = _figures(pages["local"]), _figures(pages["cloudwatch"])
+    assert {s for s, _ in local} == set(STAGES)
+    assert {"StageDuration", "Throughput", "PeakDirtyBytes", "DirtyThresholdBytes", "IoStallSome"} <= {
+        f for _, f in local}
+    # The range holds exactly this run's 12 stage documents: the same figures as the run's profiles.
+    assert cloud.keys() == local.keys()
+    for key, (a, b, ratio) in cloud.items():
+        assert b == local[key][1] == a, key
+        assert ratio in ("1.00x", "same"), key
+    assert f"CloudWatch Logs group {COMPARE_GROUP}: 12 EMF documents from " in pages["cloudwatch"]
+    assert "job-before" not in pages["cloudwatch"] and "job-after" not in pages["cloudwatch"]
+    assert pages["cloudwatch"].count("4 and 4 children") == len(STAGES)
+
+
+def test_a_duration_range_and_an_empty_range(shipped_run: str, logs_url: str, tmp_path: Path) -> None:
+    # The last 3 hours hold the run and the batch before it, and not the one stamped after now.
+    out = tmp_path / "c.html"
+    result = runner.invoke(app, ["report", "--compare", shipped_run, f"cw:{COMPARE_GROUP}@3h",
+                                 "--logs-endpoint", logs_url, "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = out.read_text(encoding="utf-8")
+    assert "15 EMF documents" in page and "job-before[0]" in page and "job-after" not in page
+    assert "No advisor findings for " in page  # a CloudWatch range has none
+    day_before = shipped_run.split("@")[0] + "@2001-01-01T00:00..2001-01-02T00:00"
+    empty = runner.invoke(app, ["report", "--compare", shipped_run, day_before, "--logs-endpoint", logs_url,
+                                "--out", str(out)])
+    assert empty.exit_code == 64
+    assert empty.output == (f"error: log group {COMPARE_GROUP} has no IoBatch EMF stage documents in 2001-01-01 "
+                            f"00:00:00 to 2001-01-02 00:00:00 UTC: widen the range of {day_before}, or check the "
+                            "log group and --namespace\n")

@@ -131,6 +131,16 @@ def test_stragglers_from_the_bad_apple_test() -> None:
     assert "STRAGGLERS" not in codes(profiles)
 
 
+def test_stragglers_are_judged_against_their_contemporaries() -> None:
+    # Children 0 and 1 downloaded 4x slower together, before the others started (a cold start): slow against
+    # the batch, but not against the children beside them. Beside the fast children, the same pair is slow.
+    pair = [p for i in (0, 1) for p in child(i, download_s=6.0)]
+    later = [dataclasses.replace(p, started_at=p.started_at + 10.0) for i in range(2, 12) for p in child(i)]
+    assert "STRAGGLERS" not in codes(pair + later)
+    beside = codes(pair + [p for i in range(2, 12) for p in child(i)])["STRAGGLERS"]
+    assert "children 0, 1 ran at" in beside.evidence
+
+
 def test_cache_over_the_memory_budget() -> None:
     greedy = dataclasses.replace(PLAN, current_tuning=HostTuning(dirty_ratio=60, dirty_background_ratio=30))
     found = codes(batch(), greedy)["CACHE_OVER_BUDGET"]

@@ -8,36 +8,10 @@ from typing import Any
 import pytest
 
 from profiling.metrics import MIB
+from tests.support.lab import StandInLab
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.lab.compare import ComparePlan, LabRun, WriterResult, download_ratio, render_comparison, run_comparison
 from tuning.lab.config import LabConfig, emulated_sysctls
-
-
-class StandInLab:
-    """What run_comparison uses of a Lab, without root: a mount directory and a credit count that drops."""
-
-    def __init__(self, mount: Path, events: list[str]) -> None:
-        self.mount = mount
-        self.events = events
-        self.credits_gib = 500.0
-        self.limit_mibps = 122.1
-
-    def __enter__(self) -> StandInLab:
-        self.events.append("open")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.events.append("close")
-
-    def drain(self) -> None:
-        self.events.append("drain")
-
-    def apply_cache(self, tuning: HostTuning, memory_bytes: int | None = None) -> dict[str, str]:
-        self.events.append(f"cache {tuning.dirty_ratio}")
-        return emulated_sysctls(tuning, memory_bytes)
-
-    def check(self) -> None:
-        self.events.append("check")
 
 
 def test_runs_alternate_default_and_tuned_with_the_batch_then_the_writer(tmp_path: Path) -> None:
@@ -62,8 +36,8 @@ def test_runs_alternate_default_and_tuned_with_the_batch_then_the_writer(tmp_pat
     runs = run_comparison(LabConfig(), plan, run_batch=run_batch, say=messages.append,
                           open_lab=lambda config, say: stand_in, write=write)
     assert [r.setting for r in runs] == ["default", "tuned", "default", "tuned"]
-    assert events[:6] == ["open", "drain", f"cache {KERNEL_DEFAULTS.dirty_ratio}", "batch 1 default", "check",
-                          "drain"]
+    default_bytes = emulated_sysctls(KERNEL_DEFAULTS, plan.memory_bytes)["vm.dirty_bytes"]
+    assert events[:6] == ["open", "drain", f"cache {default_bytes}", "batch 1 default", "check", "drain"]
     assert events[-1] == "close"
     assert runs[1].sysctls == emulated_sysctls(tuned, 4 * 1024**3)
     # 3 children of 10 images, 3 at once: the writer writes the 30 files they download together.

@@ -1,5 +1,6 @@
 """The lab's closed loop (profile -> advice -> applied -> predicted against measured), with a stand-in volume.
-No root needed: the lab volume is tests' StandInLab, the batch returns profiles shaped as the sidecar writes them."""
+No root needed: the lab volume is tests.support.lab's StandInLab, the batch returns profiles shaped as the
+sidecar writes them."""
 
 from __future__ import annotations
 
@@ -8,36 +9,13 @@ from pathlib import Path
 import pytest
 
 from profiling.metrics import MIB, StageProfile
+from tests.support.lab import StandInLab
 from tuning.ebs import Volume
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.lab.compare import ComparePlan
 from tuning.lab.config import LabConfig, emulated_sysctls
 from tuning.lab.loop import ADVISED, DEFAULT, LoopRun, cache_of, predict_download, render_loop, run_advise_loop
 from tuning.plan import workload_from_profiles
-
-
-class StandInLab:
-    def __init__(self, mount: Path, events: list[str]) -> None:
-        self.mount = mount
-        self.events = events
-        self.credits_gib = 0.0
-
-    def __enter__(self) -> StandInLab:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.events.append("close")
-
-    def drain(self) -> None:
-        self.events.append("drain")
-
-    def apply_cache(self, tuning: HostTuning, memory_bytes: int | None = None) -> dict[str, str]:
-        values = emulated_sysctls(tuning, memory_bytes)
-        self.events.append(f"cache {values['vm.dirty_bytes']}")
-        return values
-
-    def check(self) -> None:
-        pass
 
 
 def child_profiles(children: int, download_s: float, stall_s: float, mib: int = 500) -> list[StageProfile]:
@@ -70,13 +48,13 @@ def test_default_then_others_then_the_advised_cache_each_predicted(tmp_path: Pat
         return child_profiles(2, measured[setting], stall_s=measured[setting] - 1.0, mib=400)
 
     result = run_advise_loop(AT_BASELINE, PLAN, run_profiles, also=[("30/20", HostTuning())], say=lambda _: None,
-                             open_lab=lambda config, say: StandInLab(tmp_path, events),
+                             open_lab=lambda config, say: StandInLab(tmp_path, events, credits_gib=0.0),
                              other_dirty=lambda: 10 * MIB)
     assert [r.setting for r in result.runs] == [DEFAULT, "30/20", ADVISED]
     default_bytes = emulated_sysctls(KERNEL_DEFAULTS, PLAN.memory_bytes)["vm.dirty_bytes"]
     advised = result.advice.cache.tuning
-    assert events[:3] == ["drain", f"cache {default_bytes}", "batch default"]
-    assert events[-2:] == [f"batch {ADVISED}", "close"]
+    assert events[:4] == ["open", "drain", f"cache {default_bytes}", "batch default"]
+    assert events[-3:] == [f"batch {ADVISED}", "check", "close"]
     assert result.runs[-1].sysctls["vm.dirty_bytes"] == str(advised.dirty_bytes)
     # Two children of 400 MiB at once on 2.5 GiB: the advisor asks for the 40 % budget, 1 GiB.
     assert advised.dirty_bytes == 1024 * MIB
