@@ -97,6 +97,11 @@ class Jobs(Construct):
         }
         if settings.process_command:  # else the image's own, or the built-in resizer
             env[ENV.PROCESS_COMMAND] = settings.process_command
+        if settings.profiler_interpose:
+            # One switch: the job preloads the image's library (IOBATCH_INTERPOSE_LIB, containers/job/Dockerfile)
+            # into itself and its programs, recording into its attempt's scratch directory, which the profiler
+            # derives from the same task id (pipeline.job.record_calls); the profiler reads it there.
+            env[ENV.INTERPOSE] = "1"
         environment_list = [
             batch.CfnJobDefinition.EnvironmentProperty(name=k, value=v) for k, v in sorted(env.items())
         ]

@@ -25,11 +25,14 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*(\.[a-z0-9]+)?$")
 
 
 _PREFIX = re.compile(r"^([A-Za-z0-9!_.'()-]+/)*$")
+# The context key that turns the LD_PRELOAD interposer on in the job container (StackSettings.profiler_interpose).
+PROFILER_INTERPOSE_KEY = "profilerInterpose"
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
     "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
-    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", "processCommand", "jobImage",
+    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY, "processCommand",
+    "jobImage",
 )
 # An image reference: [registry/]repository[:tag][@digest] (the Docker reference grammar, simplified).
 _IMAGE = re.compile(r"^[a-z0-9][A-Za-z0-9._:/-]{0,254}(@sha256:[0-9a-f]{64})?$")
@@ -64,6 +67,11 @@ class StackSettings:
     # The profiler container privileged and root, so it can load the eBPF probe (per-call latency of any
     # binary). Off by default: privileged means host-level power for the profiler (see the README).
     profiler_ebpf: bool = False
+    # The job container runs with the image's LD_PRELOAD interposer (per-call latency and per-path figures of the
+    # job and every dynamically linked program it starts; not of static Go binaries such as s5cmd): the job
+    # derives its record directory from its scratch directory (pipeline.job.record_calls), where the profiler
+    # finds it. Off by default: the job's calls then cost nothing extra.
+    profiler_interpose: bool = False
     # The process stage's command line in the job definition (pipeline.interface: {input} {output}); None
     # leaves it to the image (its IOBATCH_PROCESS_COMMAND, else the built-in resizer).
     process_command: str | None = None
@@ -107,6 +115,7 @@ class StackSettings:
             output_prefix=_text(ctx, "outputPrefix", base.output_prefix),
             host=host,
             profiler_ebpf=_bool(ctx, "profilerEbpf", base.profiler_ebpf),
+            profiler_interpose=_bool(ctx, PROFILER_INTERPOSE_KEY, base.profiler_interpose),
             process_command=_optional_text(ctx, "processCommand"),
             job_image=_optional_text(ctx, "jobImage"),
         )
@@ -163,6 +172,7 @@ class StackSettings:
             "vcpusPerJob": str(self.vcpus_per_job),
             "spot": str(self.spot).lower(),
             "profilerEbpf": str(self.profiler_ebpf).lower(),
+            PROFILER_INTERPOSE_KEY: str(self.profiler_interpose).lower(),
             "jobTimeoutMinutes": str(self.job_timeout_minutes),
             "retryAttempts": str(self.retry_attempts),
             "inputPrefix": self.input_prefix,

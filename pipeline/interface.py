@@ -79,7 +79,13 @@ class ENV(_Names):
     # Names this attempt's scratch directory and profiler socket, the same in the job and the sidecar.
     # Unset in AWS: both containers read the ECS task id from the task metadata endpoint instead.
     TASK_ID = "IOBATCH_TASK_ID"
+    # A contract file the profiler evaluates per stage (`iobatch sidecar --contract`): the image ships the
+    # project's under CONTRACTS_DIR; the job definition sets it (context key profilerContract).
+    CONTRACT = "IOBATCH_CONTRACT"
     TIMEOUT_S = "IOBATCH_TIMEOUT_S"  # the job definition's attempt timeout: the job stops itself before it
+    # 1: the job and every dynamically linked program it starts run with the LD_PRELOAD interposer, recording
+    # into the attempt's scratch directory where the profiler reads (context key profilerInterpose).
+    INTERPOSE = "IOBATCH_INTERPOSE"
     REQUIRE_PREPARED_SCRATCH = "IOBATCH_REQUIRE_PREPARED_SCRATCH"  # 1: scratch must carry the host's marker
     # Set by AWS Batch itself.
     ARRAY_INDEX = "AWS_BATCH_JOB_ARRAY_INDEX"
@@ -100,6 +106,9 @@ class AWS_ENV(_Names):
     EMF_NAMESPACE = "AWS_EMF_NAMESPACE"  # also the sidecar's default --namespace
     EMF_SERVICE_NAME = "AWS_EMF_SERVICE_NAME"
 
+
+#: Where the job image keeps the project's contracts (contracts/ of the repository).
+CONTRACTS_DIR = "/opt/iobatch/contracts"
 
 PROFILER_OFF = "off"  # the value of ENV.PROFILER_SOCKET that runs the job without a profiler
 

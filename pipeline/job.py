@@ -27,9 +27,12 @@ Promises:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +59,7 @@ from pipeline.process import (
 from pipeline.s5cmd import Copy, run_copies
 from pipeline.scratch import Scratch, tree_bytes
 from pipeline.settings import ENV, JobSettings
+from profiling.probes.interpose import preload_env, record_dir, recording_into
 from profiling.protocol import StageReporter
 
 # s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
@@ -147,7 +151,14 @@ def run_stages(settings: JobSettings) -> ChildResult:
     claimed, and removed on every way out, failures included."""
     command = find_command(settings.process_command, settings.child)
     scratch = Scratch(settings.scratch_root, settings.work_dir, require_prepared=settings.require_prepared_scratch)
-    swept = scratch.claim()
+    try:
+        swept = scratch.claim()
+    except IobatchError:
+        # record_calls made the interposer's directory before the claim: leave nothing behind.
+        shutil.rmtree(record_dir(settings.work_dir), ignore_errors=True)
+        with contextlib.suppress(OSError):
+            settings.work_dir.rmdir()
+        raise
     if swept:
         log("swept", scratch=str(settings.scratch_root), attempts=swept)
     try:
@@ -257,6 +268,30 @@ def _upload(settings: JobSettings, s3: Any, outputs: list[Output], *, images: in
     s3io.put_bytes(s3, settings.child_output.join(s3io.SUCCESS_MARKER), json.dumps(marker, sort_keys=True).encode())
 
 
+def record_calls(settings: JobSettings) -> None:
+    """With IOBATCH_INTERPOSE=1 (the job definition's profilerInterpose), start this job again, in the same
+    process, with the LD_PRELOAD interposer recording into its attempt's scratch directory, where its profiler
+    reads (the profiler derives the same directory from the same task id). The job itself and every
+    dynamically linked program it starts are then recorded; the library is the image's (IOBATCH_INTERPOSE_LIB).
+    Returns when already recording, when the profiler is off, or with one warning when it cannot."""
+    if os.environ.get(ENV.INTERPOSE, "") not in ("1", "true") or settings.socket_path is None:
+        return
+    if recording_into(settings.work_dir):
+        return
+    try:
+        env = preload_env(settings.work_dir)
+        if not env:
+            raise OSError("the library libiobatch_interpose.so is not built (make setup) nor named by "
+                          "IOBATCH_INTERPOSE_LIB")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The task id too, so the job finds the same directory without asking the task metadata again.
+        pinned = {ENV.TASK_ID: settings.task_id} if settings.task_id else {}
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **env, **pinned})
+    except OSError as exc:
+        log("warning", error=f"{ENV.INTERPOSE}=1, but the calls are not recorded ({exc}); the job goes on")
+
+
 def main(settings: JobSettings | None = None) -> int:
     """Entrypoint: returns the process exit code (see pipeline/errors.py)."""
     signal.signal(signal.SIGTERM, _stop_with(
@@ -265,6 +300,7 @@ def main(settings: JobSettings | None = None) -> int:
     signal.signal(signal.SIGINT, _stop_with("the child was interrupted (SIGINT, Ctrl-C): run it again to finish it"))
     try:
         settings = settings or JobSettings.from_env()
+        record_calls(settings)  # before the deadline's timer, which would outlive an exec
         arm_deadline(settings.timeout_s)
         run_stages(settings)
         return 0

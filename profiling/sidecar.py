@@ -12,8 +12,9 @@ Injected, with defaults for the real thing:
 - per-call probes (`probes`; default profiling.probes.call_probes_for(scratch_dir), made when the
   socket is bound): each is started with the stage's pid at stage_start (before the baseline, so
   attaching is not stage time) and stopped at stage_end (before the ack, so the job's work after the
-  stage is not counted). A probe with a `close()` (eBPF keeps its program loaded for the whole job) is closed
-  when `serve` returns, on every path (job_end, EOF, SIGTERM, error).
+  stage is not counted); the interposer takes an exact reading of every recording process at both, waiting
+  at most 200 ms (profiling/probes/interpose.py). A probe with a `close()` (eBPF keeps its program loaded
+  for the whole job) is closed when `serve` returns, on every path (job_end, EOF, SIGTERM, error).
   `iobatch sidecar --no-call-probes` runs the kernel counters alone.
 - contracts (`rules_loader`; default profiling.finish.contract_rules): called once with the contract
   file, when one is given; the Evaluator it returns runs at every stage end.
@@ -22,6 +23,7 @@ Injected, with defaults for the real thing:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import select
 import signal
@@ -374,6 +376,10 @@ class Sidecar:
     def _record(self, profile: StageProfile, results: ProbeResults | None = None) -> None:
         """Finish a stage's (or a sub-stage's) profile and emit it as EMF and a profile line."""
         profile = finish_stage(profile, results or [], self._rules, warn=self.warn)
+        # A probe that could not take an exact reading at a boundary says which figures are approximate.
+        approximate = [str(n) for _name, result in results or [] if result for n in result.get("approximate", [])]
+        if approximate:
+            profile = dataclasses.replace(profile, notices=[*profile.notices, *approximate])
         self.profiles.append(profile)
         for notice in profile.notices:
             self._notice(notice)

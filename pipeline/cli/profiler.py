@@ -10,7 +10,7 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import UsageError
-from pipeline.interface import exit_code_of
+from pipeline.interface import ENV, exit_code_of
 from profiling.protocol import SOCKET_NAME
 
 
@@ -58,8 +58,8 @@ def sidecar(
                                                "its block device is sampled (default: the child's work dir)."),
     namespace: str = typer.Option("", "--namespace", metavar="NAME", help="EMF namespace (default $AWS_EMF_NAMESPACE "
                                   "or IoBatch)."),
-    contract: Path | None = typer.Option(None, "--contract", metavar="FILE", help="Contract rules evaluated per "
-                                         "stage."),
+    contract: Path | None = typer.Option(None, "--contract", metavar="FILE", envvar=ENV.CONTRACT,
+                                         help="Contract rules evaluated per stage."),
     call_probes: bool = typer.Option(True, "--call-probes/--no-call-probes", help="Per-call latency probes "
                                      "(eBPF when root, LD_PRELOAD records) beside the kernel counters."),
 ) -> None:
@@ -70,7 +70,7 @@ def sidecar(
     """
     import os
 
-    from pipeline.interface import AWS_ENV, ENV, HOST_CGROUP_MOUNT
+    from pipeline.interface import AWS_ENV, HOST_CGROUP_MOUNT
     from pipeline.settings import job_identity
     from profiling.emf import sink_for
     from profiling.metrics import DEFAULT_NAMESPACE

@@ -31,7 +31,7 @@ from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name, new_ta
 from profiling import runfiles
 
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
-INTERPOSE_ENV = "IOBATCH_INTERPOSE"  # 1: preload the per-call interposer into the job (profiling/interpose)
+INTERPOSE_ENV = ENV.INTERPOSE  # 1: preload the per-call interposer into the job (profiling/interpose)
 SIDECAR_EXIT_WAIT_S = 10.0
 
 

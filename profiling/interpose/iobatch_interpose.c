@@ -8,10 +8,19 @@
  *   IOBATCH_INTERPOSE_INTERVAL_MS  record interval, default 1000
  *   IOBATCH_INTERPOSE_DEPTH        path components kept per fd, default 3 ("/scratch/job/in")
  *
- * Records: <dir>/calls-<pid>.jsonl, one JSON line per interval in which something changed, and one
- * at exit ("final": true). Each line holds cumulative figures since the process started:
- *   {"pid":P,"t":MONO_S,"wall":UNIX_S,"final":B,"paths":["",...],
+ * Records: <dir>/calls-<pid>.jsonl, one JSON line per interval in which something changed, one at
+ * exit ("final": true), and one whenever the generation changes (below). Each line holds cumulative
+ * figures since the program started (or the process forked):
+ *   {"pid":P,"since":MONO_S,"born":G0,"gen":G,"t":MONO_S,"wall":UNIX_S,"final":B,"paths":["",...],
  *    "cells":[[path_index,call,size_class,count,bytes,total_ns,min_ns,max_ns,{"k":n,...}],...]}
+ * since: when these counters started (a program exec'd in the same pid starts again from zero);
+ * born: the generation then; gen: the generation the record answers.
+ *
+ * Generation: the size in bytes of <dir>/generation (0 while it does not exist). The profiler appends
+ * a byte at each stage boundary and waits for every live recording process to write a record tagged
+ * with the new size: the timer thread stat()s the file every FLUSH_POLL_MS and writes that record at
+ * once, so a stage gets exactly the calls made before its end (profiling/probes/interpose.py). The
+ * size is read with stat(2), which never tears, and no fd of ours stays open for the program to close.
  * call: 0 read, 1 write, 2 open, 3 close, 4 fsync. size_class: -1 for calls without a size, else the
  * bit length of the bytes transferred (0 for 0 bytes; k covers [2^(k-1), 2^k)). Latency histogram
  * bucket k counts calls that took [2^k, 2^(k+1)) ns (bucket 0 also holds 0 ns).
@@ -51,6 +60,7 @@ enum { C_READ, C_WRITE, C_OPEN, C_CLOSE, C_FSYNC, NCALL };
 #define NPATH 32   /* distinct path prefixes per process; index 0 is "unknown" (sockets, pipes, ...) */
 #define NFD 65536  /* fds above this are attributed to "unknown" */
 #define PATHLEN 256
+#define FLUSH_POLL_MS 20 /* how often the timer thread looks at the generation: a boundary waits up to this */
 
 struct cell {
     uint64_t count, bytes, total_ns, min_ns, max_ns;
@@ -116,6 +126,9 @@ static int enabled;
 static int depth = 3;
 static long interval_ms = 1000;
 static char record_path[PATH_MAX];
+static char generation_path[PATH_MAX];
+static long born_gen;               /* the generation when these counters started */
+static double since_s;              /* monotonic time when these counters started */
 static int recording;               /* a record directory was given */
 static volatile int dumper_pending; /* a forked child starts its dumper on its first call */
 static int finished;
@@ -175,6 +188,18 @@ static inline uint64_t now_ns(void) {
 
 static inline int bit_length(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
 
+static double mono_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The profiler's generation: the size of <dir>/generation (see the header). */
+static long read_gen(void) {
+    struct stat st;
+    return generation_path[0] && stat(generation_path, &st) == 0 ? (long)st.st_size : 0;
+}
+
 static void block_destroy(void *arg);
 
 /* The calling thread's block, created on its first call. NULL while the library is off. */
@@ -214,6 +239,7 @@ static inline void cell_add(struct cell *c, uint64_t ns) {
 static inline void account(int call, int fd, int64_t size, uint64_t ns) {
     if (UNLIKELY(dumper_pending)) {
         dumper_pending = 0;
+        born_gen = read_gen(); /* no call was counted since the fork: this one starts the figures */
         start_dumper();
     }
     struct block *b = thread_block();
@@ -372,9 +398,13 @@ static void out_json_string(struct out *o, const char *s) {
     out_printf(o, "\"");
 }
 
-/* Sum every thread's figures and append one record line. Returns after writing nothing when no call
- * happened since the last record, unless `final`. */
-static void write_record(int final) {
+enum { RECORD_REGULAR, RECORD_FLUSH, RECORD_FINAL };
+
+/* Sum every thread's figures and append one record line tagged with generation `gen`. A regular record
+ * is skipped when no call happened since the last record; a flush (the profiler's boundary) or the
+ * final record is always written. */
+static void write_record(int kind, long gen) {
+    int final = kind == RECORD_FINAL;
     static struct block sum; /* only ever used under `lock` */
     static struct out out;
     if (!recording) return;
@@ -391,7 +421,7 @@ static void write_record(int final) {
     uint64_t total = 0;
     for (int p = 0; p < NPATH; p++)
         for (int i = 0; i < CELLS_PER_PATH; i++) total += sum.cells[p][i].count;
-    if (total == last_total && !final) {
+    if (total == last_total && kind == RECORD_REGULAR) {
         pthread_mutex_unlock(&lock);
         in_hook = 0;
         errno = saved_errno;
@@ -402,8 +432,9 @@ static void write_record(int final) {
     clock_gettime(CLOCK_MONOTONIC, &mono);
     clock_gettime(CLOCK_REALTIME, &wall);
     out.len = 0;
-    out_printf(&out, "{\"pid\":%d,\"t\":%.6f,\"wall\":%.6f,\"final\":%s,\"paths\":[", (int)getpid(),
-               mono.tv_sec + mono.tv_nsec / 1e9, wall.tv_sec + wall.tv_nsec / 1e9, final ? "true" : "false");
+    out_printf(&out, "{\"pid\":%d,\"since\":%.6f,\"born\":%ld,\"gen\":%ld,\"t\":%.6f,\"wall\":%.6f,\"final\":%s,"
+               "\"paths\":[", (int)getpid(), since_s, born_gen, gen, mono.tv_sec + mono.tv_nsec / 1e9,
+               wall.tv_sec + wall.tv_nsec / 1e9, final ? "true" : "false");
     int n = npaths;
     for (int p = 0; p < n; p++) {
         if (p) out_printf(&out, ",");
@@ -448,13 +479,27 @@ static void write_record(int final) {
     errno = saved_errno;
 }
 
+/* The timer thread: a record every interval, and one at once when the profiler changes the generation
+ * (a stage boundary; the calling threads may all be blocked then, so they cannot be the ones to look). */
 static void *dumper_main(void *arg) {
     (void)arg;
     in_hook = 1; /* this thread's own calls are never counted */
-    struct timespec ts = {interval_ms / 1000, (interval_ms % 1000) * 1000000L};
+    long tick_ms = interval_ms < FLUSH_POLL_MS ? interval_ms : FLUSH_POLL_MS;
+    struct timespec tick = {tick_ms / 1000, (tick_ms % 1000) * 1000000L};
+    long seen = born_gen;
+    /* A first record at once: from now on the profiler knows this process records and waits for it. */
+    write_record(RECORD_FLUSH, seen);
+    uint64_t next = now_ns() + (uint64_t)interval_ms * 1000000ull;
     for (;;) {
-        nanosleep(&ts, NULL);
-        write_record(0);
+        nanosleep(&tick, NULL);
+        long gen = read_gen();
+        if (gen != seen) {
+            seen = gen;
+            write_record(RECORD_FLUSH, gen);
+        } else if (now_ns() >= next) {
+            write_record(RECORD_REGULAR, seen);
+            next = now_ns() + (uint64_t)interval_ms * 1000000ull;
+        }
     }
     return NULL;
 }
@@ -464,6 +509,9 @@ static void open_record_file(void) {
     recording = 0;
     if (dir == NULL || dir[0] == 0) return;
     snprintf(record_path, sizeof record_path, "%s/calls-%d.jsonl", dir, (int)getpid());
+    snprintf(generation_path, sizeof generation_path, "%s/generation", dir);
+    since_s = mono_s();
+    born_gen = read_gen();
     int fd = real.open(record_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
         real.close(fd);
@@ -507,7 +555,7 @@ static void after_fork_child(void) {
 static void at_exit(void) {
     if (!enabled || finished) return;
     finished = 1;
-    write_record(1);
+    write_record(RECORD_FINAL, read_gen());
 }
 
 __attribute__((constructor)) static void init(void) {

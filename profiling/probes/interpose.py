@@ -1,12 +1,20 @@
 """Reader for the LD_PRELOAD interposer's records (profiling/interpose/iobatch_interpose.c).
 
 The job starts its dynamically linked children with `preload_env(scratch)`; every such process appends
-cumulative records to `<scratch>/.iobatch-calls/calls-<pid>.jsonl` once per interval and at exit.
-`InterposeProbe` turns them into the per-call dict of profiling.probes.callstats for one stage.
+cumulative records to `<scratch>/.iobatch-calls/calls-<pid>.jsonl` once per interval, at exit, and at
+once when the profiler asks. `InterposeProbe` turns them into the per-call dict of
+profiling.probes.callstats for one stage.
+
+Stage boundaries are exact: at each one (start() and stop()) the probe appends a byte to
+`<records>/generation` and waits, at most FLUSH_WAIT_S, until every live recording process has written
+a record tagged with the new generation (the library's timer thread looks every 20 ms). The job is
+blocked waiting for the profiler's ack meanwhile, so that record holds exactly the calls made before
+the boundary. A process that does not answer in time leaves its figures approximate for the stage
+(its last record stands for the boundary), and the stage says so in one notice.
 
 What it cannot see: statically linked programs and Go binaries such as s5cmd (they make system calls
-directly), stdio's internal reads and writes inside libc, and memory-mapped I/O. Stage boundaries are
-resolved to the record interval (1 s by default): a record is the state at its time stamp.
+directly), stdio's internal reads and writes inside libc, and memory-mapped I/O; nor the calls an
+exec'ing program (`sh -c`) made after its last record before exec.
 """
 
 from __future__ import annotations
@@ -23,11 +31,14 @@ from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, add_cells, 
 
 NAME = "interpose"
 RECORD_DIR_NAME = ".iobatch-calls"
+GENERATION_NAME = "generation"  # in the record directory; its size is the generation (see the C header)
 LIB_NAME = "libiobatch_interpose.so"
 ENV_LIB = "IOBATCH_INTERPOSE_LIB"  # override where the library is
 ENV_DIR = "IOBATCH_INTERPOSE_DIR"  # read by the library: where records go
 ENV_INTERVAL_MS = "IOBATCH_INTERPOSE_INTERVAL_MS"
 DEFAULT_INTERVAL_S = 1.0
+FLUSH_WAIT_S = 0.2  # the longest a boundary waits for the processes' records
+POLL_S = 0.002
 
 
 def library_path(environ: Mapping[str, str] | None = None) -> Path | None:
@@ -56,8 +67,16 @@ def preload_env(scratch_dir: Path, environ: Mapping[str, str] | None = None) -> 
         return {}
     directory = record_dir(scratch_dir)
     directory.mkdir(parents=True, exist_ok=True)
-    preload = " ".join(p for p in (str(lib), env.get("LD_PRELOAD", "")) if p)
-    return {"LD_PRELOAD": preload, ENV_DIR: str(directory)}
+    others = [p for p in env.get("LD_PRELOAD", "").replace(":", " ").split() if p != str(lib)]
+    return {"LD_PRELOAD": " ".join([str(lib), *others]), ENV_DIR: str(directory)}
+
+
+def recording_into(scratch_dir: Path, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process was started with `preload_env(scratch_dir)` (its calls are being recorded)."""
+    env = os.environ if environ is None else environ
+    lib = library_path(env)
+    return (lib is not None and env.get(ENV_DIR) == str(record_dir(scratch_dir))
+            and str(lib) in env.get("LD_PRELOAD", "").replace(":", " ").split())
 
 
 @dataclass(frozen=True)
@@ -68,6 +87,18 @@ class Record:
     t: float
     final: bool
     cells: Cells
+    since: float = 0.0  # when these counters started: the program's start, or its fork
+    born: int = 0  # the generation then
+    gen: int = 0  # the generation this record answers
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """A stage boundary: when it was, and the generation the probe set then (None: it could not, and the
+    records' time stamps decide, to within the record interval)."""
+
+    t: float
+    gen: int | None = None
 
 
 def parse_record(line: str) -> Record:
@@ -79,61 +110,135 @@ def parse_record(line: str) -> Record:
         key = (paths[path_index], CALLS[call], NO_SIZE if size < 0 else int(size))
         stats = Stats(int(count), int(nbytes), int(total), int(lo), int(hi), {int(k): int(v) for k, v in hist.items()})
         cells.setdefault(key, Stats()).add(stats)
-    return Record(int(data["pid"]), float(data["t"]), bool(data["final"]), cells)
+    return Record(int(data["pid"]), float(data["t"]), bool(data["final"]), cells, float(data.get("since", 0.0)),
+                  int(data.get("born", 0)), int(data.get("gen", 0)))
 
 
-def read_records(directory: Path) -> dict[int, list[Record]]:
-    """Every process's records, oldest first. A line being written right now (no newline yet) is skipped."""
-    out: dict[int, list[Record]] = {}
-    if not directory.is_dir():
-        return out
-    for file in sorted(directory.glob("calls-*.jsonl")):
-        try:
-            text = file.read_text(encoding="utf-8")
-        except OSError:
-            continue
-        for line in text.splitlines(keepends=True):
-            if not line.endswith("\n"):
-                break
+ProcessKey = tuple[int, float]  # (pid, since): a program exec'd in the same pid counts from zero again
+
+
+class RecordLog:
+    """The record files of one directory, read as they grow: each process's records in the order written."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.processes: dict[ProcessKey, list[Record]] = {}
+        self._offsets: dict[str, int] = {}
+
+    def poll(self) -> None:
+        """Read the complete lines appended since the last poll (a line being written waits for the next)."""
+        if not self.directory.is_dir():
+            return
+        for file in sorted(self.directory.glob("calls-*.jsonl")):
+            offset = self._offsets.get(file.name, 0)
             try:
-                record = parse_record(line)
-            except (ValueError, KeyError, IndexError, TypeError):
+                if file.stat().st_size <= offset:  # nothing new: a boundary polls often, most files are done
+                    continue
+                with file.open("rb") as stream:
+                    stream.seek(offset)
+                    data = stream.read()
+            except OSError:
                 continue
-            out.setdefault(record.pid, []).append(record)
-    for records in out.values():
-        records.sort(key=lambda r: r.t)
-    return out
+            complete = data.rfind(b"\n") + 1
+            self._offsets[file.name] = offset + complete
+            for line in data[:complete].splitlines():
+                try:
+                    record = parse_record(line.decode())
+                except (ValueError, KeyError, IndexError, TypeError):
+                    continue
+                self.processes.setdefault((record.pid, record.since), []).append(record)
+
+    def unanswered(self, gen: int) -> list[int]:
+        """Pids of live recording processes with no record of generation `gen` yet."""
+        latest: dict[int, float] = {}
+        for pid, since in self.processes:
+            latest[pid] = max(since, latest.get(pid, since))
+        waiting = []
+        for (pid, since), records in self.processes.items():
+            last = records[-1]
+            if since == latest[pid] and not last.final and last.gen < gen and last.born < gen and _alive(pid):
+                waiting.append(pid)
+        return sorted(waiting)
+
+    def keep_from(self, boundary: Boundary) -> None:
+        """Forget what no later stage needs: records before each process's state at `boundary`, and
+        processes that had ended by then."""
+        for key, records in list(self.processes.items()):
+            first = boundary_index(records, boundary)
+            if first >= 0 and records[-1].final and first == len(records) - 1:
+                del self.processes[key]
+            elif first > 0:
+                self.processes[key] = records[first:]
 
 
-def state_at(records: list[Record], t: float) -> Cells:
-    """A process's cumulative cells at time t: its last record at or before t."""
-    state: Cells = {}
-    for record in records:
-        if record.t > t:
-            break
-        state = record.cells
-    return state
+def _alive(pid: int, proc: Path = Path("/proc")) -> bool:
+    """A process that can still write a record: it exists and is no zombie (proc(5), /proc/pid/stat state)."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rpartition(")")[2].split()
+    return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def read_records(directory: Path) -> dict[ProcessKey, list[Record]]:
+    """Every process's records, in the order written. A line being written right now is skipped."""
+    log = RecordLog(directory)
+    log.poll()
+    return log.processes
+
+
+def boundary_index(records: list[Record], boundary: Boundary) -> int:
+    """Which of a process's records holds its figures at `boundary`; -1 when none does (all zero then).
+
+    With a generation: the first record answering it, unless the process started after it (zero); a process
+    with none ended before the boundary (its last record is final) or did not answer in time (its last).
+    Without: the last record at or before the boundary's time."""
+    if boundary.gen is None:
+        index = -1
+        for i, record in enumerate(records):
+            if record.t > boundary.t:
+                break
+            index = i
+        return index
+    if not records or records[0].born >= boundary.gen:
+        return -1
+    for i, record in enumerate(records):
+        if record.gen >= boundary.gen:
+            return i
+    return len(records) - 1
 
 
 def stage_calls(
-    records: Mapping[int, list[Record]],
-    start: float,
-    stop: float,
+    records: Mapping[Any, list[Record]],
+    start: Boundary | float,
+    stop: Boundary | float,
     interval_s: float = DEFAULT_INTERVAL_S,
 ) -> tuple[Cells, list[tuple[float, Cells]]]:
-    """Calls made in [start, stop] (monotonic seconds), in total and per interval since start."""
+    """Calls made between two boundaries (a bare number: a monotonic time), in total and per interval
+    since start. Interior interval edges are resolved to the records' time stamps."""
+    first_b = start if isinstance(start, Boundary) else Boundary(start)
+    last_b = stop if isinstance(stop, Boundary) else Boundary(stop)
+    span = last_b.t - first_b.t
+    edges = [first_b.t + i * interval_s for i in range(int(span / interval_s) + 1)]
+    if edges[-1] < last_b.t:
+        edges.append(last_b.t)
+    frames: list[tuple[float, Cells]] = [(edge - first_b.t, {}) for edge in edges[:-1]]
     total: Cells = {}
-    edges = [start + i * interval_s for i in range(int((stop - start) / interval_s) + 1)]
-    if edges[-1] < stop:
-        edges.append(stop)
-    frames: list[tuple[float, Cells]] = [(edge - start, {}) for edge in edges[:-1]]
     for proc in records.values():
-        add_cells(total, cells_since(state_at(proc, stop), state_at(proc, start)))
-        previous = state_at(proc, edges[0])
-        for i, edge in enumerate(edges[1:]):
-            current = state_at(proc, edge)
+        first, last = boundary_index(proc, first_b), boundary_index(proc, last_b)
+        begin = proc[first].cells if first >= 0 else {}
+        end = proc[last].cells if last > first else begin
+        add_cells(total, cells_since(end, begin))
+        previous, at = begin, first
+        for i, edge in enumerate(edges[1:-1]):
+            while at + 1 <= last and proc[at + 1].t <= edge:
+                at += 1
+            current = proc[at].cells if at > first else begin
             add_cells(frames[i][1], cells_since(current, previous))
             previous = current
+        if frames:
+            add_cells(frames[-1][1], cells_since(end, previous))
     return total, frames
 
 
@@ -142,31 +247,80 @@ class InterposeProbe:
 
     name = NAME
 
-    def __init__(self, directory: Path, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, directory: Path, interval_s: float = DEFAULT_INTERVAL_S,
+                 flush_wait_s: float = FLUSH_WAIT_S) -> None:
         self.directory = Path(directory)
         self.interval_s = interval_s
-        self._start: float | None = None
+        self.flush_wait_s = flush_wait_s
+        self._log = RecordLog(self.directory)
+        self._start: Boundary | None = None
+        self._late: list[str] = []
         self._pid = 0
 
     def start(self, pid: int) -> None:
         self._pid = pid
-        self._start = time.monotonic()
+        self._late = []
+        self._start = self._boundary("start")
+        self._log.keep_from(self._start)
 
     def stop(self) -> dict[str, Any] | None:
         if self._start is None:
             return None
         start, self._start = self._start, None
-        stop = time.monotonic()
-        records = read_records(self.directory)
-        total, frames = stage_calls(records, start, stop, self.interval_s)
+        stop = self._boundary("end")
+        total, frames = stage_calls(self._log.processes, start, stop, self.interval_s)
         if not total:
             return None
-        return calls_dict(
+        result = calls_dict(
             NAME,
             total,
             frames,
             filter_text=f"processes started with the LD_PRELOAD interposer recording into {self.directory}",
-            duration_s=stop - start,
+            duration_s=stop.t - start.t,
             interval_s=self.interval_s,
-            notes=["statically linked programs (Go: s5cmd) are not seen by LD_PRELOAD"],
+            notes=["statically linked programs (Go: s5cmd) are not seen by LD_PRELOAD", *self._late],
         )
+        if self._late:
+            result["approximate"] = list(self._late)
+        return result
+
+    def _boundary(self, which: str) -> Boundary:
+        """Set a new generation and wait (at most flush_wait_s) for every live process's record of it."""
+        t = time.monotonic()
+        gen, problem = bump_generation(self.directory)
+        if gen is None:
+            if problem:
+                self._late.append(f"interposer per-call figures approximate at the stage's {which}: {problem}; "
+                                  "calls within a record interval of it may be counted in the neighbouring stage")
+            return Boundary(t)
+        deadline = t + self.flush_wait_s
+        while True:
+            self._log.poll()
+            waiting = self._log.unanswered(gen)
+            if not waiting:
+                return Boundary(t, gen)
+            if time.monotonic() >= deadline:
+                pids = ", ".join(map(str, waiting[:5])) + (" ..." if len(waiting) > 5 else "")
+                self._late.append(f"interposer per-call figures approximate at the stage's {which}: process "
+                                  f"{pids} did not write its record within {self.flush_wait_s * 1000:.0f} ms; its "
+                                  "calls near the boundary may be counted in the neighbouring stage")
+                return Boundary(t, gen)
+            time.sleep(POLL_S)
+
+
+def bump_generation(directory: Path) -> tuple[int | None, str | None]:
+    """Append one byte to the generation file: (the new generation, None), or (None, why not). No directory
+    yet means no process records into it: (None, None)."""
+    try:
+        fd = os.open(directory / GENERATION_NAME, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot write {directory / GENERATION_NAME} ({exc.strerror})"
+    try:
+        os.write(fd, b"\n")
+        return os.fstat(fd).st_size, None
+    except OSError as exc:
+        return None, f"cannot write {directory / GENERATION_NAME} ({exc.strerror})"
+    finally:
+        os.close(fd)

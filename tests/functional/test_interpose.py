@@ -1,23 +1,30 @@
-"""The LD_PRELOAD interposer against the truth: exact counts, strace -T latency, errno, fork, threads."""
+"""The LD_PRELOAD interposer against the truth: exact counts, strace -T latency, errno, fork, threads, and
+exact stage boundaries through the real sidecar and job client."""
 
 from __future__ import annotations
 
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
+from profiling.emf import RecordingSink
 from profiling.metrics import by_call
 from profiling.probes.callstats import Cells, Stats
-from profiling.probes.interpose import InterposeProbe, library_path, preload_env, read_records
+from profiling.probes.interpose import InterposeProbe, library_path, preload_env, read_records, record_dir
+from profiling.sidecar import Sidecar, SidecarConfig
 
-INTERPOSE_DIR = Path(__file__).resolve().parents[2] / "profiling" / "interpose"
+REPO = Path(__file__).resolve().parents[2]
+INTERPOSE_DIR = REPO / "profiling" / "interpose"
 WRITEBENCH = INTERPOSE_DIR / "writebench"
 
 
@@ -39,7 +46,7 @@ def run_preloaded(argv: list[str], scratch: Path, **env: str) -> subprocess.Comp
 
 def final_cells(scratch: Path) -> dict[int, Cells]:
     records = read_records(scratch / ".iobatch-calls")
-    return {pid: recs[-1].cells for pid, recs in records.items() if recs and recs[-1].final}
+    return {pid: recs[-1].cells for (pid, _since), recs in records.items() if recs and recs[-1].final}
 
 
 def write_stats(cells: Cells, path: str) -> Stats:
@@ -157,7 +164,7 @@ def test_errno_threads_fork_and_paths(built: Path, tmp_path: Path) -> None:
     assert preloaded.returncode == 0, preloaded.stderr
     assert preloaded.stdout.split("]")[0] == plain.stdout.split("]")[0]  # same errnos, same return values
     child_pid = int(preloaded.stdout.split()[-1])
-    records = read_records(tmp_path / "scratch" / ".iobatch-calls")
+    records = {pid: recs for (pid, _since), recs in read_records(tmp_path / "scratch" / ".iobatch-calls").items()}
     parent = next(recs[-1].cells for pid, recs in records.items() if pid != child_pid)
     assert write_stats(parent, "/dev/null").count == 20_000
     assert write_stats(parent, "/dev/null").bytes == 2_000_000
@@ -201,3 +208,139 @@ def test_preload_env_points_at_the_library(built: Path, tmp_path: Path) -> None:
     env = preload_env(tmp_path, {"LD_PRELOAD": "other.so"})
     assert env["LD_PRELOAD"] == f"{built} other.so"
     assert Path(env["IOBATCH_INTERPOSE_DIR"]).is_dir()
+
+
+# A job with two stages back to back: 2,000 writes to /dev/null over ~0.1 s, then 7. Both are far shorter
+# than the record interval (1 s), so only a reading taken at each boundary can split them right.
+TWO_STAGES = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from profiling.protocol import StageReporter
+    reporter = StageReporter(Path(sys.argv[1]), warn=print)
+    null = os.open("/dev/null", os.O_WRONLY)
+    with reporter.stage("first"):
+        for i in range(2000):
+            os.write(null, b"x")
+            if i % 200 == 0:
+                time.sleep(0.01)
+    with reporter.stage("second"):
+        for _ in range(7):
+            os.write(null, b"y")
+    reporter.close()
+    """
+)
+
+
+def null_writes(calls: dict[str, object] | None) -> int:
+    assert calls is not None
+    return sum(row["count"] for row in calls["cells"] if row["call"] == "write" and row["path"] == "/dev/null")
+
+
+def test_each_short_stage_gets_exactly_its_calls(built: Path, tmp_path: Path) -> None:
+    scratch = tmp_path / "scratch"
+    env = {**os.environ, **preload_env(scratch), "PYTHONPATH": str(REPO)}
+    warned: list[str] = []
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.05)
+    sidecar = Sidecar(config, warn=warned.append, probes=[InterposeProbe(record_dir(scratch))])
+    sidecar.bind()
+    server = threading.Thread(target=sidecar.serve, kwargs={"poll_s": 0.02})
+    server.start()
+    job = subprocess.run([sys.executable, "-c", TWO_STAGES, str(config.socket_path)], env=env,
+                         capture_output=True, text=True, timeout=60, check=False)
+    server.join(timeout=10)
+    assert job.returncode == 0 and job.stdout == "", job.stdout + job.stderr
+    first, second = sidecar.profiles
+    assert first.duration_s < 1.0  # shorter than the record interval
+    assert (null_writes(first.calls), null_writes(second.calls)) == (2000, 7)
+    assert warned == [] and not first.notices and not second.notices
+
+
+def test_a_process_that_cannot_answer_makes_the_stage_approximate(built: Path, tmp_path: Path) -> None:
+    """A stopped process cannot write its record: the boundary waits its 0.2 s, then says so once."""
+    scratch = tmp_path / "scratch"
+    probe = InterposeProbe(record_dir(scratch))
+    probe.start(os.getpid())
+    script = "import os, time\nnull = os.open('/dev/null', os.O_WRONLY)\nos.write(null, b'x')\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", script],
+                            env={**os.environ, **preload_env(scratch), "IOBATCH_INTERPOSE_INTERVAL_MS": "50"})
+
+    def recorded_its_write() -> bool:
+        return any(stats.count for records in read_records(record_dir(scratch)).values()
+                   for (path, call, _k), stats in records[-1].cells.items() if (path, call) == ("/dev/null", "write"))
+
+    try:
+        deadline = time.monotonic() + 10
+        while not recorded_its_write() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        calls = probe.stop()
+        waited = time.monotonic() - began
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 0.2 <= waited < 2.0
+    assert calls is not None and null_writes(calls) == 1
+    (notice,) = calls["approximate"]
+    assert f"process {proc.pid} did not write its record within 200 ms" in notice
+    assert "approximate at the stage's end" in notice
+
+
+RECORDING_JOB = (
+    "import os\n"
+    "from pipeline.job import record_calls\n"
+    "from pipeline.settings import JobSettings\n"
+    "print(os.getpid(), os.environ.get('IOBATCH_INTERPOSE_DIR'), flush=True)\n"
+    "record_calls(JobSettings.from_env())\n"
+    "null = os.open('/dev/null', os.O_WRONLY)\n"
+    "for _ in range(5):\n"
+    "    os.write(null, b'z')\n"
+)
+
+
+@pytest.mark.parametrize("switch", ["1", ""])
+def test_the_job_switch_records_the_job_in_its_scratch_directory(built: Path, tmp_path: Path, switch: str) -> None:
+    """IOBATCH_INTERPOSE=1, as the job definition sets it (profilerInterpose): the job starts itself again, same
+    pid, preloaded and recording into <scratch>/task-<id>/, where the sidecar of that task id reads."""
+    from pipeline.interface import ENV, task_dir_name
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), ENV.INPUT: "s3://input-bucket/images/", ENV.OUTPUT: "s3://output-bucket/shards/",
+           ENV.IMAGES_PER_CHILD: "5", ENV.SCRATCH: str(tmp_path), ENV.TASK_ID: "t1", ENV.INTERPOSE: switch}
+    env.pop("LD_PRELOAD", None)
+    env.pop("IOBATCH_INTERPOSE_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", RECORDING_JOB], env=env, capture_output=True, text=True,
+                          timeout=60, check=False)
+    assert proc.returncode == 0, proc.stderr
+    records = record_dir(tmp_path / task_dir_name("t1"))
+    lines = [line.split() for line in proc.stdout.splitlines()]
+    if not switch:
+        assert lines == [[lines[0][0], "None"]] and not records.exists()
+        return
+    (pid, before), (again, after) = lines
+    assert (again, before, after) == (pid, "None", str(records))
+    (cells,) = final_cells(tmp_path / task_dir_name("t1")).values()
+    assert write_stats(cells, "/dev/null").count == 5
+
+
+def _line(since: float, born: int, gen: int, t: float, writes: int) -> str:
+    """A record line as the library writes it (7 writes of 4 KiB to /scratch: size class 13)."""
+    return (f'{{"pid":7,"since":{since},"born":{born},"gen":{gen},"t":{t},"wall":0,"final":false,'
+            f'"paths":["","/scratch"],"cells":[[1,1,13,{writes},{writes * 4096},{writes * 900},800,1000,'
+            f'{{"9":{writes}}}]]}}')
+
+
+def test_boundaries_follow_generations_and_an_exec_counts_from_zero(tmp_path: Path) -> None:
+    """Pid 7 runs a program (since 1.0) that answers generation 1 with 10 writes, makes 2 more and execs; the
+    new program (since 2.0, born in generation 1) makes 8 and answers generation 2: the stage has 2 + 8."""
+    from profiling.probes.interpose import Boundary, stage_calls
+
+    directory = tmp_path / "records"
+    directory.mkdir()
+    (directory / "calls-7.jsonl").write_text("\n".join([
+        _line(1.0, 0, 0, 1.5, 5), _line(1.0, 0, 1, 3.0, 10), _line(1.0, 0, 1, 3.5, 12),
+        _line(2.0, 1, 1, 3.6, 3), _line(2.0, 1, 2, 4.0, 8)]) + "\n" + _line(2.0, 1, 2, 4.1, 9)[:40])
+    records = read_records(directory)
+    assert sorted(records) == [(7, 1.0), (7, 2.0)]  # the unfinished last line is left for the next read
+    total, _frames = stage_calls(records, Boundary(2.9, 1), Boundary(3.9, 2), interval_s=0.5)
+    assert sum(s.count for s in total.values()) == 2 + 8
