@@ -1,8 +1,11 @@
 """Download throughput: the pipeline's download stage vs bare `s5cmd cp` vs `aws s3 cp --recursive`.
 
 Same objects, same embedded S3 server, same scratch filesystem, alternating rounds; medians reported.
-The pipeline figure is the download stage as the sidecar measured it (its StageProfile duration), for one
-child that takes every image, so all move the same bytes with one process tree. Bare s5cmd runs twice:
+The pipeline runs one child that takes every image, so all move the same bytes with one process tree, and
+is timed two ways: the download stage as the sidecar measured it (its StageProfile duration, which starts
+after the per-call probe is attached), and as the job saw it (from its `stage_start` log line, before it asks
+the sidecar to start the stage, to its `stage_end` line): the probe's start-up included, like for like with
+bare s5cmd's whole process. Bare s5cmd runs twice:
 with the pipeline's --numworkers (the ratio that shows what the wrapper costs: run file, JSON parsing,
 size checks, profiling) and with s5cmd's own default of 256.
 
@@ -12,6 +15,7 @@ size checks, profiling) and with s5cmd's own default of 256.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -25,7 +29,7 @@ from pipeline.local.demo import dataset_cache, upload_dataset
 from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.s5cmd import s5cmd_binary
-from pipeline.settings import DEFAULT_S5CMD_WORKERS, S3Uri
+from pipeline.settings import DEFAULT_S5CMD_WORKERS, S3Uri, child_name
 from profiling import runfiles
 from profiling.metrics import median
 
@@ -34,6 +38,20 @@ def timed(args: list[str], env: dict[str, str]) -> float:
     started = time.perf_counter()
     subprocess.run(args, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
+
+
+JOB_VIEW = "pipeline, job's view"  # probe start-up included
+
+
+def job_view_s(log: Path) -> float:
+    """Seconds from the job's download stage_start log line to its stage_end line (the job's own clock)."""
+    times = {}
+    for line in log.read_text().splitlines():
+        if line.startswith("{"):
+            event = json.loads(line)
+            if event.get("stage") == "download" and event.get("event") in ("stage_start", "stage_end"):
+                times[event["event"]] = float(event["time"])
+    return times["stage_end"] - times["stage_start"]
 
 
 def main() -> None:
@@ -49,8 +67,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="iobatch-bench-"))
     aws = shutil.which("aws", path=str(Path(sys.executable).parent)) or "aws"
     same = f"s5cmd cp, --numworkers {DEFAULT_S5CMD_WORKERS}"
-    rates: dict[str, list[float]] = {"pipeline download stage": [], same: [], "s5cmd cp, default 256": [],
-                                     "aws s3 cp --recursive": []}
+    rates: dict[str, list[float]] = {JOB_VIEW: [], "pipeline download stage": [], same: [],
+                                     "s5cmd cp, default 256": [], "aws s3 cp --recursive": []}
     try:
         with EmbeddedS3(work / "s3") as server:
             env = {**os.environ, **server.env()}
@@ -80,6 +98,7 @@ def main() -> None:
                           progress=False, say=lambda _: None)
                 download = next(p for p in runfiles.read_profiles(run_dir) if p.stage == "download")
                 rates["pipeline download stage"].append(total / download.duration_s)
+                rates[JOB_VIEW].append(total / job_view_s(runfiles.log_path(run_dir, child_name(0))))
                 print(f"round {round_ + 1}/{opts.rounds}: " + ", ".join(
                     f"{name} {values[-1] / 2**20:,.0f} MiB/s" for name, values in rates.items()), flush=True)
     finally:

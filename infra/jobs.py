@@ -20,6 +20,7 @@ from pipeline.interface import (
     JOB_CONTAINER,
     PROFILER_CONTAINER,
     SCRATCH_MOUNT,
+    contract_in_image,
 )
 from profiling.metrics import DEFAULT_NAMESPACE
 
@@ -97,6 +98,8 @@ class Jobs(Construct):
         }
         if settings.process_command:  # else the image's own, or the built-in resizer
             env[ENV.PROCESS_COMMAND] = settings.process_command
+        if settings.profiler_contract:  # the profiler evaluates it at every stage end
+            env[ENV.CONTRACT] = contract_in_image(settings.profiler_contract)
         if settings.profiler_interpose:
             # One switch: the job preloads the image's library (IOBATCH_INTERPOSE_LIB, containers/job/Dockerfile)
             # into itself and its programs, recording into its attempt's scratch directory, which the profiler

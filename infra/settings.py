@@ -11,9 +11,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from pipeline.interface import process_command_problem
+from pipeline.interface import CONTRACT_SUFFIX, process_command_problem
 from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
 from tuning.ebs import Volume, VolumeError
 from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
@@ -25,14 +26,17 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*[0-9][a-z0-9-]*(\.[a-z0-9]+)?$")
 
 
 _PREFIX = re.compile(r"^([A-Za-z0-9!_.'()-]+/)*$")
+# The contracts the image ships (containers/job/Dockerfile copies contracts/ to pipeline.interface.CONTRACTS_DIR).
+SHIPPED_CONTRACTS = Path(__file__).resolve().parents[1] / "contracts"
+_IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,250}$")
 # The context key that turns the LD_PRELOAD interposer on in the job container (StackSettings.profiler_interpose).
 PROFILER_INTERPOSE_KEY = "profilerInterpose"
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
     "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
-    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY, "processCommand",
-    "jobImage",
+    "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY,
+    "profilerContract", "processCommand", "jobImage",
 )
 # An image reference: [registry/]repository[:tag][@digest] (the Docker reference grammar, simplified).
 _IMAGE = re.compile(r"^[a-z0-9][A-Za-z0-9._:/-]{0,254}(@sha256:[0-9a-f]{64})?$")
@@ -72,6 +76,9 @@ class StackSettings:
     # derives its record directory from its scratch directory (pipeline.job.record_calls), where the profiler
     # finds it. Off by default: the job's calls then cost nothing extra.
     profiler_interpose: bool = False
+    # A contract the profiler evaluates per stage: the name of one the image ships (contracts/NAME.contract)
+    # or an absolute path in the image (a user image's own); None: no contract.
+    profiler_contract: str | None = None
     # The process stage's command line in the job definition (pipeline.interface: {input} {output}); None
     # leaves it to the image (its IOBATCH_PROCESS_COMMAND, else the built-in resizer).
     process_command: str | None = None
@@ -116,6 +123,7 @@ class StackSettings:
             host=host,
             profiler_ebpf=_bool(ctx, "profilerEbpf", base.profiler_ebpf),
             profiler_interpose=_bool(ctx, PROFILER_INTERPOSE_KEY, base.profiler_interpose),
+            profiler_contract=_optional_text(ctx, "profilerContract"),
             process_command=_optional_text(ctx, "processCommand"),
             job_image=_optional_text(ctx, "jobImage"),
         )
@@ -158,6 +166,11 @@ class StackSettings:
             raise SettingsError(f"retryAttempts {self.retry_attempts} is outside 1-10 (Batch's limits)")
         if self.process_command is not None and (problem := process_command_problem(self.process_command)):
             raise SettingsError(f"processCommand {self.process_command[:80]!r} {problem}")
+        if self.profiler_contract is not None:
+            shipped = sorted(p.stem for p in SHIPPED_CONTRACTS.glob(f"*{CONTRACT_SUFFIX}"))
+            if not (self.profiler_contract in shipped or _IMAGE_PATH.match(self.profiler_contract)):
+                raise SettingsError(f"profilerContract {self.profiler_contract[:80]!r} is neither a contract the "
+                                    f"image ships ({', '.join(shipped)}) nor an absolute path in the image")
         if self.job_image is not None and not _IMAGE.match(self.job_image):
             raise SettingsError(f"jobImage {self.job_image[:80]!r} is not an image reference: give e.g. "
                                 "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-iobatch:1")
@@ -180,6 +193,8 @@ class StackSettings:
         }
         if self.vpc_id:
             ctx["vpcId"] = self.vpc_id
+        if self.profiler_contract:
+            ctx["profilerContract"] = self.profiler_contract
         if self.process_command:
             ctx["processCommand"] = self.process_command
         if self.job_image:

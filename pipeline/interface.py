@@ -109,6 +109,13 @@ class AWS_ENV(_Names):
 
 #: Where the job image keeps the project's contracts (contracts/ of the repository).
 CONTRACTS_DIR = "/opt/iobatch/contracts"
+CONTRACT_SUFFIX = ".contract"
+
+
+def contract_in_image(value: str) -> str:
+    """The contract file a job definition's profiler reads (ENV.CONTRACT): a contract the image ships, by name
+    (`case-study` is CONTRACTS_DIR/case-study.contract), or an absolute path in the image (a user's own)."""
+    return value if value.startswith("/") else f"{CONTRACTS_DIR}/{value}{CONTRACT_SUFFIX}"
 
 PROFILER_OFF = "off"  # the value of ENV.PROFILER_SOCKET that runs the job without a profiler
 

@@ -43,6 +43,8 @@ CONTRACT_VERSION = "2"
 CALL_TYPES: tuple[str, ...] = (*CALLS, "all")
 MEASUREMENTS: tuple[str, ...] = ("count", "bandwidth", "mean-latency", "max-latency", "min-latency", "total-latency")
 PATHS_UNAVAILABLE = "unavailable: the {probe} probe does not attribute calls to paths (the interposer does)"
+PATHS_NO_SIZES = "unavailable: eBPF's per-file figures have no size classes (the interposer's per-path ones do)"
+FILES_PAST_CAP = "leaves out the calls on {files} files past the eBPF probe's cap of {cap} files"
 LATENCY_UNAVAILABLE = "latency unavailable (static binary, no eBPF): counts and bytes are from procfs"
 # The probes keep cumulative extremes: a stage's or frame's extreme call is known only to its log2 bucket
 # when the cumulative one did not move in it (callstats.Stats.since).
@@ -302,8 +304,9 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
     Values come from the per-call probe when the profile has one (profile.calls); otherwise from the
     procfs figures, which give read and write counts and bytes for "/" and "all" sizes only: rules
     they cannot answer are reported once with value None and a note saying why. A rule on a path
-    prefix needs path attribution: when the main probe (eBPF) has none, the interposer's figures kept
-    beside it (calls["interpose"]) answer it.
+    prefix needs path attribution: when the main probe (eBPF) has none, its per-file figures
+    (calls["files"]) answer it, or, for a rule with a size range, the interposer's kept beside it
+    (calls["interpose"]).
     """
     results: list[dict[str, Any]] = []
     duration = max(profile.duration_s, 0.0)
@@ -317,26 +320,33 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
     beside = calls.get("interpose") if calls else None
     path_frames = (frame_cells(beside, timeframe, duration)
                    if isinstance(beside, Mapping) and beside.get("path_attribution", True) else None)
+    files = calls.get("files") if calls else None
+    file_frames = frame_cells(files, timeframe, duration) if isinstance(files, Mapping) else None
+    past_cap = (FILES_PAST_CAP.format(files=files["other_files"], cap=files.get("files_cap"))
+                if isinstance(files, Mapping) and files.get("other_files") else None)
     for rule in contract.rules:
         if frames is None:
             value, note = _procfs_value(rule, profile)
             if value is None or value >= rule.threshold:
                 results.append(_row(rule, value, 0, 0.0, duration, source, note))
             continue
-        rule_frames, rule_source = frames, source
+        rule_frames, rule_source, rule_note = frames, source, None
         if rule.path != "/" and calls is not None and not calls.get("path_attribution", True):
-            if path_frames is None:
-                results.append(_row(rule, None, 0, 0.0, duration, source, PATHS_UNAVAILABLE.format(probe=source)))
+            if file_frames is not None and rule.size_high is None:
+                rule_frames, rule_note = file_frames, past_cap
+            elif path_frames is not None:
+                rule_frames, rule_source = path_frames, "interpose"
+            else:
+                reason = PATHS_NO_SIZES if file_frames is not None else PATHS_UNAVAILABLE.format(probe=source)
+                results.append(_row(rule, None, 0, 0.0, duration, source, reason))
                 continue
-            rule_frames, rule_source = path_frames, "interpose"
         for index, cells in enumerate(rule_frames):
             selected = _select(rule, cells)
             value = measure(rule, selected)
             if value is not None and value >= rule.threshold:
                 start = index * timeframe
-                note = widened
-                if rule.measurement in ("max-latency", "min-latency") and selected.extremes_bound:
-                    note = "; ".join(n for n in (EXTREME_BOUND, widened) if n)
+                bound = rule.measurement in ("max-latency", "min-latency") and selected.extremes_bound
+                note = "; ".join(n for n in (EXTREME_BOUND if bound else None, widened, rule_note) if n) or None
                 results.append(_row(rule, value, index, start, min(duration, start + timeframe), rule_source,
                                     note))
     return results

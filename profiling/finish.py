@@ -7,7 +7,8 @@
   first non-empty one is StageProfile.calls and its probe is sources["calls"]; eBPF's time paused in
   balance_dirty_pages becomes dirty_throttle_ms (wall time with a writer paused) and
   dirty_throttle_thread_sum_ms (summed over threads), and its socket bytes the child's network bytes
-  (in place of the host-wide interface counters).
+  (in place of the host-wide interface counters). An interposer that saw less than INTERPOSER_COVERAGE of
+  the bytes the kernel counted for the tree (a static binary ran in the stage) is left out, with a notice.
 - contract results: a contract is loaded once per job (`load_rules`) into an `Evaluator`, which gives
   the rows stored in StageProfile.contract at every stage end (profiling/contract.py).
 """
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling.contract import evaluate_stage, load_contract
-from profiling.metrics import StageProfile
+from profiling.metrics import StageProfile, by_call
 from profiling.probes import Warn, merge_results
 
 Evaluator = Callable[[StageProfile], list[dict[str, Any]]]
@@ -43,6 +44,26 @@ def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evalu
         return loader(path)
     except (ValueError, OSError) as exc:
         raise ValueError(f"contract {path}: {exc}") from None
+
+
+#: The share of the tree's bytes (wchar, rchar) an interposer must have seen to speak for the whole stage.
+INTERPOSER_COVERAGE = 0.9
+PARTIAL = ("the LD_PRELOAD interposer saw {seen} of the stage's {total} {what} (/proc/<pid>/io): the rest came "
+           "from processes it cannot enter (static binaries such as s5cmd), so its per-call figures are left "
+           "out of this stage (latency needs the eBPF probe); counts and bytes are procfs's")
+
+
+def _partial(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> str | None:
+    """Why an interposer's figures cannot stand for the stage, or None: they must cover at least
+    INTERPOSER_COVERAGE of the bytes the kernel counted for the whole process tree."""
+    if name != "interpose":
+        return None  # eBPF selects the job's whole cgroup, static binaries included
+    figures = by_call(calls)
+    for call, total in (("write", profile.write_bytes), ("read", profile.read_bytes)):
+        seen = int((figures.get(call) or {}).get("bytes") or 0)
+        if total and seen < INTERPOSER_COVERAGE * total:
+            return PARTIAL.format(seen=f"{seen:,} B", total=f"{total:,} B", what=f"{call} bytes")
+    return None
 
 
 def _with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> StageProfile:
@@ -79,7 +100,10 @@ def finish_stage(
     """
     calls, name = merge_results(results)
     if calls is not None and name is not None:
-        profile = _with_calls(profile, name, calls)
+        if (partial := _partial(profile, name, calls)) is not None:
+            profile = dataclasses.replace(profile, notices=[*profile.notices, partial])
+        else:
+            profile = _with_calls(profile, name, calls)
     if rules is not None:
         try:
             profile = dataclasses.replace(profile, contract=list(rules(profile)))

@@ -7,12 +7,21 @@
  * bpf_get_current_ancestor_cgroup_id() reads the default (v2) hierarchy, which exists beside v1 on a hybrid
  * host (include/uapi/linux/bpf.h, "bpf_get_current_ancestor_cgroup_id").
  *
- * Per call: raw tracepoints sys_enter / sys_exit (include/trace/events/syscalls.h: TP_PROTO(struct pt_regs
+ * Per call: the tracepoints sys_enter / sys_exit (include/trace/events/syscalls.h: TP_PROTO(struct pt_regs
  * *regs, long id) and (regs, long ret)), the cheapest syscall hooks and the same on every architecture. The
  * entry time stamp lives in task-local storage (BPF_MAP_TYPE_TASK_STORAGE, usable from tracing programs
  * since Linux 5.11): no hash entry is inserted and deleted per call. Counters are atomic adds on an
  * mmap-able array the loader reads without a system call; min and max are exact (compare-and-swap,
  * -mcpu=v3, Linux 5.12+).
+ *
+ * Per file: the calls on files (regular, directories, devices) also go to the file's record in `files`,
+ * found from the call's fd through the task's fd table (the open file description, struct file), which
+ * open_files maps to a record; a description not seen yet gets its path from its dentry (resolve()).
+ * Offsets for the access pattern: the call's own (pread64, preadv*, pwrite64, pwritev*), else the file
+ * position (f_pos) at entry. A task's last description and record are kept in its task storage, so a
+ * run of calls on one file costs no map lookup.
+ *
+ * Programs on syscalls are tp_btf (BTF-typed raw tracepoints, Linux 5.5+): pt_regs is read directly.
  *
  * The layout (iobatch.h) is what the loader reads; the task finder (iter/task) answers "which cgroup is the
  * process with pid P in pid namespace N in", so the profiler can find a job container's cgroup from
@@ -53,10 +62,82 @@ struct {
 	__type(value, struct iob_task_pause);
 } task_pause SEC(".maps");
 
-/* The call in flight: its type + 1 (0: none) and its entry time. */
+/* Files one by one, then (last) every file past the cap summed. IOB_FILES + 1 entries: the loader takes the
+ * cap from this map's size. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, IOB_FILES + 1);
+	__type(key, __u32);
+	__type(value, struct iob_file);
+} files SEC(".maps");
+
+struct path_key {
+	char path[IOB_PATH];
+};
+
+/* path -> its record in `files`: one record per path, however often and by whom it is opened. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, IOB_FILES);
+	__type(key, struct path_key);
+	__type(value, __u32);
+} file_of_path SEC(".maps");
+
+/* The paths past the cap, only to count them once each. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct path_key);
+	__type(value, __u8);
+} other_paths SEC(".maps");
+
+/* An open file (struct file, the kernel's open file description) -> its record. Keyed by the description,
+ * not by (process, fd): a forked child's and a dup'ed fd's calls land on the file opened before, and a
+ * file opened before the probe started is found at its first call. A description freed and reused for
+ * another file is told by its inode. LRU: descriptions closed long ago fall out by themselves. */
+struct open_file {
+	__u64 inode;
+	__u32 file;     /* record index + 1; 0: not a file kept (socket, pipe, anonymous inode) */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct open_file);
+} open_files SEC(".maps");
+
+#define IOB_DEPTH 32    /* path components and mount crossings walked up from a file */
+#define IOB_NAME 256    /* NAME_MAX + 1 */
+
+/* Per-CPU room for building one path. */
+struct scratch {
+	struct path_key key;
+	char spill[IOB_NAME];                 /* a last component may run past IOB_PATH before it is cut */
+	__u64 names[IOB_DEPTH];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct scratch);
+} scratch SEC(".maps");
+
+/* The call in flight: its type + 1 (0: none), its entry time, its file (record index + 1, 0: none) and the
+ * offset it starts at. `last_*`: the file description this task used last, to skip the open_files lookup
+ * when it is used again (checked against the fd table on every call). */
 struct entry {
 	__u64 ts;
+	__u64 offset;
 	__u32 call;
+	__u32 file;
+	__u64 last_desc;
+	__u64 last_inode;
+	__u32 last_file;
 	__u32 pad;
 };
 
@@ -73,15 +154,21 @@ static __always_inline struct iob_state *get_state(void)
 	return bpf_map_lookup_elem(&state, &zero);
 }
 
-/* The call type of syscall `id`, or -1 when it is not watched. The numbers are the build's architecture's
- * (<asm/unistd.h>); arm64 has no open or creat. */
+#define POSITIONED 0x10   /* call_of: the call names its offset (4th argument); -1 for p*v2 means "the position" */
+
+/* The call type of syscall `id` (| POSITIONED), or -1 when it is not watched. The numbers are the build's
+ * architecture's (<asm/unistd.h>); arm64 has no open or creat. */
 static __always_inline int call_of(long id)
 {
 	switch (id) {
-	case __NR_read: case __NR_pread64: case __NR_readv: case __NR_preadv: case __NR_preadv2:
+	case __NR_read: case __NR_readv:
 		return CALL_READ;
-	case __NR_write: case __NR_pwrite64: case __NR_writev: case __NR_pwritev: case __NR_pwritev2:
+	case __NR_pread64: case __NR_preadv: case __NR_preadv2:
+		return CALL_READ | POSITIONED;
+	case __NR_write: case __NR_writev:
 		return CALL_WRITE;
+	case __NR_pwrite64: case __NR_pwritev: case __NR_pwritev2:
+		return CALL_WRITE | POSITIONED;
 #ifdef __NR_open
 	case __NR_open:
 #endif
@@ -129,22 +216,185 @@ static __always_inline void store_min(__u64 *slot, __u64 value)
 	}
 }
 
-static __always_inline void store_max(__u64 *slot, __u64 value)
+/* Whether it stored `value` (the new maximum). */
+static __always_inline int store_max(__u64 *slot, __u64 value)
 {
 	for (int i = 0; i < 8; i++) {
 		__u64 seen = *(volatile __u64 *)slot;
 		if (seen >= value)
-			return;
+			return 0;
 		if (__sync_val_compare_and_swap(slot, seen, value) == seen)
-			return;
+			return 1;
 	}
+	return 0;
 }
 
-SEC("raw_tp/sys_enter")
-int iob_sys_enter(struct bpf_raw_tracepoint_args *ctx)
+/* The open file description (struct file) behind descriptor `fd` of the current task, 0 for none:
+ * task->files->fdt->fd[fd] (include/linux/fdtable.h). The fd table is read under the RCU read lock every
+ * tracing program runs in. */
+static __always_inline __u64 desc_of(long fd)
 {
-	int call = call_of((long)ctx->args[1]);
-	if (call < 0)
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
+	if (fd < 0 || !fdt || fd >= fdt->max_fds)
+		return 0;
+	__u64 desc = 0;
+	bpf_probe_read_kernel(&desc, sizeof(desc), &fdt->fd[fd]);
+	return desc;
+}
+
+#define IOB_S_IFMT 0170000   /* include/uapi/linux/stat.h */
+#define IOB_S_IFREG 0100000
+#define IOB_S_IFDIR 0040000
+#define IOB_S_IFBLK 0060000
+#define IOB_S_IFCHR 0020000
+
+/* A path being built. bpf_loop (Linux 5.17+, include/uapi/linux/bpf.h): the verifier checks each step once;
+ * the same walk as an unrolled loop is past its million-instruction limit. */
+struct walk {
+	struct scratch *b;
+	struct path root;
+	struct dentry *d;
+	struct vfsmount *vm;
+	struct mount *m;
+	__u32 n;        /* names collected, the file's own first */
+	__u32 whole;    /* the walk reached the root */
+	__u32 off;      /* bytes of the path written */
+};
+
+/* One step up from w->d: its name, or from the top of a mount to where it is mounted (fs/d_path.c). */
+static long walk_up(__u32 i, void *ctx)
+{
+	struct walk *w = ctx;
+	/* locals: BPF_CORE_READ relocates every access in its argument, and struct walk is not the kernel's */
+	struct dentry *d = w->d;
+	struct vfsmount *vm = w->vm;
+	struct mount *m = w->m;
+	if (d == w->root.dentry && vm == w->root.mnt) {
+		w->whole = 1;
+		return 1;
+	}
+	struct dentry *parent = BPF_CORE_READ(d, d_parent);
+	if (d == BPF_CORE_READ(vm, mnt_root) || d == parent) {
+		struct mount *up = BPF_CORE_READ(m, mnt_parent);
+		if (up == m) {
+			w->whole = 1;
+			return 1;
+		}
+		w->d = BPF_CORE_READ(m, mnt_mountpoint);
+		w->m = up;
+		w->vm = (void *)up + bpf_core_field_offset(struct mount, mnt);
+		return 0;
+	}
+	w->b->names[w->n & (IOB_DEPTH - 1)] = (__u64)BPF_CORE_READ(d, d_name.name);
+	w->n++;
+	w->d = parent;
+	return 0;
+}
+
+/* The names collected, root first, each after a '/'. */
+static long write_down(__u32 i, void *ctx)
+{
+	struct walk *w = ctx;
+	if (i >= w->n || w->off >= IOB_PATH - 1)
+		return 1;
+	struct scratch *b = w->b;
+	b->key.path[w->off & (IOB_PATH - 1)] = '/';
+	w->off++;
+	long len = bpf_probe_read_kernel_str(&b->key.path[w->off & (IOB_PATH - 1)], IOB_NAME,
+					     (void *)b->names[(w->n - 1 - i) & (IOB_DEPTH - 1)]);
+	if (len > 1)
+		w->off += len - 1;
+	return 0;
+}
+
+/* The record of a file description not seen before: its path (as d_path() gives it: walked up from its
+ * dentry to the opening task's root, crossing mounts, fs/d_path.c), then the path's record, a new one
+ * while fewer than IOB_FILES are handed out, else the last ("other files"). 0 for what is not a file
+ * kept: sockets, pipes, anonymous inodes. A path deeper than IOB_DEPTH steps starts with "..." (its head
+ * is unknown); a longer one than IOB_PATH keeps its head. */
+__noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on its own */
+{
+	__u32 mode = BPF_CORE_READ((struct inode *)inode, i_mode) & IOB_S_IFMT;
+	if (mode != IOB_S_IFREG && mode != IOB_S_IFDIR && mode != IOB_S_IFBLK && mode != IOB_S_IFCHR)
+		return 0;
+	__u32 zero = 0;
+	struct scratch *b = bpf_map_lookup_elem(&scratch, &zero);
+	struct iob_state *st = get_state();
+	if (!b || !st)
+		return 0;
+	__builtin_memset(&b->key, 0, sizeof(b->key));
+	struct path at = {};
+	struct walk w = {.b = b};
+	BPF_CORE_READ_INTO(&at, (struct file *)desc, f_path);
+	BPF_CORE_READ_INTO(&w.root, bpf_get_current_task_btf(), fs, root);
+	w.d = at.dentry;
+	w.vm = at.mnt;
+	w.m = (void *)w.vm - bpf_core_field_offset(struct mount, mnt);
+	bpf_loop(IOB_DEPTH, walk_up, &w, 0);
+	if (!w.whole) {
+		b->key.path[0] = b->key.path[1] = b->key.path[2] = '.';
+		w.off = 3;
+	}
+	bpf_loop(IOB_DEPTH, write_down, &w, 0);
+	__u32 off = w.off;
+	if (off == 0)
+		b->key.path[off++] = '/';
+	if (off > IOB_PATH - 1)
+		off = IOB_PATH - 1;
+	b->key.path[off & (IOB_PATH - 1)] = 0;
+
+	__u32 *known = bpf_map_lookup_elem(&file_of_path, &b->key);
+	if (known)
+		return *known + 1;
+	__u64 next = __sync_fetch_and_add(&st->files, 1);
+	if (next < IOB_FILES) {
+		__u32 index = next;
+		if (bpf_map_update_elem(&file_of_path, &b->key, &index, BPF_NOEXIST) == 0) {
+			struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
+			if (rec)
+				bpf_probe_read_kernel(rec->path, IOB_PATH, b->key.path);
+			return index + 1;
+		}
+		known = bpf_map_lookup_elem(&file_of_path, &b->key);   /* another CPU added the same path just now */
+		if (known)
+			return *known + 1;
+	}
+	__u8 one = 1;
+	if (bpf_map_update_elem(&other_paths, &b->key, &one, BPF_NOEXIST) == 0)
+		__sync_fetch_and_add(&st->other_files, 1);
+	else if (!bpf_map_lookup_elem(&other_paths, &b->key))
+		__sync_fetch_and_add(&st->other_lost, 1);
+	return IOB_FILES + 1;
+}
+
+/* The record (index + 1, 0: none) of file description `desc`, from the task's last one, open_files, or
+ * resolved now. */
+static __always_inline __u32 file_of(struct entry *e, __u64 desc)
+{
+	__u64 inode = (__u64)BPF_CORE_READ((struct file *)desc, f_inode);
+	if (desc == e->last_desc && inode == e->last_inode)
+		return e->last_file;
+	struct open_file *known = bpf_map_lookup_elem(&open_files, &desc);
+	__u32 file;
+	if (known && known->inode == inode) {
+		file = known->file;
+	} else {
+		struct open_file fresh = {.inode = inode, .file = resolve(desc, inode)};
+		bpf_map_update_elem(&open_files, &desc, &fresh, BPF_ANY);
+		file = fresh.file;
+	}
+	e->last_desc = desc;
+	e->last_inode = inode;
+	e->last_file = file;
+	return file;
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
+{
+	int what = call_of(id);
+	if (what < 0)
 		return 0;
 	struct iob_state *st = get_state();
 	if (!st || !selected(st))
@@ -155,13 +405,70 @@ int iob_sys_enter(struct bpf_raw_tracepoint_args *ctx)
 		__sync_fetch_and_add(&st->missed, 1);
 		return 0;
 	}
+	int call = what & ~POSITIONED;
+	e->file = 0;
+	if (call != CALL_OPEN) {   /* an open's file is known at its exit */
+		__u64 desc = desc_of((int)PT_REGS_PARM1_SYSCALL(regs));
+		if (desc)
+			e->file = file_of(e, desc);
+		if (e->file && (call == CALL_READ || call == CALL_WRITE)) {
+			long pos = (what & POSITIONED) ? (long)PT_REGS_PARM4_SYSCALL(regs) : -1;
+			if (pos < 0)   /* read, write, readv, writev; p*v2 with offset -1 */
+				pos = BPF_CORE_READ((struct file *)desc, f_pos);
+			e->offset = pos;
+		}
+	}
 	e->call = call + 1;
 	e->ts = bpf_ktime_get_ns();
 	return 0;
 }
 
-SEC("raw_tp/sys_exit")
-int iob_sys_exit(struct bpf_raw_tracepoint_args *ctx)
+#define FAILED 0x100   /* file_add: the call returned an error (a subprogram takes at most 5 arguments) */
+
+/* One finished call on file record `index`: its figures, and for reads and writes the access pattern. A
+ * global function: the verifier checks it once, on its own, not again in every state of its caller. */
+__noinline int file_add(__u32 index, __u32 how, __u64 lat, __u64 nbytes, __u64 offset)
+{
+	__u32 call = how & ~FAILED;
+	struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
+	if (!rec || call >= IOB_CALLS)
+		return 0;
+	struct iob_file_call *c = &rec->calls[call];
+	__sync_fetch_and_add(&c->count, 1);
+	__sync_fetch_and_add(&c->bytes, nbytes);
+	__sync_fetch_and_add(&c->total_ns, lat);
+	store_min(&c->min_ns, lat);
+	if (store_max(&c->max_ns, lat))
+		c->max_bytes = nbytes;
+	if ((call != CALL_READ && call != CALL_WRITE) || (how & FAILED) || index >= IOB_FILES)
+		return 0;   /* the summed record of many files has no access pattern */
+	__u64 previous = rec->next[call];
+	if (previous) {
+		if (offset >= previous - 1)
+			__sync_fetch_and_add(&rec->sequential[call], 1);
+		if (offset == previous - 1)
+			__sync_fetch_and_add(&rec->consecutive[call], 1);
+	}
+	rec->next[call] = offset + nbytes + 1;
+	__u64 want = nbytes + 1;
+	for (int s = 0; s < IOB_ACCESS; s++) {
+		__u64 have = rec->access_size[s];
+		if (!have) {
+			have = __sync_val_compare_and_swap(&rec->access_size[s], 0, want);
+			if (!have)
+				have = want;
+		}
+		if (have == want) {
+			__sync_fetch_and_add(&rec->access_count[s], 1);
+			return 0;
+		}
+	}
+	__sync_fetch_and_add(&rec->access_other, 1);
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct iob_state *st = get_state();
@@ -173,7 +480,6 @@ int iob_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	__u32 call = e->call - 1;
 	__u64 lat = now - e->ts;
 	e->call = 0;
-	long ret = (long)ctx->args[1];
 	__u64 nbytes = 0;
 	__u32 k = 0;
 	if (call == CALL_READ || call == CALL_WRITE) {
@@ -195,7 +501,17 @@ int iob_sys_exit(struct bpf_raw_tracepoint_args *ctx)
 	__sync_fetch_and_add(&cell->total_ns, lat);
 	__sync_fetch_and_add(&cell->hist[h], 1);
 	store_min(&cell->min_ns, lat);
-	store_max(&cell->max_ns, lat);
+	if (store_max(&cell->max_ns, lat))
+		cell->max_bytes = nbytes;   /* not atomic with max_ns: two slowest-yet calls racing on one cell can
+					     * leave the size of the other; a size class holds sizes within 2x */
+	__u32 file = e->file;
+	if (call == CALL_OPEN && ret >= 0) {
+		__u64 desc = desc_of(ret);
+		if (desc)
+			file = file_of(e, desc);
+	}
+	if (file)
+		file_add(file - 1, call | (ret < 0 ? FAILED : 0), lat, nbytes, e->offset);
 	return 0;
 }
 

@@ -15,7 +15,11 @@ probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from c
       "cells":   [{"path": P, "call": C, "size": K, **STATS}],  # the full cross product, for contracts
       "frames":  [{"t": 0.0, "cells": [...]}],        # per interval since start; idle intervals left out
       "dirty_throttle_ms": 0.0,       # eBPF only: pauses in balance_dirty_pages
+      "files": {...},                 # eBPF only: per-file figures (profiling/probes/ebpf.py), shaped like a
+                                      # probe's dict: by_path and cells per file path (size -1: no size classes)
       "notes": ["..."],
+      "approximate": ["..."],         # only when a stage boundary could not be read exactly: what and why
+                                      # (the sidecar adds these to the profile's notices)
       "interpose": {...},             # only in StageProfile.calls, see below
     }
 
@@ -23,11 +27,13 @@ When more than one probe has figures for a stage (as root with the interposer pr
 the interposer), `merge_results` keeps the first (eBPF: any binary, static Go included) as the
 StageProfile.calls dict above and puts each other probe's whole dict under its name, e.g.
 calls["interpose"] = {"probe": "interpose", "by_path": {...}, "cells": [...], ...}: the per-path
-figures that path-prefix contract rules need, which eBPF cannot give ("path_attribution": false).
+figures that path-prefix contract rules need. eBPF's own "cells" are job-wide ("path_attribution": false);
+its per-file figures are calls["files"], which answer path rules without a size range.
 
 CALL is one of CALLS: read (read, pread64, readv, preadv*), write (write, pwrite64, writev, pwritev*),
 open (open, openat, creat and their 64-bit variants), close, fsync (fsync, fdatasync).
-STATS is {"count", "bytes", "total_us", "mean_us", "min_us", "max_us", "hist"}; "hist" maps a log2
+STATS is {"count", "bytes", "total_us", "mean_us", "min_us", "max_us", "hist"}, and "max_bytes" (the bytes
+the slowest call moved) when the probe knows it (eBPF); "hist" maps a log2
 bucket k (as a string) to the calls that took [2^k, 2^(k+1)) ns (bucket 0 also holds 0 ns).
 Size class K of a read or write is the bit length of the bytes it moved: 0 for none, else K covers
 [2^(K-1), 2^K) bytes; open, close and fsync have K = -1.
@@ -59,6 +65,7 @@ class Stats:
     # True when min_ns or max_ns is a histogram bucket's bound, not a measured call (see `since`): up to 2x
     # off, and shown as a bound wherever it appears.
     extremes_bound: bool = False
+    max_bytes: int | None = None  # the bytes the slowest call moved, when the probe tells (eBPF)
 
     def add(self, other: Stats) -> None:
         if other.count == 0:
@@ -67,7 +74,7 @@ class Stats:
         if other.min_ns is not None and (self.min_ns is None or other.min_ns < self.min_ns):
             self.min_ns = other.min_ns
         if other.max_ns is not None and (self.max_ns is None or other.max_ns > self.max_ns):
-            self.max_ns = other.max_ns
+            self.max_ns, self.max_bytes = other.max_ns, other.max_bytes
         self.count += other.count
         self.bytes += other.bytes
         self.total_ns += other.total_ns
@@ -82,7 +89,8 @@ class Stats:
         histogram bucket of the extreme call, the best cumulative counters allow.
         """
         if before.count == 0:
-            return Stats(self.count, self.bytes, self.total_ns, self.min_ns, self.max_ns, dict(self.hist))
+            return Stats(self.count, self.bytes, self.total_ns, self.min_ns, self.max_ns, dict(self.hist),
+                         max_bytes=self.max_bytes)
         hist = {k: n - before.hist.get(k, 0) for k, n in self.hist.items() if n - before.hist.get(k, 0) > 0}
         count = self.count - before.count
         if count <= 0:
@@ -96,7 +104,9 @@ class Stats:
         if self.min_ns is not None and min_ns is not None:
             min_ns = max(min_ns, self.min_ns)
         bound = self.min_ns == before.min_ns or self.max_ns == before.max_ns or self.extremes_bound
-        return Stats(count, self.bytes - before.bytes, self.total_ns - before.total_ns, min_ns, max_ns, hist, bound)
+        max_bytes = self.max_bytes if self.max_ns != before.max_ns else None
+        return Stats(count, self.bytes - before.bytes, self.total_ns - before.total_ns, min_ns, max_ns, hist, bound,
+                     max_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -108,6 +118,7 @@ class Stats:
             "max_us": None if self.max_ns is None else self.max_ns / 1000,
             "hist": {str(k): n for k, n in sorted(self.hist.items())},
             **({"extremes_bound": True} if self.extremes_bound else {}),
+            **({"max_bytes": self.max_bytes} if self.max_bytes is not None else {}),
         }
 
     @classmethod
@@ -124,6 +135,7 @@ class Stats:
             max_ns=ns("max_us"),
             hist={int(k): int(v) for k, v in dict(data.get("hist", {})).items()},
             extremes_bound=bool(data.get("extremes_bound", False)),
+            max_bytes=None if data.get("max_bytes") is None else int(data["max_bytes"]),
         )
 
 

@@ -17,10 +17,19 @@ Cost: loading and attaching take tens of milliseconds; a reading is a copy of th
 the whole job (`keep_running`); `close()` detaches it, and the kernel detaches it by itself if the
 profiler dies: nothing outlives the process that loaded it.
 
+Per file (calls["files"], see `_files_dict`): every call on a file is also counted on the file's record
+(count, bytes, latency with exact min and max per call type, and the access pattern as Darshan counts it:
+sequential and consecutive reads and writes, the commonest access sizes). A file is known by its open file
+description: its path is taken once, at the open's exit or at its first call when it was opened before
+the probe started (or by a parent: fork and dup share the description), walked up from its dentry to the
+opening task's root, as the process sees it inside a container. Offsets are pread/pwrite's own, else the
+file position at the call's entry (struct file f_pos), read by the program rather than tracked: it stays
+right across lseek, dup and fork. At most IOB_FILES files (iobatch.h; read here from the object) are kept
+one by one; later ones are summed in one record, and how many there were is reported. The job-wide
+"cells" stay under path "" ("path_attribution" false): contract rules on a path prefix read calls["files"].
+
 Needs root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the kernel's BTF (/sys/kernel/btf/vmlinux, as
-on Amazon Linux 2023) and libbpf; `available()` says what is missing. No path attribution yet: every
-call is under path "" and "path_attribution" is false (contract rules on a path prefix need the
-interposer).
+on Amazon Linux 2023) and libbpf; `available()` says what is missing.
 """
 
 from __future__ import annotations
@@ -109,6 +118,8 @@ class _Loaded:
         try:
             self.state = self.obj.mmap_array("state", layout.STATE_SIZE)
             self.cells = self.obj.mmap_array("cells", layout.IOB_CELLS * layout.CELL_SIZE)
+            self.files_cap = self.obj.max_entries("files") - 1  # the last record sums the files past the cap
+            self.files = self.obj.mmap_array("files", (self.files_cap + 1) * layout.FILE_SIZE)
             self.notes: list[str] = []
             self.attached: set[str] = set()
             for name in CALL_PROGRAMS:
@@ -143,9 +154,16 @@ class _Loaded:
         items = self.obj.hash_items("task_pause", 4, layout.TASK_PAUSE_SIZE, layout.IOB_TASKS)
         return layout.decode_task_pauses(items)
 
-    def reading(self) -> tuple[Cells, dict[str, int]]:
-        return (layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]),
-                layout.decode_state(self.state[:layout.STATE_SIZE]))
+    def reading(self) -> tuple[Cells, dict[str, int], Files]:
+        state = layout.decode_state(self.state[:layout.STATE_SIZE])
+        handed_out = min(state["files"], self.files_cap)
+        files = layout.decode_files(self.files[:(self.files_cap + 1) * layout.FILE_SIZE], handed_out, self.files_cap)
+        return layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]), state, files
+
+    def clear_extremes(self) -> None:
+        layout.clear_extremes(self.cells)
+        handed_out = layout.decode_state(self.state[:layout.STATE_SIZE])["files"]
+        layout.clear_file_extremes(self.files, handed_out, self.files_cap)
 
     def close(self) -> None:
         self.obj.close()
@@ -158,7 +176,22 @@ def _paused_tasks(now: dict[int, tuple[str, int]], before: dict[int, tuple[str, 
     return [{"tid": tid, "comm": comm, "ms": ms} for ms, tid, comm in sorted(paused, reverse=True)[:most] if ms > 0]
 
 
-Reading = tuple[float, Cells, dict[str, int]]  # (monotonic s, cumulative cells, cumulative state)
+Files = dict[int, layout.FileRecord]  # record index -> cumulative per-file figures
+Reading = tuple[float, Cells, dict[str, int], Files]  # (monotonic s, cumulative cells, state, files)
+
+
+def file_cells(files: Files) -> Cells:
+    """Per-file figures as cells (path, call, NO_SIZE), the shape by_path and contracts read."""
+    cells: Cells = {}
+    for record in files.values():
+        cells.update(record.calls_cells())
+    return cells
+
+
+def files_window(end: Files, base: Files) -> Files:
+    """Each file's calls between two readings (files without any left out); extremes are `end`'s own."""
+    out = {index: record.since(base.get(index)) for index, record in end.items()}
+    return {index: record for index, record in out.items() if record.calls}
 
 _LIVE: weakref.WeakSet[EbpfProbe] = weakref.WeakSet()
 
@@ -169,6 +202,26 @@ def _close_live_probes() -> None:
     program by itself)."""
     for probe in list(_LIVE):
         probe.close()
+
+
+def _files_dict(window: Files, frames: list[tuple[float, Cells]], state: dict[str, int], cap: int,
+                filter_text: str, duration_s: float, interval_s: float) -> dict[str, Any]:
+    """calls["files"]: the window's per-file figures as a probe's dict (by_path, cells and frames per file path,
+    no size classes), each file's access pattern ("records"), and the cap with the files past it."""
+    notes = []
+    if state["other_files"]:
+        lost = (f"; opens of {state['other_lost']} more could not be told apart, so that count is a lower bound"
+                if state["other_lost"] else "")
+        notes.append(f"{state['other_files']} files past the cap of {cap} files are summed as "
+                     f"{layout.OTHER_FILES!r}{lost}")
+    out = calls_dict(NAME, file_cells(window), frames, filter_text=filter_text, duration_s=duration_s,
+                     interval_s=interval_s, notes=notes)
+    out["size_classes"] = False
+    out["records"] = [record.to_dict() for _index, record in sorted(window.items())
+                      if record.path != layout.OTHER_FILES and {"read", "write"} & record.calls.keys()]
+    out["files_cap"] = cap
+    out["other_files"] = state["other_files"]
+    return out
 
 
 class EbpfProbe:
@@ -197,6 +250,7 @@ class EbpfProbe:
         self._base: Reading | None = None
         self._base_pauses: dict[int, tuple[str, int]] = {}
         self._frames: list[tuple[float, Cells]] = []
+        self._file_frames: list[tuple[float, Cells]] = []
         self._last: Reading | None = None
         self._ticker: threading.Thread | None = None
         self._stop_ticks = threading.Event()
@@ -217,13 +271,14 @@ class EbpfProbe:
                 raise
             self._root = root
         loaded = self._loaded
-        layout.clear_extremes(loaded.cells)
+        loaded.clear_extremes()
         now = time.monotonic()
-        cells, state = loaded.reading()
+        cells, state, files = loaded.reading()
         self._base_pauses = loaded.task_pauses() if "iob_dirty_pause" in loaded.attached else {}
         with self._lock:
-            self._base = self._last = (now, cells, state)
+            self._base = self._last = (now, cells, state, files)
             self._frames = []
+            self._file_frames = []
         self._stop_ticks.clear()
         self._ticker = threading.Thread(target=self._tick, daemon=True, name="ebpf-frames")
         self._ticker.start()
@@ -258,12 +313,14 @@ class EbpfProbe:
             if loaded is None:
                 return
             now = time.monotonic()
-            cells, state = loaded.reading()
+            cells, state, files = loaded.reading()
             with self._lock:
                 if self._base is None or self._last is None:
                     return
-                self._frames.append((self._last[0] - self._base[0], cells_since(cells, self._last[1])))
-                self._last = (now, cells, state)
+                t = self._last[0] - self._base[0]
+                self._frames.append((t, cells_since(cells, self._last[1])))
+                self._file_frames.append((t, cells_since(file_cells(files), file_cells(self._last[3]))))
+                self._last = (now, cells, state, files)
 
     def _end_ticks(self) -> None:
         self._stop_ticks.set()
@@ -286,12 +343,13 @@ class EbpfProbe:
         self._end_ticks()
         loaded = self._loaded
         with self._lock:
-            base, last, frames = self._base, self._last, self._frames
+            base, last, frames, file_frames = self._base, self._last, self._frames, self._file_frames
             self._base = None
         if loaded is None or base is None or last is None:
             return None
         now = time.monotonic()
-        cells, state = loaded.reading()
+        cells, state, files = loaded.reading()
+        cap = loaded.files_cap
         notes = list(loaded.notes)
         attached = loaded.attached
         pauses = loaded.task_pauses() if "iob_dirty_pause" in attached else {}
@@ -299,6 +357,7 @@ class EbpfProbe:
         if not self.keep_running:
             self.close()
         frames = [*frames, (last[0] - base[0], cells_since(cells, last[1]))]
+        file_frames = [*file_frames, (last[0] - base[0], cells_since(file_cells(files), file_cells(last[3])))]
         total = layout.window(cells, base[1])
         delta = {key: state[key] - base[2][key] for key in ("throttle_ms", "throttle_wall_ns", "dirtied_pages",
                                                            "sock_sent", "sock_received", "missed")}
@@ -316,4 +375,6 @@ class EbpfProbe:
             result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
         if {"iob_sock_send", "iob_sock_recv"} <= attached:
             result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
+        result["files"] = _files_dict(files_window(files, base[3]), file_frames, state, cap, filter_text,
+                                      now - base[0], self.interval_s)
         return result

@@ -1,10 +1,12 @@
 """The CO-RE program's maps as Python reads them (profiling/bpf/iobatch.h owns the layout). Pure.
 
 `cells` is an array of IOB_CELLS `struct iob_cell` (index = call x IOB_SIZES + size class), `state` one
-`struct iob_state`; both are read through mmap, so a reading is a memory copy. Counters only grow; a
-window's figures are the difference of two readings, except min and max, which the loader clears at the
-window's start (`clear_extremes`) so they are the window's own, exact. min_ns is stored plus one, so that
-0 means "no call yet".
+`struct iob_state`, `files` the per-file records (`struct iob_file`: the cap of them, then one for every
+file past the cap; the cap is the map's size, read from the object); all are read through mmap, so a
+reading is a memory copy. Counters only grow; a window's figures are the difference of two readings,
+except min and max (with the slowest call's size), which the loader clears at the window's start
+(`clear_extremes`) so they are the window's own, exact. min_ns is stored plus one, so that 0 means "no
+call yet".
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import mmap
 import struct
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats
 
@@ -21,19 +24,27 @@ IOB_SIZES = 48
 IOB_HIST = 48
 IOB_CELLS = IOB_CALLS * IOB_SIZES
 IOB_TASKS = 1024
-CELL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns")  # then hist[IOB_HIST]
+IOB_PATH = 256
+IOB_ACCESS = 8
+CELL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns", "max_bytes")  # then hist[IOB_HIST]
 CELL_WORDS = len(CELL_FIELDS) + IOB_HIST
 CELL_SIZE = 8 * CELL_WORDS
 STATE_FIELDS = (
     "cgroup_id", "cgroup_level", "exclude_tgid", "throttle_ms", "throttle_wall_ns", "paused_until_ns",
     "dirtied_pages", "sock_sent", "sock_received", "missed", "find_ns_inum", "find_pid", "found_cgroup_id",
-    "found_cgroup_level", "found_tgid",
+    "found_cgroup_level", "found_tgid", "files", "other_files", "other_lost",
 )
 STATE_SIZE = 8 * len(STATE_FIELDS)
 TASK_PAUSE_SIZE = 8 + 16  # struct iob_task_pause: ms, comm[16]
 SIZED_CALLS = ("read", "write")  # the calls with a size class; the others are all in class 0
+FILE_CALL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns", "max_bytes")  # struct iob_file_call
+FILE_FIELDS = ("path", "calls", "sequential", "consecutive", "next", "access_size", "access_count", "access_other")
+FILE_WORDS = IOB_CALLS * len(FILE_CALL_FIELDS) + 3 * 2 + 2 * IOB_ACCESS + 1
+FILE_SIZE = IOB_PATH + 8 * FILE_WORDS
+OTHER_FILES = "(other files)"  # the path of the record that sums the files past the cap
 
 _CELL = struct.Struct(f"<{CELL_WORDS}Q")
+_FILE = struct.Struct(f"<{IOB_PATH}s{FILE_WORDS}Q")
 
 
 def decode_cells(memory: bytes) -> Cells:
@@ -46,10 +57,86 @@ def decode_cells(memory: bytes) -> Cells:
         words = _CELL.unpack_from(memory, offset)
         call = CALLS[index // IOB_SIZES]
         k = index % IOB_SIZES if call in SIZED_CALLS else NO_SIZE
-        count, nbytes, total, low, high = words[:5]
-        hist = {h: n for h, n in enumerate(words[5:]) if n}
-        cells[("", call, k)] = Stats(count, nbytes, total, low - 1 if low else None, high if low else None, hist)
+        count, nbytes, total, low, high, high_bytes = words[:6]
+        hist = {h: n for h, n in enumerate(words[6:]) if n}
+        cells[("", call, k)] = Stats(count, nbytes, total, low - 1 if low else None, high if low else None, hist,
+                                     max_bytes=high_bytes if low else None)
     return cells
+
+
+@dataclass
+class FileRecord:
+    """One file's figures: per call type, and its access pattern as Darshan counts it (iobatch.h)."""
+
+    path: str
+    calls: dict[str, Stats]
+    sequential: tuple[int, int] = (0, 0)  # reads, writes
+    consecutive: tuple[int, int] = (0, 0)
+    access: dict[int, int] = field(default_factory=dict)  # bytes -> reads and writes of that size
+    access_other: int = 0  # reads and writes of sizes past the IOB_ACCESS counted
+
+    def since(self, before: FileRecord | None) -> FileRecord:
+        """The calls after `before` (the same record read earlier); min and max are this reading's."""
+        if before is None:
+            return self
+        calls = {call: stats for (_path, call, _k), stats in window(self.calls_cells(), before.calls_cells()).items()}
+        return FileRecord(
+            self.path, calls,
+            (self.sequential[0] - before.sequential[0], self.sequential[1] - before.sequential[1]),
+            (self.consecutive[0] - before.consecutive[0], self.consecutive[1] - before.consecutive[1]),
+            {size: n - before.access.get(size, 0) for size, n in self.access.items() if n > before.access.get(size, 0)},
+            self.access_other - before.access_other,
+        )
+
+    def calls_cells(self) -> Cells:
+        """The record as cells: (path, call, NO_SIZE), the shape contracts and by_path read."""
+        return {(self.path, call, NO_SIZE): stats for call, stats in self.calls.items()}
+
+    def to_dict(self) -> dict[str, object]:
+        """Access pattern for the profile: sequential and consecutive counts, the 4 commonest sizes (Darshan's
+        ACCESS1-4), and how many calls were of sizes not counted one by one."""
+        top = sorted(self.access.items(), key=lambda item: (-item[1], item[0]))[:4]
+        return {
+            "path": self.path,
+            **{call: {"sequential": self.sequential[i], "consecutive": self.consecutive[i]}
+               for i, call in enumerate(SIZED_CALLS) if call in self.calls},
+            "access_sizes": [{"bytes": size, "count": n} for size, n in top],
+            **({"access_sizes_uncounted": self.access_other} if self.access_other else {}),
+        }
+
+
+def decode_files(memory: bytes, count: int, cap: int) -> dict[int, FileRecord]:
+    """{record index: FileRecord} of the first `count` records (those handed out) and of the last, the
+    files past the cap summed (index `cap`); records that saw no call are left out."""
+    out: dict[int, FileRecord] = {}
+    for index in [*range(min(count, cap)), cap]:
+        raw_path, *words = _FILE.unpack_from(memory, index * FILE_SIZE)
+        calls: dict[str, Stats] = {}
+        width = len(FILE_CALL_FIELDS)
+        for c, call in enumerate(CALLS):
+            n, nbytes, total, low, high, high_bytes = words[c * width:(c + 1) * width]
+            if n:
+                calls[call] = Stats(n, nbytes, total, low - 1 if low else None, high if low else None,
+                                    max_bytes=high_bytes if low else None)
+        if not calls:
+            continue
+        rest = words[IOB_CALLS * width:]
+        sizes, counts = rest[6:6 + IOB_ACCESS], rest[6 + IOB_ACCESS:6 + 2 * IOB_ACCESS]
+        path = OTHER_FILES if index == cap else raw_path.split(b"\0", 1)[0].decode(errors="replace")
+        out[index] = FileRecord(path, calls, (rest[0], rest[1]), (rest[2], rest[3]),
+                                {size - 1: n for size, n in zip(sizes, counts, strict=True) if size and n},
+                                rest[-1])
+    return out
+
+
+def clear_file_extremes(memory: bytearray | mmap.mmap, count: int, cap: int) -> None:
+    """Zero min, max and the slowest call's size of every call type of the records handed out."""
+    zero = bytes(24)
+    start = IOB_PATH + 8 * FILE_CALL_FIELDS.index("min_ns")
+    for index in [*range(min(count, cap)), cap]:
+        for c in range(IOB_CALLS):
+            offset = index * FILE_SIZE + start + 8 * len(FILE_CALL_FIELDS) * c
+            memory[offset:offset + 24] = zero
 
 
 def decode_state(memory: bytes) -> dict[str, int]:
@@ -61,11 +148,12 @@ def state_offset(field: str) -> int:
 
 
 def clear_extremes(memory: bytearray | mmap.mmap) -> None:
-    """Zero every cell's min and max (the start of a window whose extremes must be its own)."""
-    zero = bytes(16)
+    """Zero every cell's min, max and the slowest call's size (the start of a window whose extremes must be its
+    own)."""
+    zero = bytes(24)
     for index in range(IOB_CELLS):
         offset = index * CELL_SIZE + 8 * CELL_FIELDS.index("min_ns")
-        memory[offset:offset + 16] = zero
+        memory[offset:offset + 24] = zero
 
 
 def window(end: Mapping[tuple[str, str, int], Stats], base: Mapping[tuple[str, str, int], Stats]) -> Cells:
@@ -78,7 +166,7 @@ def window(end: Mapping[tuple[str, str, int], Stats], base: Mapping[tuple[str, s
             continue
         hist = {h: n - before.hist.get(h, 0) for h, n in now.hist.items() if n - before.hist.get(h, 0) > 0}
         out[key] = Stats(count, now.bytes - before.bytes, now.total_ns - before.total_ns, now.min_ns, now.max_ns,
-                         hist)
+                         hist, max_bytes=now.max_bytes)
     return out
 
 

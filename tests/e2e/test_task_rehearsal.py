@@ -157,6 +157,26 @@ def test_the_task_rehearsal(s3_server: EmbeddedS3, s3: Any, bucket: str, small_d
     assert list(unprepared.iterdir()) == []
 
 
+def _run_one_child(spec: TaskSpec, name: str, s3_server: EmbeddedS3, s3: Any, bucket: str, scratch: Path,
+                   tmp_path: Path) -> Any:
+    """One child of 8 images, alone on `scratch`, in a task of `spec`; the finished Task."""
+    tmp_path.mkdir(exist_ok=True)
+    request = SubmitRequest(input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, f"{name}/"),
+                            images_per_child=8, name=name)
+    frozen = s3io.freeze_batch(s3, input=request.input, manifest=None, output=request.output, per_child=8)
+    metadata = MetadataEndpoint()
+    try:
+        with rehearsal_podman(tmp_path) as conf:
+            host = Host(spec, images.job_image(), scratch, metadata, conf, s3_server.env())
+            task = host.start(array_job=f"job-{name}", index=0, attempt=1, s3_endpoint=s3_server.endpoint,
+                              override=batch_environment(request, frozen.manifest, 0))
+            codes = task.finish(spec)
+    finally:
+        metadata.close()
+    assert codes[JOB_CONTAINER] == 0, task.logs
+    return task
+
+
 def test_a_user_image_built_from_ours(s3_server: EmbeddedS3, s3: Any, bucket: str,
                                       small_dataset: tuple[Any, Path], prepared_scratch: Path,
                                       tmp_path: Path) -> None:
@@ -167,20 +187,7 @@ def test_a_user_image_built_from_ours(s3_server: EmbeddedS3, s3: Any, bucket: st
     image = images.user_image()
     spec = TaskSpec.from_template(synthesize(jobImage=image).template)
     assert {c.name: c.image for c in spec.containers} == {JOB_CONTAINER: image, PROFILER_CONTAINER: image}
-    request = SubmitRequest(input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, "user/"),
-                            images_per_child=8, name="user")
-    frozen = s3io.freeze_batch(s3, input=request.input, manifest=None, output=request.output, per_child=8)
-    assert frozen.children == 1
-    metadata = MetadataEndpoint()
-    try:
-        with rehearsal_podman(tmp_path) as conf:
-            host = Host(spec, "no-such-image", prepared_scratch, metadata, conf, s3_server.env())
-            task = host.start(array_job="job-user", index=0, attempt=1, s3_endpoint=s3_server.endpoint,
-                              override=batch_environment(request, frozen.manifest, 0))
-            codes = task.finish(spec)
-    finally:
-        metadata.close()
-    assert codes[JOB_CONTAINER] == 0, task.logs
+    task = _run_one_child(spec, "user", s3_server, s3, bucket, prepared_scratch, tmp_path)
     prefix = f"user/{child_name(0)}/"
     marker = json.loads(s3.get_object(Bucket=bucket, Key=prefix + s3io.SUCCESS_MARKER)["Body"].read())
     stats = s3.head_object(Bucket=bucket, Key=prefix + "stats.npy")
@@ -188,4 +195,52 @@ def test_a_user_image_built_from_ours(s3_server: EmbeddedS3, s3: Any, bucket: st
     # The command's own sub-stages are stages of the profile, between the pipeline's.
     stages = [d["Stage"] for d in emf_documents(task.logs[PROFILER_CONTAINER])]
     assert stages == ["download", "process/stats", "process/write", "process", "upload"], task.logs
+    assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]
+
+
+def test_per_call_figures_inside_a_task(s3_server: EmbeddedS3, s3: Any, bucket: str,
+                                        small_dataset: tuple[Any, Path], prepared_scratch: Path,
+                                        tmp_path: Path) -> None:
+    """-c profilerEbpf=true -c profilerContract=case-study: the profiler container (privileged, root) loads the
+    eBPF probe for the job's container, whose processes live in the task's own pid namespace, and the case
+    study's contract (shipped in the image) answers mean write latency, write count and bytes for s5cmd's
+    download. Then -c profilerInterpose=true alone: the interposer's figures reach the unprivileged profiler."""
+    _, source = small_dataset
+    upload_dir(s3, bucket, "images/", source)
+    spec = TaskSpec.from_template(synthesize(profilerEbpf="true", profilerContract="case-study").template)
+    [profiler] = [c for c in spec.containers if c.name == PROFILER_CONTAINER]
+    assert profiler.privileged and profiler.user == "0"
+    task = _run_one_child(spec, "calls", s3_server, s3, bucket, prepared_scratch, tmp_path)
+    docs = {d["Stage"]: d for d in emf_documents(task.logs[PROFILER_CONTAINER])}
+    download, upload = docs["download"], docs["upload"]
+    rows = {r["label"]: r for r in download["Contract"]}
+    assert {rows[k]["source"] for k in ("mean_lat_write", "num_write", "total_write")} == {"ebpf"}, rows
+    # The probe's counts are the kernel's own per-process counters (wchar, syscw), read independently.
+    assert (rows["total_write"]["value"], rows["num_write"]["value"]) == \
+        (download["WriteBytes"], download["WriteCalls"]), download
+    assert rows["mean_lat_write"]["value"] > 0
+    # The job's own socket bytes (its cgroup), against what moved: the images in, the outputs out.
+    image_bytes = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    assert image_bytes <= download["NetworkReceivedBytes"] <= image_bytes * 1.02, download
+    listed = s3.list_objects_v2(Bucket=bucket, Prefix=f"calls/{child_name(0)}/")["Contents"]
+    uploaded = sum(o["Size"] for o in listed)
+    assert uploaded <= upload["NetworkSentBytes"] <= uploaded * 1.02, upload
+
+    spec = TaskSpec.from_template(synthesize(profilerInterpose="true", profilerContract="case-study").template)
+    [profiler] = [c for c in spec.containers if c.name == PROFILER_CONTAINER]
+    assert not profiler.privileged
+    task = _run_one_child(spec, "interposed", s3_server, s3, bucket, prepared_scratch, tmp_path / "i")
+    docs = {d["Stage"]: d for d in emf_documents(task.logs[PROFILER_CONTAINER])}
+    # The resizer's writes (Python, dynamically linked) through the interposer, at the stage's exact edges.
+    rows = {r["label"]: r for r in docs["process"]["Contract"]}
+    assert rows["mean_lat_write"]["source"] == "interpose" and rows["mean_lat_write"]["value"] > 0, rows
+    assert docs["process"]["WriteCallLatency"] > 0
+    assert not [n for d in docs.values() for n in d.get("Notices", []) if "approximate" in n], docs
+    # s5cmd is a static binary the interposer cannot enter: the download's latency is absent, not the job's
+    # few writes passed off as the stage's, and its counts and bytes are the kernel's.
+    download = docs["download"]
+    rows = {r["label"]: r for r in download["Contract"]}
+    assert rows["mean_lat_write"]["value"] is None and "WriteCallLatency" not in download, download
+    assert (rows["total_write"]["value"], rows["total_write"]["source"]) == (download["WriteBytes"], "procfs")
+    assert any("static binaries such as s5cmd" in n for n in download["Notices"]), download
     assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]

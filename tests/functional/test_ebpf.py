@@ -109,6 +109,7 @@ def test_min_and_max_are_exact_with_one_slow_call(probe_ok: None) -> None:
     # (the kernel's entry and exit lie inside the process's two clock readings).
     assert 0.9 * inside_ns / 1000 <= one_byte["max_us"] <= inside_ns / 1000 and inside_ns > 200_000_000
     assert one_byte["max_us"] == by_call(calls)["read"]["max_us"]
+    assert by_call(calls)["read"]["max_bytes"] == 1  # the slowest read's own size, not its class's bounds
     top = max(int(k) for k in one_byte["hist"])
     assert (1 << top) <= one_byte["max_us"] * 1000 < (1 << (top + 1))
     writes = calls["by_size"]["write"]["4KiB-8KiB"]

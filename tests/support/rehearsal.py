@@ -1,16 +1,16 @@
 """A Batch task of the synthesized job definition, run on this machine with podman: one pod per task.
 
-What is taken from the template: the containers (name, image where it names one, command, environment,
-mount points, essential, dependsOn), the task's pidMode (`task`: the pod shares one pid namespace) and its host volume
-(the host path becomes a directory given per "host"). What Batch and ECS add is added as they do: the
-Batch variables (AWS_BATCH_JOB_ID "<array job id>:<index>", AWS_BATCH_JOB_ATTEMPT, AWS_BATCH_JQ_NAME; the
-array index only in the job container, the one Batch documents it for), the submit override of both
-containers, and ECS_CONTAINER_METADATA_URI_V4, served by a stand-in for the ECS agent's task metadata
-endpoint that answers each task's own TaskARN. The AWS credentials and S3 endpoint stand in for the task
-role. When the essential container exits, the others are stopped with SIGTERM, as ECS stops a task.
+What is taken from the template: the containers (name, image where it names one, command, environment, mount
+points, essential, dependsOn, privileged, user), the task's pidMode (`task`: the pod shares one pid namespace)
+and its host volume (the host path becomes a directory given per "host"). What Batch and ECS add is added as
+they do: the Batch variables (AWS_BATCH_JOB_ID "<array job id>:<index>", AWS_BATCH_JOB_ATTEMPT,
+AWS_BATCH_JQ_NAME; the array index only in the job container, the one Batch documents it for), the submit
+override of both containers, and ECS_CONTAINER_METADATA_URI_V4, served by a stand-in for the ECS agent's task
+metadata endpoint that answers each task's own TaskARN. The AWS credentials and S3 endpoint stand in for the
+task role. When the essential container exits, the others are stopped with SIGTERM, as ECS stops a task.
 
-podman runs with runc and explicit ulimits (crun fails on this machine's hybrid cgroups), from a
-containers.conf of our own passed as CONTAINERS_CONF, never the machine's; images are never pulled.
+podman runs with runc and explicit ulimits (crun fails on this machine's hybrid cgroups), from a containers.conf
+of our own passed as CONTAINERS_CONF, never the machine's; images are never pulled.
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ class ContainerSpec:
     mounts: dict[str, tuple[str, bool]]  # container path -> (the task's volume name, read-only)
     essential: bool
     depends_on: tuple[tuple[str, str], ...]  # (container, condition)
+    privileged: bool = False
+    user: str | None = None  # the image's own user when None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class TaskSpec:
                     for m in c.get("MountPoints", [])},
             essential=c.get("Essential", True),
             depends_on=tuple((d["ContainerName"], d["Condition"]) for d in c.get("DependsOn", [])),
+            privileged=bool(c.get("Privileged", False)), user=c.get("User"),
         ) for c in task["Containers"])
         volumes = {v["Name"]: v["Host"]["SourcePath"] for v in task.get("Volumes", [])}
         return cls(containers, task.get("PidMode", ""), volumes, int(definition["Timeout"]["AttemptDurationSeconds"]))
@@ -203,7 +206,9 @@ class Host:
             if container.name == JOB_CONTAINER:
                 env[ENV.ARRAY_INDEX] = str(index)
             name = f"{pod}-{container.name}"
-            args = ["run", "--detach", "--pull=never", "--pod", pod, "--name", name, "--network", "host"]
+            args = ["run", "--detach", "--pull=never", "--pod", pod, "--name", name, "--network", "host",
+                    *(["--privileged"] if container.privileged else []),
+                    *(["--user", container.user] if container.user is not None else [])]
             for path, (volume, read_only) in container.mounts.items():
                 # The host's scratch is this rehearsal host's directory; any other host path (the cgroup tree
                 # the profiler reads) is this machine's own, as a Batch host would give it.

@@ -20,20 +20,31 @@ def _struct_fields(text: str, name: str) -> list[str]:
     return re.findall(r"__u64 (\w+)(?:\[\w+\])?;", body.group(1))
 
 
+def _members(text: str, name: str) -> list[str]:
+    body = re.search(r"struct " + name + r" \{(.*?)\n\};", text, re.S)
+    assert body is not None, name
+    return re.findall(r"^\t(?:char|__u64|struct \w+) (\w+)", body.group(1), re.M)
+
+
 def test_the_python_layout_is_the_headers() -> None:
     text = HEADER.read_text()
-    defines = dict(re.findall(r"#define (IOB_\w+) (\d+)", text))
-    assert {k: int(v) for k, v in defines.items()} == {
+    defines = {k: int(v) for k, v in re.findall(r"#define (IOB_\w+) (\d+)", text)}
+    # The file cap is read from the object (the map's size), the one place besides the header that knows it.
+    assert defines.pop("IOB_FILES") > 0 and not hasattr(layout, "IOB_FILES")
+    assert defines == {
         "IOB_CALLS": layout.IOB_CALLS, "IOB_SIZES": layout.IOB_SIZES, "IOB_HIST": layout.IOB_HIST,
-        "IOB_TASKS": layout.IOB_TASKS}
+        "IOB_TASKS": layout.IOB_TASKS, "IOB_PATH": layout.IOB_PATH, "IOB_ACCESS": layout.IOB_ACCESS}
     assert len(CALLS) == layout.IOB_CALLS
     assert _struct_fields(text, "iob_cell") == [*layout.CELL_FIELDS, "hist"]
     assert tuple(_struct_fields(text, "iob_state")) == layout.STATE_FIELDS
+    assert tuple(_struct_fields(text, "iob_file_call")) == layout.FILE_CALL_FIELDS
+    assert tuple(_members(text, "iob_file")) == layout.FILE_FIELDS
     assert "read, write, open, close, fsync" in text and CALLS == ("read", "write", "open", "close", "fsync")
 
 
-def _cell(count: int, nbytes: int, total: int, low: int | None, high: int, hist: dict[int, int]) -> bytes:
-    words = [count, nbytes, total, 0 if low is None else low + 1, high]
+def _cell(count: int, nbytes: int, total: int, low: int | None, high: int, hist: dict[int, int],
+          high_bytes: int = 0) -> bytes:
+    words = [count, nbytes, total, 0 if low is None else low + 1, high, high_bytes]
     words += [hist.get(h, 0) for h in range(layout.IOB_HIST)]
     return struct.pack(f"<{layout.CELL_WORDS}Q", *words)
 
@@ -48,11 +59,12 @@ def _memory(cells: dict[int, bytes]) -> bytearray:
 def test_decoding_names_call_and_size_class() -> None:
     write_4k = 1 * layout.IOB_SIZES + 13
     fsync = 4 * layout.IOB_SIZES
-    memory = _memory({write_4k: _cell(3, 3 * 4096, 3000, 700, 1200, {9: 2, 10: 1}),
+    memory = _memory({write_4k: _cell(3, 3 * 4096, 3000, 700, 1200, {9: 2, 10: 1}, 4100),
                       fsync: _cell(1, 0, 5_000_000, 5_000_000, 5_000_000, {22: 1})})
     cells = layout.decode_cells(bytes(memory))
-    assert cells == {("", "write", 13): Stats(3, 12288, 3000, 700, 1200, {9: 2, 10: 1}),
-                     ("", "fsync", NO_SIZE): Stats(1, 0, 5_000_000, 5_000_000, 5_000_000, {22: 1})}
+    assert cells == {("", "write", 13): Stats(3, 12288, 3000, 700, 1200, {9: 2, 10: 1}, max_bytes=4100),
+                     ("", "fsync", NO_SIZE): Stats(1, 0, 5_000_000, 5_000_000, 5_000_000, {22: 1}, max_bytes=0)}
+    assert cells[("", "write", 13)].to_dict()["max_bytes"] == 4100  # the slowest call's own size
 
 
 def test_a_window_subtracts_counts_and_keeps_its_own_extremes() -> None:
@@ -67,16 +79,17 @@ def test_a_window_subtracts_counts_and_keeps_its_own_extremes() -> None:
 
 
 def test_clearing_extremes_leaves_the_counts() -> None:
-    memory = _memory({13: _cell(3, 3, 30, 5, 20, {3: 3})})
+    memory = _memory({13: _cell(3, 3, 30, 5, 20, {3: 3}, 7)})
     layout.clear_extremes(memory)
     (stats,) = layout.decode_cells(bytes(memory)).values()
-    assert (stats.count, stats.bytes, stats.total_ns, stats.min_ns, stats.max_ns) == (3, 3, 30, None, None)
+    assert (stats.count, stats.bytes, stats.total_ns, stats.min_ns, stats.max_ns, stats.max_bytes) == \
+        (3, 3, 30, None, None, None)
 
 
 def test_state_and_task_pauses() -> None:
     values = list(range(1, len(layout.STATE_FIELDS) + 1))
     state = layout.decode_state(struct.pack(f"<{len(values)}Q", *values))
-    assert state["cgroup_id"] == 1 and state["found_tgid"] == len(values)
+    assert state["cgroup_id"] == 1 and state["other_lost"] == len(values)
     assert layout.state_offset("throttle_ms") == 24
     pauses = layout.decode_task_pauses([(struct.pack("<I", 42), struct.pack("<Q16s", 120, b"s5cmd"))])
     assert pauses == {42: ("s5cmd", 120)}
@@ -90,3 +103,57 @@ def test_the_cgroup_v2_mount_and_a_process_path() -> None:
     assert v2_mount("50 40 0:30 /kubepods /mnt rw - cgroup2 cgroup2 rw\n") is None
     assert v2_path(1, "4:memory:/x\n0::/system.slice/job.scope\n") == "/system.slice/job.scope"
     assert v2_path(1, "4:memory:/x\n") is None
+
+
+# ---- per-file records ------------------------------------------------------------------------------------
+
+def _file(path: bytes, calls: dict[int, tuple[int, ...]], sequential: tuple[int, int] = (0, 0),
+          consecutive: tuple[int, int] = (0, 0), sizes: dict[int, int] | None = None, other: int = 0) -> bytes:
+    """One struct iob_file as the program writes it: min_ns stored plus one, access sizes plus one."""
+    words: list[int] = []
+    for c in range(layout.IOB_CALLS):
+        count, nbytes, total, low, high, high_bytes = calls.get(c, (0, 0, 0, None, 0, 0))
+        words += [count, nbytes, total, 0 if low is None else low + 1, high, high_bytes]
+    slots = list((sizes or {}).items()) + [(-1, 0)] * (layout.IOB_ACCESS - len(sizes or {}))
+    words += [*sequential, *consecutive, 0, 0, *(size + 1 for size, _ in slots), *(n for _, n in slots), other]
+    return struct.pack(f"<{layout.IOB_PATH}s{layout.FILE_WORDS}Q", path, *words)
+
+
+def test_file_records_decode_with_their_access_pattern_and_the_summed_rest() -> None:
+    cap = 3
+    memory = bytearray((cap + 1) * layout.FILE_SIZE)
+    records = {
+        0: _file(b"/scratch/in/a.jpg", {0: (10, 40960, 1000, 50, 400, 4096), 2: (1, 0, 90, 90, 90, 0)},
+                 sequential=(9, 0), consecutive=(9, 0), sizes={4096: 10}),
+        1: _file(b"/scratch/out/shard.tar", {1: (6, 6000, 600, 60, 200, 512)}, sequential=(0, 1),
+                 sizes={512: 1, 1000: 2, 1500: 3, 8: 0}, other=0),
+        3: _file(b"", {1: (4, 40, 8, 1, 3, 10)}),  # the files past the cap, summed
+    }
+    for index, raw in records.items():
+        memory[index * layout.FILE_SIZE:(index + 1) * layout.FILE_SIZE] = raw
+    files = layout.decode_files(bytes(memory), 2, cap)
+    assert sorted(files) == [0, 1, 3]
+    a = files[0]
+    assert a.path == "/scratch/in/a.jpg" and a.calls["read"] == Stats(10, 40960, 1000, 50, 400, max_bytes=4096)
+    assert a.calls["open"].max_ns == 90 and set(a.calls) == {"read", "open"}
+    assert a.to_dict() == {"path": "/scratch/in/a.jpg", "read": {"sequential": 9, "consecutive": 9},
+                           "access_sizes": [{"bytes": 4096, "count": 10}]}
+    # Darshan's ACCESS1-4: the four commonest sizes, most first
+    assert files[1].to_dict()["access_sizes"] == [{"bytes": 1500, "count": 3}, {"bytes": 1000, "count": 2},
+                                                  {"bytes": 512, "count": 1}]
+    assert files[3].path == layout.OTHER_FILES and files[3].calls["write"].count == 4
+    assert set(a.calls_cells()) == {("/scratch/in/a.jpg", "read", NO_SIZE), ("/scratch/in/a.jpg", "open", NO_SIZE)}
+
+
+def test_a_file_window_subtracts_and_clearing_keeps_counts() -> None:
+    before = layout.FileRecord("/f", {"write": Stats(5, 500, 50, 5, 20, max_bytes=100)}, (0, 4), (0, 4), {100: 5})
+    after = layout.FileRecord("/f", {"write": Stats(8, 900, 90, 7, 9, max_bytes=200)}, (0, 7), (0, 6),
+                              {100: 6, 200: 2})
+    window = after.since(before)
+    assert window.calls == {"write": Stats(3, 400, 40, 7, 9, max_bytes=200)}
+    assert (window.sequential, window.consecutive, window.access) == ((0, 3), (0, 2), {100: 1, 200: 2})
+    memory = bytearray(2 * layout.FILE_SIZE)
+    memory[:layout.FILE_SIZE] = _file(b"/f", {1: (3, 30, 9, 2, 5, 10)})
+    layout.clear_file_extremes(memory, 1, 1)
+    stats = layout.decode_files(bytes(memory), 1, 1)[0].calls["write"]
+    assert (stats.count, stats.bytes, stats.min_ns, stats.max_ns, stats.max_bytes) == (3, 30, None, None, None)

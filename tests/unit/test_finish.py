@@ -91,3 +91,28 @@ def test_load_rules_names_the_file(tmp_path: Path) -> None:
         load_rules(bad)
     with pytest.raises(ValueError, match=r"missing\.contract"):
         load_rules(tmp_path / "missing.contract", contract_rules)
+
+
+def interposer_calls(count: int, size: int) -> dict[str, Any]:
+    cells = {("/scratch", "write", 13): Stats(count, count * size, count * 15_000, 9000, 30_000, {13: count})}
+    return calls_dict("interpose", cells, [(0.0, cells)], filter_text="t", duration_s=2.0, interval_s=1.0)
+
+
+def test_an_interposer_that_missed_most_of_the_trees_bytes_does_not_speak_for_the_stage() -> None:
+    # The download stage of a task with the interposer alone, as the rehearsal measured it: the job's own
+    # 1,000 B through the interposer, s5cmd's 4.2 MB (a static binary) only in the kernel's counters.
+    kernel = profile(write_bytes=4_224_800, write_calls=161, read_bytes=4_300_000, read_calls=375)
+    done = finish_stage(kernel, [("interpose", interposer_calls(4, 250))], contract_rules(CASE_STUDY))
+    assert done.calls is None and done.write_call_latency_us is None and "calls" not in done.sources
+    [notice] = done.notices
+    assert "saw 1,000 B of the stage's 4,224,800 B write bytes" in notice and "static binaries" in notice
+    rows = {r["label"]: r for r in done.contract}
+    assert (rows["total_write"]["value"], rows["total_write"]["source"]) == (4_224_800, "procfs")
+    assert rows["mean_lat_write"]["value"] is None and "unavailable" in rows["mean_lat_write"]["note"]
+
+
+def test_an_interposer_that_saw_the_trees_bytes_speaks_for_the_stage() -> None:
+    kernel = profile(write_bytes=4_096_000 + 512, write_calls=1001)  # one small write it did not see
+    done = finish_stage(kernel, [("interpose", interposer_calls(1000, 4096))])
+    assert done.calls is not None and done.sources["calls"] == "interpose" and done.notices == []
+    assert done.write_call_latency_us == 15.0

@@ -1,0 +1,151 @@
+"""The eBPF probe's per-file figures against workloads whose every call is known: counts, bytes, the access
+pattern as Darshan counts it, the cap on files kept one by one, and a contract's path rules answered from them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profiling.metrics import by_call
+from profiling.probes import ebpf
+from profiling.probes.ebpf_maps import OTHER_FILES
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def probe_ok() -> None:
+    reason = ebpf.available()
+    if reason is not None:
+        pytest.skip(reason)
+
+
+def probed(script: str, *args: str) -> dict[str, Any]:
+    """Run `script` in a Python started after the probe attached; the probe's result."""
+    proc = subprocess.Popen(["sh", "-c", 'read go; exec "$0" -c "$@"', sys.executable, script, *args],
+                            stdin=subprocess.PIPE)
+    probe = ebpf.EbpfProbe()
+    probe.start(proc.pid)
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+        assert proc.wait(timeout=120) == 0
+    finally:
+        calls = probe.stop()
+    assert calls is not None
+    return calls
+
+
+# seq.bin: 100 x 4 KiB write() from the start, fsync, then read back in 8 KiB read()s (50, and one at the end
+# that reads nothing). strided.bin: 50 x 512 B pwrite() walking backwards (never sequential), then 30 x 1000 B
+# pwrite() 2000 B apart (sequential, never consecutive). Its slowest call is the one with the sleep in it.
+TWO_FILES = r"""
+import os, sys
+d = sys.argv[1]
+fd = os.open(f"{d}/seq.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for _ in range(100):
+    os.write(fd, b"a" * 4096)
+os.fsync(fd)
+os.close(fd)
+fd = os.open(f"{d}/strided.bin", os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(50):
+    os.pwrite(fd, b"b" * 512, (49 - i) * 8192)
+for i in range(30):
+    os.pwrite(fd, b"c" * 1000, i * 2000)
+os.close(fd)
+fd = os.open(f"{d}/seq.bin", os.O_RDONLY)
+while os.read(fd, 8192):
+    pass
+os.close(fd)
+"""
+
+
+def test_two_files_exact_per_file_with_their_access_pattern(probe_ok: None, tmp_path: Path) -> None:
+    calls = probed(TWO_FILES, str(tmp_path))
+    files = calls["files"]
+    seq, strided = (files["by_path"][str(tmp_path / name)] for name in ("seq.bin", "strided.bin"))
+    assert {c: (s["count"], s["bytes"]) for c, s in seq.items()} == {
+        "open": (2, 0), "write": (100, 409600), "fsync": (1, 0), "read": (51, 409600), "close": (2, 0)}
+    assert {c: (s["count"], s["bytes"]) for c, s in strided.items()} == {
+        "open": (1, 0), "write": (80, 50 * 512 + 30 * 1000), "close": (1, 0)}
+    assert seq["write"]["max_bytes"] == 4096 and strided["write"]["max_bytes"] in (512, 1000)
+    records = {r["path"]: r for r in files["records"]}
+    # Darshan's counters: the first access has no previous one; a consecutive access is sequential too.
+    assert records[str(tmp_path / "seq.bin")] == {
+        "path": str(tmp_path / "seq.bin"), "read": {"sequential": 50, "consecutive": 50},
+        "write": {"sequential": 99, "consecutive": 99},
+        "access_sizes": [{"bytes": 4096, "count": 100}, {"bytes": 8192, "count": 50}, {"bytes": 0, "count": 1}]}
+    assert records[str(tmp_path / "strided.bin")] == {
+        "path": str(tmp_path / "strided.bin"), "write": {"sequential": 29, "consecutive": 0},
+        "access_sizes": [{"bytes": 512, "count": 50}, {"bytes": 1000, "count": 30}]}
+    # The job-wide figures hold the same calls (and the interpreter's own); the slowest write's size is its own.
+    assert by_call(calls)["write"]["count"] >= 180
+    assert by_call(calls)["write"]["max_bytes"] >= 0 and files["other_files"] == 0
+
+
+MANY_FILES = r"""
+import os, sys
+for i in range(int(sys.argv[2])):
+    fd = os.open(f"{sys.argv[1]}/f{i:05d}", os.O_WRONLY | os.O_CREAT, 0o644)
+    os.write(fd, b"x" * 3)
+    os.close(fd)
+"""
+
+
+def test_files_past_the_cap_are_summed_and_counted(probe_ok: None, tmp_path: Path) -> None:
+    made = 1100
+    calls = probed(MANY_FILES, str(tmp_path), str(made))
+    files = calls["files"]
+    cap = files["files_cap"]
+    assert cap < made  # the header's IOB_FILES, read from the object
+    by_path = files["by_path"]
+    kept = [p for p in by_path if p != OTHER_FILES]
+    ours = [p for p in kept if p.startswith(f"{tmp_path}/")]
+    # Every record is handed out (the interpreter's own files came first); the rest are summed, each counted once.
+    assert len(kept) == cap
+    assert files["other_files"] == made - len(ours)
+    assert by_path[OTHER_FILES]["write"] == {**by_path[OTHER_FILES]["write"], "count": made - len(ours),
+                                             "bytes": 3 * (made - len(ours))}
+    assert all(by_path[p]["write"]["count"] == 1 for p in ours)
+    assert any(f"{made - len(ours)} files past the cap of {cap}" in note for note in files["notes"])
+
+
+CONTRACT = """2,monitortimeframe,1000s
+dir_writes,{dir},write,all,count,1
+dir_bytes,{dir},write,all,bandwidth,1B
+dir_max,{dir},write,all,max-latency,1us
+elsewhere,/nowhere,write,all,count,1
+dir_small,{dir},write,0-1kB,count,1
+"""
+
+
+def test_a_contract_path_rule_is_answered_from_the_files(probe_ok: None, tmp_path: Path) -> None:
+    """`iobatch profile --contract` with the eBPF probe: rules on a path prefix come from its per-file figures;
+    a path rule with a size range cannot (no size classes per file) and says so."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    contract = tmp_path / "c.contract"
+    contract.write_text(CONTRACT.format(dir=out_dir))
+    report = tmp_path / "profile.json"
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "profile", "--contract", str(contract), "--json",
+                           str(report), "--", sys.executable, "-c", TWO_FILES, str(out_dir)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    body = json.loads(report.read_text())
+    assert body["sources"]["calls"] == "ebpf"
+    rows = {r["label"]: r for r in body["contract"]}
+    assert (rows["dir_writes"]["value"], rows["dir_writes"]["source"]) == (180, "ebpf")
+    assert rows["dir_bytes"]["value"] == 409600 + 50 * 512 + 30 * 1000
+    assert rows["dir_max"]["value"] > 0 and "note" not in rows["dir_max"]
+    assert "elsewhere" not in rows  # no call there: nothing reaches the threshold
+    assert rows["dir_small"]["value"] is None and "size classes" in rows["dir_small"]["note"]
