@@ -46,8 +46,11 @@ def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evalu
         raise ValueError(f"contract {path}: {exc}") from None
 
 
-#: The share of the tree's bytes (wchar, rchar) an interposer must have seen to speak for the whole stage.
+#: The share of the tree's bytes (wchar, rchar) an interposer must have seen to speak for the whole stage,
+#: unless what it missed is below INTERPOSER_SLACK: the dynamic loader reads each library's ELF header before
+#: the interposer is in place (a few KiB), and glibc's internal writes bypass it.
 INTERPOSER_COVERAGE = 0.9
+INTERPOSER_SLACK = 64 * 1024
 PARTIAL = ("the LD_PRELOAD interposer saw {seen} of the stage's {total} {what} (/proc/<pid>/io): the rest came "
            "from processes it cannot enter (static binaries such as s5cmd), so its per-call figures are left "
            "out of this stage (latency needs the eBPF probe); counts and bytes are procfs's")
@@ -55,13 +58,14 @@ PARTIAL = ("the LD_PRELOAD interposer saw {seen} of the stage's {total} {what} (
 
 def _partial(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> str | None:
     """Why an interposer's figures cannot stand for the stage, or None: they must cover at least
-    INTERPOSER_COVERAGE of the bytes the kernel counted for the whole process tree."""
+    INTERPOSER_COVERAGE of the bytes the kernel counted for the whole process tree (or miss less than
+    INTERPOSER_SLACK)."""
     if name != "interpose":
         return None  # eBPF selects the job's whole cgroup, static binaries included
     figures = by_call(calls)
     for call, total in (("write", profile.write_bytes), ("read", profile.read_bytes)):
         seen = int((figures.get(call) or {}).get("bytes") or 0)
-        if total and seen < INTERPOSER_COVERAGE * total:
+        if total and seen < INTERPOSER_COVERAGE * total and total - seen > INTERPOSER_SLACK:
             return PARTIAL.format(seen=f"{seen:,} B", total=f"{total:,} B", what=f"{call} bytes")
     return None
 

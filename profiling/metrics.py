@@ -216,12 +216,14 @@ class TimelinePoint:
     """One sampling interval of a stage: rates and levels over [t - interval, t]."""
 
     t: float  # seconds since the stage started
-    read_bps: float
-    write_bps: float
+    # The job tree's rates; None for an interval whose process counters could not be read at either end.
+    read_bps: float | None
+    write_bps: float | None
     device_write_bps: float | None
     device_queue_depth: float | None
-    dirty_bytes: int
-    writeback_bytes: int
+    # The host's page cache at the interval's end; None when /proc/meminfo could not be read.
+    dirty_bytes: int | None
+    writeback_bytes: int | None
     io_stall_some_ms: float | None
 
 

@@ -109,8 +109,10 @@ def _monotonic_io(snapshots: Sequence[Snapshot], base: ProcIo) -> list[ProcIo]:
     return out
 
 
-def timeline_point(t: float, prev: Snapshot, cur: Snapshot, io_prev: ProcIo, io_cur: ProcIo) -> TimelinePoint:
-    """Rates and levels over one interval [prev, cur]."""
+def timeline_point(t: float, prev: Snapshot, cur: Snapshot, io_prev: ProcIo, io_cur: ProcIo, *,
+                   io_known: bool = True) -> TimelinePoint:
+    """Rates and levels over one interval [prev, cur]. `io_known`: the tree's counters were read at both
+    ends; if not, its rates are absent (a gap in the plot), never a zero."""
     dt = max(cur.mono - prev.mono, 1e-9)
     device_bps = queue = None
     if prev.disk is not None and cur.disk is not None:
@@ -121,12 +123,12 @@ def timeline_point(t: float, prev: Snapshot, cur: Snapshot, io_prev: ProcIo, io_
         stall = (cur.pressure.some_us - prev.pressure.some_us) / 1000.0
     return TimelinePoint(
         t=round(t, 3),
-        read_bps=(io_cur.rchar - io_prev.rchar) / dt,
-        write_bps=(io_cur.wchar - io_prev.wchar) / dt,
+        read_bps=(io_cur.rchar - io_prev.rchar) / dt if io_known else None,
+        write_bps=(io_cur.wchar - io_prev.wchar) / dt if io_known else None,
         device_write_bps=device_bps,
         device_queue_depth=queue,
-        dirty_bytes=cur.cache.dirty_bytes if cur.cache else 0,
-        writeback_bytes=cur.cache.writeback_bytes if cur.cache else 0,
+        dirty_bytes=cur.cache.dirty_bytes if cur.cache else None,
+        writeback_bytes=cur.cache.writeback_bytes if cur.cache else None,
         io_stall_some_ms=stall,
     )
 
@@ -195,9 +197,12 @@ def build_profile(
             full = (last.pressure.full_us - first.pressure.full_us) / 1000.0
         psi = {"io_stall_some_ms": (last.pressure.some_us - first.pressure.some_us) / 1000.0,
                "io_stall_full_ms": full}
+    # Whether the tree's counters were read at each snapshot (the baseline also when given as base_io).
+    known = [base_io is not None or first.tree_io is not None, *(s.tree_io is not None for s in snapshots[1:])]
     timeline = [
-        timeline_point(cur.mono - first.mono, prev, cur, io_prev, io_cur)
-        for prev, cur, io_prev, io_cur in zip(snapshots, snapshots[1:], cumulative, cumulative[1:], strict=False)
+        timeline_point(cur.mono - first.mono, prev, cur, io_prev, io_cur, io_known=known[i] and known[i + 1])
+        for i, (prev, cur, io_prev, io_cur) in enumerate(zip(snapshots, snapshots[1:], cumulative, cumulative[1:],
+                                                             strict=False))
         if cur.mono > prev.mono
     ]
     sources = {"io": "procfs"}

@@ -231,6 +231,7 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.TIMEOUT_S:<26} the attempt's timeout: the job stops itself before it
   {ENV.REQUIRE_PREPARED_SCRATCH} 1: the scratch volume must carry the host's prepared marker
   {ENV.INTERPOSE:<26} 1: record the calls of the job and its programs (LD_PRELOAD interposer)
+  {ENV.CONTRACT:<26} read by the profiler, not the job: the contract it evaluates per stage
   {ENV.ATTEMPT:<26} the attempt number (set by AWS Batch)
   {ENV.ECS_METADATA} the task metadata endpoint (set by ECS)
 

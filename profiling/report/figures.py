@@ -294,7 +294,7 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
 
         line([_shown(tput, q.read_bps) for q in points], "read", "#1f77b4", 1)
         line([_shown(tput, q.write_bps) for q in points], "written", "#ff7f0e", 1)
-        job_peak = max([job_peak, *(max(q.read_bps, q.write_bps) for q in points)])
+        job_peak = max([job_peak, *(v for q in points for v in (q.read_bps, q.write_bps) if v is not None)])
         if any(q.device_write_bps is not None for q in points):
             line([_shown(tput, q.device_write_bps) for q in points], "device write (all writers)", "#2ca02c", 1,
                  "dot")

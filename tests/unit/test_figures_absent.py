@@ -45,6 +45,20 @@ def test_a_failed_baseline_leaves_the_tree_figures_absent_not_the_jobs_lifetime(
     assert back.read_bytes is None and back.notices == profile.notices
 
 
+def test_a_timeline_interval_without_counters_is_a_gap_not_a_zero() -> None:
+    # Read at 0, 1 and 3 s; unreadable at 2 s (a member of the tree turned unreadable for a moment); no
+    # /proc/meminfo anywhere.
+    snaps = [_snap(0.0, ProcIo(0, 0, 0, 0)), _snap(1.0, ProcIo(1_000_000, 2_000_000, 1, 1)),
+             _snap(2.0, None, "/proc/9/io is unreadable (Permission denied)"),
+             _snap(3.0, ProcIo(3_000_000, 8_000_000, 3, 3))]
+    profile = build_profile(stage="download", outcome="ok", started_at=time.time() - 3, snapshots=snaps,
+                            device=None)
+    rates = [(p.t, p.read_bps, p.write_bps) for p in profile.timeline]
+    assert rates == [(1.0, 1_000_000, 2_000_000), (2.0, None, None), (3.0, None, None)]
+    assert {(p.dirty_bytes, p.writeback_bytes) for p in profile.timeline} == {(None, None)}
+    assert profile.write_bytes == 8_000_000  # the stage's total: both ends were read
+
+
 def test_an_unreadable_member_of_the_tree_is_an_error_not_a_zero(tmp_path: Path) -> None:
     (tmp_path / "7" / "task" / "7").mkdir(parents=True)
     (tmp_path / "7" / "task" / "7" / "children").write_text("")
