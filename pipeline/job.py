@@ -58,8 +58,8 @@ from pipeline.process import (
 )
 from pipeline.s5cmd import Copy, run_copies
 from pipeline.scratch import Scratch, tree_bytes
-from pipeline.settings import ENV, JobSettings
-from profiling.probes.interpose import preload_env, record_dir, recording_into
+from pipeline.settings import ENV, JobSettings, env_yes
+from profiling.probes.interpose import ENV_LIB, LIB_NAME, preload_env, record_dir, recording_into
 from profiling.protocol import StageReporter
 
 # s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
@@ -273,16 +273,16 @@ def record_calls(settings: JobSettings) -> None:
     process, with the LD_PRELOAD interposer recording into its attempt's scratch directory, where its profiler
     reads (the profiler derives the same directory from the same task id). The job itself and every
     dynamically linked program it starts are then recorded; the library is the image's (IOBATCH_INTERPOSE_LIB).
+    A value other than yes or no is a usage error (exit 64).
     Returns when already recording, when the profiler is off, or with one warning when it cannot."""
-    if os.environ.get(ENV.INTERPOSE, "") not in ("1", "true") or settings.socket_path is None:
+    if not env_yes(os.environ, ENV.INTERPOSE) or settings.socket_path is None:
         return
     if recording_into(settings.work_dir):
         return
     try:
         env = preload_env(settings.work_dir)
         if not env:
-            raise OSError("the library libiobatch_interpose.so is not built (make setup) nor named by "
-                          "IOBATCH_INTERPOSE_LIB")
+            raise OSError(f"the library {LIB_NAME} is not built (make setup) nor named by {ENV_LIB}")
         sys.stdout.flush()
         sys.stderr.flush()
         # The task id too, so the job finds the same directory without asking the task metadata again.

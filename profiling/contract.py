@@ -44,7 +44,7 @@ CALL_TYPES: tuple[str, ...] = (*CALLS, "all")
 MEASUREMENTS: tuple[str, ...] = ("count", "bandwidth", "mean-latency", "max-latency", "min-latency", "total-latency")
 PATHS_UNAVAILABLE = "unavailable: the {probe} probe does not attribute calls to paths (the interposer does)"
 PATHS_NO_SIZES = "unavailable: eBPF's per-file figures have no size classes (the interposer's per-path ones do)"
-FILES_PAST_CAP = "leaves out the calls on {files} files past the eBPF probe's cap of {cap} files"
+FILES_PAST_CAP = "leaves out this stage's calls on files past the eBPF probe's cap of {cap} files (kept without paths)"
 LATENCY_UNAVAILABLE = "latency unavailable (static binary, no eBPF): counts and bytes are from procfs"
 # The probes keep cumulative extremes: a stage's or frame's extreme call is known only to its log2 bucket
 # when the cumulative one did not move in it (callstats.Stats.since).
@@ -322,8 +322,8 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
                    if isinstance(beside, Mapping) and beside.get("path_attribution", True) else None)
     files = calls.get("files") if calls else None
     file_frames = frame_cells(files, timeframe, duration) if isinstance(files, Mapping) else None
-    past_cap = (FILES_PAST_CAP.format(files=files["other_files"], cap=files.get("files_cap"))
-                if isinstance(files, Mapping) and files.get("other_files") else None)
+    past_cap = (FILES_PAST_CAP.format(cap=files.get("files_cap"))
+                if isinstance(files, Mapping) and files.get("other_calls") else None)
     for rule in contract.rules:
         if frames is None:
             value, note = _procfs_value(rule, profile)
@@ -340,6 +340,7 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
                 reason = PATHS_NO_SIZES if file_frames is not None else PATHS_UNAVAILABLE.format(probe=source)
                 results.append(_row(rule, None, 0, 0.0, duration, source, reason))
                 continue
+        reported = len(results)
         for index, cells in enumerate(rule_frames):
             selected = _select(rule, cells)
             value = measure(rule, selected)
@@ -349,6 +350,8 @@ def evaluate_stage(contract: Contract, profile: StageProfile) -> list[dict[str, 
                 note = "; ".join(n for n in (EXTREME_BOUND if bound else None, widened, rule_note) if n) or None
                 results.append(_row(rule, value, index, start, min(duration, start + timeframe), rule_source,
                                     note))
+        if rule_note and len(results) == reported:  # below threshold, maybe only for want of the capped calls
+            results.append(_row(rule, None, 0, 0.0, duration, rule_source, rule_note))
     return results
 
 

@@ -52,19 +52,22 @@ def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evalu
 INTERPOSER_COVERAGE = 0.9
 INTERPOSER_SLACK = 64 * 1024
 PARTIAL = ("the LD_PRELOAD interposer saw {seen} of the stage's {total} {what} (/proc/<pid>/io): the rest came "
-           "from processes it cannot enter (static binaries such as s5cmd), so its per-call figures are left "
-           "out of this stage (latency needs the eBPF probe); counts and bytes are procfs's")
+           "from calls it cannot see (static binaries such as s5cmd, stdio's internal writes, "
+           "sendfile/copy_file_range), so its per-call figures are left out of this stage (latency needs the "
+           "eBPF probe); counts and bytes are procfs's")
 
 
 def _partial(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> str | None:
     """Why an interposer's figures cannot stand for the stage, or None: they must cover at least
     INTERPOSER_COVERAGE of the bytes the kernel counted for the whole process tree (or miss less than
-    INTERPOSER_SLACK)."""
+    INTERPOSER_SLACK). Its own record lines (calls["record_bytes"]) are writes the kernel counts and it sees."""
     if name != "interpose":
         return None  # eBPF selects the job's whole cgroup, static binaries included
     figures = by_call(calls)
     for call, total in (("write", profile.write_bytes), ("read", profile.read_bytes)):
         seen = int((figures.get(call) or {}).get("bytes") or 0)
+        if call == "write":
+            seen += int(calls.get("record_bytes") or 0)
         if total and seen < INTERPOSER_COVERAGE * total and total - seen > INTERPOSER_SLACK:
             return PARTIAL.format(seen=f"{seen:,} B", total=f"{total:,} B", what=f"{call} bytes")
     return None
@@ -107,6 +110,11 @@ def finish_stage(
         if (partial := _partial(profile, name, calls)) is not None:
             profile = dataclasses.replace(profile, notices=[*profile.notices, partial])
         else:
+            # The interposer kept beside eBPF (for size classes per path) is held to the same coverage.
+            beside = calls.get("interpose")
+            if isinstance(beside, Mapping) and (partial := _partial(profile, "interpose", beside)) is not None:
+                calls = {key: value for key, value in calls.items() if key != "interpose"}
+                profile = dataclasses.replace(profile, notices=[*profile.notices, partial])
             profile = _with_calls(profile, name, calls)
     if rules is not None:
         try:

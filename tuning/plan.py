@@ -135,8 +135,13 @@ def _volume_writes(p: StageProfile) -> int:
 
 
 def _floor(p: StageProfile) -> float:
-    stall = (p.io_stall_some_ms or 0.0) / 1000
-    return max(p.duration_s - stall, p.duration_s * MIN_FLOOR_SHARE, 0.0)
+    """The stage's time minus what it waited on the volume, from the most specific measure there is: the
+    child's own io stall (its cgroup v2 io.pressure), else the wall time its writers were paused by the dirty
+    limit (the eBPF probe), else the host's io stall (PSI: host-wide, so other tenants' stalls come off too
+    and the floor comes out low; measured on a shared machine: 0.4 s predicted for 1.2 s stages)."""
+    waited_ms = next((ms for ms in (p.own_io_stall_ms, p.dirty_throttle_ms, p.io_stall_some_ms) if ms is not None),
+                     0.0)
+    return max(p.duration_s - waited_ms / 1000, p.duration_s * MIN_FLOOR_SHARE, 0.0)
 
 
 def _io_size(of_stage: Sequence[StageProfile]) -> float | None:

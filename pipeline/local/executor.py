@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from pipeline.errors import EXIT_RETRYABLE
 from pipeline.interface import batch_exit_code, exit_code_of
 from pipeline.local.proxy import ThrottledProxy
-from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name, new_task_id
+from pipeline.settings import ENV, PROFILER_OFF, JobSettings, child_name, env_yes, new_task_id
 from profiling import runfiles
 
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
@@ -212,7 +212,7 @@ class _Runner:
             else:
                 env[ENV.PROFILER_SOCKET] = PROFILER_OFF
             job_env = dict(env)
-            if use_sidecar and env.get(INTERPOSE_ENV, "") in ("1", "true"):
+            if use_sidecar and env_yes(env, INTERPOSE_ENV):
                 from profiling.probes.interpose import preload_env
 
                 job_env.update(preload_env(settings.work_dir))

@@ -14,7 +14,8 @@
  * mmap-able array the loader reads without a system call; min and max are exact (compare-and-swap,
  * -mcpu=v3, Linux 5.12+).
  *
- * Per file: the calls on files (regular, directories, devices) also go to the file's record in `files`,
+ * Per file: the calls on files (regular files and devices; not directories, whose records would spend the
+ * cap on what the import system and directory walks open) also go to the file's record in `files`,
  * found from the call's fd through the task's fd table (the open file description, struct file), which
  * open_files maps to a record; a description not seen yet gets its path from its dentry (resolve()).
  * Offsets for the access pattern: the call's own (pread64, preadv*, pwrite64, pwritev*), else the file
@@ -96,11 +97,14 @@ struct {
 /* An open file (struct file, the kernel's open file description) -> its record. Keyed by the description,
  * not by (process, fd): a forked child's and a dup'ed fd's calls land on the file opened before, and a
  * file opened before the probe started is found at its first call. A description freed and reused for
- * another file is told by its inode. LRU: descriptions closed long ago fall out by themselves. */
+ * another file is told by its inode. LRU: descriptions closed long ago fall out by themselves. `next` is
+ * the access pattern's "previous end" (iobatch.h), per description so concurrent readers of one file keep
+ * their own. */
 struct open_file {
 	__u64 inode;
-	__u32 file;     /* record index + 1; 0: not a file kept (socket, pipe, anonymous inode) */
+	__u32 file;     /* record index + 1; 0: not a file kept (socket, pipe, anonymous inode, directory) */
 	__u32 pad;
+	__u64 next[2];  /* end of this description's previous read, write plus one (0: none yet) */
 };
 
 struct {
@@ -127,12 +131,13 @@ struct {
 	__type(value, struct scratch);
 } scratch SEC(".maps");
 
-/* The call in flight: its type + 1 (0: none), its entry time, its file (record index + 1, 0: none) and the
- * offset it starts at. `last_*`: the file description this task used last, to skip the open_files lookup
- * when it is used again (checked against the fd table on every call). */
+/* The call in flight: its type + 1 (0: none), its entry time, its file (record index + 1, 0: none), its
+ * open file description and the offset it starts at. `last_*`: the file description this task used last,
+ * to skip the open_files lookup when it is used again (checked against the fd table on every call). */
 struct entry {
 	__u64 ts;
 	__u64 offset;
+	__u64 desc;
 	__u32 call;
 	__u32 file;
 	__u64 last_desc;
@@ -245,7 +250,6 @@ static __always_inline __u64 desc_of(long fd)
 
 #define IOB_S_IFMT 0170000   /* include/uapi/linux/stat.h */
 #define IOB_S_IFREG 0100000
-#define IOB_S_IFDIR 0040000
 #define IOB_S_IFBLK 0060000
 #define IOB_S_IFCHR 0020000
 
@@ -260,6 +264,7 @@ struct walk {
 	__u32 n;        /* names collected, the file's own first */
 	__u32 whole;    /* the walk reached the root */
 	__u32 off;      /* bytes of the path written */
+	__u32 cut;      /* names left out: the path is longer than IOB_PATH - 1 bytes */
 };
 
 /* One step up from w->d: its name, or from the top of a mount to where it is mounted (fs/d_path.c). */
@@ -296,8 +301,12 @@ static long walk_up(__u32 i, void *ctx)
 static long write_down(__u32 i, void *ctx)
 {
 	struct walk *w = ctx;
-	if (i >= w->n || w->off >= IOB_PATH - 1)
+	if (i >= w->n)
 		return 1;
+	if (w->off >= IOB_PATH - 1) {
+		w->cut = 1;
+		return 1;
+	}
 	struct scratch *b = w->b;
 	b->key.path[w->off & (IOB_PATH - 1)] = '/';
 	w->off++;
@@ -311,12 +320,12 @@ static long write_down(__u32 i, void *ctx)
 /* The record of a file description not seen before: its path (as d_path() gives it: walked up from its
  * dentry to the opening task's root, crossing mounts, fs/d_path.c), then the path's record, a new one
  * while fewer than IOB_FILES are handed out, else the last ("other files"). 0 for what is not a file
- * kept: sockets, pipes, anonymous inodes. A path deeper than IOB_DEPTH steps starts with "..." (its head
- * is unknown); a longer one than IOB_PATH keeps its head. */
+ * kept: sockets, pipes, anonymous inodes, directories. A path deeper than IOB_DEPTH steps starts with "..."
+ * (its head is unknown); a longer one than IOB_PATH keeps its head; either marks its record `cut`. */
 __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on its own */
 {
 	__u32 mode = BPF_CORE_READ((struct inode *)inode, i_mode) & IOB_S_IFMT;
-	if (mode != IOB_S_IFREG && mode != IOB_S_IFDIR && mode != IOB_S_IFBLK && mode != IOB_S_IFCHR)
+	if (mode != IOB_S_IFREG && mode != IOB_S_IFBLK && mode != IOB_S_IFCHR)
 		return 0;
 	__u32 zero = 0;
 	struct scratch *b = bpf_map_lookup_elem(&scratch, &zero);
@@ -340,8 +349,10 @@ __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on
 	__u32 off = w.off;
 	if (off == 0)
 		b->key.path[off++] = '/';
-	if (off > IOB_PATH - 1)
+	if (off > IOB_PATH - 1) {   /* the last name ran on into spill */
 		off = IOB_PATH - 1;
+		w.cut = 1;
+	}
 	b->key.path[off & (IOB_PATH - 1)] = 0;
 
 	__u32 *known = bpf_map_lookup_elem(&file_of_path, &b->key);
@@ -352,8 +363,10 @@ __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on
 		__u32 index = next;
 		if (bpf_map_update_elem(&file_of_path, &b->key, &index, BPF_NOEXIST) == 0) {
 			struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
-			if (rec)
+			if (rec) {
 				bpf_probe_read_kernel(rec->path, IOB_PATH, b->key.path);
+				rec->cut = w.cut || !w.whole;
+			}
 			return index + 1;
 		}
 		known = bpf_map_lookup_elem(&file_of_path, &b->key);   /* another CPU added the same path just now */
@@ -369,16 +382,18 @@ __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on
 }
 
 /* The record (index + 1, 0: none) of file description `desc`, from the task's last one, open_files, or
- * resolved now. */
-static __always_inline __u32 file_of(struct entry *e, __u64 desc)
+ * resolved now. `opened`: the description was just made by an open, so none of its calls were seen yet. */
+static __always_inline __u32 file_of(struct entry *e, __u64 desc, int opened)
 {
 	__u64 inode = (__u64)BPF_CORE_READ((struct file *)desc, f_inode);
-	if (desc == e->last_desc && inode == e->last_inode)
+	if (!opened && desc == e->last_desc && inode == e->last_inode)
 		return e->last_file;
 	struct open_file *known = bpf_map_lookup_elem(&open_files, &desc);
 	__u32 file;
 	if (known && known->inode == inode) {
 		file = known->file;
+		if (opened)   /* a freed description's memory reused for the same file: no previous access */
+			known->next[0] = known->next[1] = 0;
 	} else {
 		struct open_file fresh = {.inode = inode, .file = resolve(desc, inode)};
 		bpf_map_update_elem(&open_files, &desc, &fresh, BPF_ANY);
@@ -409,8 +424,9 @@ int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
 	e->file = 0;
 	if (call != CALL_OPEN) {   /* an open's file is known at its exit */
 		__u64 desc = desc_of((int)PT_REGS_PARM1_SYSCALL(regs));
+		e->desc = desc;
 		if (desc)
-			e->file = file_of(e, desc);
+			e->file = file_of(e, desc, 0);
 		if (e->file && (call == CALL_READ || call == CALL_WRITE)) {
 			long pos = (what & POSITIONED) ? (long)PT_REGS_PARM4_SYSCALL(regs) : -1;
 			if (pos < 0)   /* read, write, readv, writev; p*v2 with offset -1 */
@@ -423,13 +439,19 @@ int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
 	return 0;
 }
 
-#define FAILED 0x100   /* file_add: the call returned an error (a subprogram takes at most 5 arguments) */
+/* file_add's `how`: the call type, FAILED when it returned an error, and the record index from bit 16 (a
+ * subprogram takes at most 5 arguments). */
+#define FAILED 0x100
+#define INDEX_SHIFT 16
+_Static_assert(IOB_FILES + 1 < (1 << (32 - INDEX_SHIFT)), "a record index fits file_add's how");
 
-/* One finished call on file record `index`: its figures, and for reads and writes the access pattern. A
- * global function: the verifier checks it once, on its own, not again in every state of its caller. */
-__noinline int file_add(__u32 index, __u32 how, __u64 lat, __u64 nbytes, __u64 offset)
+/* One finished call on open file description `desc` whose record is in `how`: its figures, and for reads
+ * and writes the access pattern. A global function: the verifier checks it once, on its own, not again in
+ * every state of its caller. */
+__noinline int file_add(__u64 desc, __u32 how, __u64 lat, __u64 nbytes, __u64 offset)
 {
-	__u32 call = how & ~FAILED;
+	__u32 call = how & 0xff;
+	__u32 index = how >> INDEX_SHIFT;
 	struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
 	if (!rec || call >= IOB_CALLS)
 		return 0;
@@ -439,17 +461,20 @@ __noinline int file_add(__u32 index, __u32 how, __u64 lat, __u64 nbytes, __u64 o
 	__sync_fetch_and_add(&c->total_ns, lat);
 	store_min(&c->min_ns, lat);
 	if (store_max(&c->max_ns, lat))
-		c->max_bytes = nbytes;
+		c->max_bytes = nbytes;   /* as in the cells: either racing call's size (iobatch.h) */
 	if ((call != CALL_READ && call != CALL_WRITE) || (how & FAILED) || index >= IOB_FILES)
 		return 0;   /* the summed record of many files has no access pattern */
-	__u64 previous = rec->next[call];
-	if (previous) {
-		if (offset >= previous - 1)
-			__sync_fetch_and_add(&rec->sequential[call], 1);
-		if (offset == previous - 1)
-			__sync_fetch_and_add(&rec->consecutive[call], 1);
+	struct open_file *of = bpf_map_lookup_elem(&open_files, &desc);
+	if (of && of->file == index + 1) {   /* else the description fell out of the LRU map: no previous */
+		__u64 previous = of->next[call];
+		if (previous) {
+			if (offset >= previous - 1)
+				__sync_fetch_and_add(&rec->sequential[call], 1);
+			if (offset == previous - 1)
+				__sync_fetch_and_add(&rec->consecutive[call], 1);
+		}
+		of->next[call] = offset + nbytes + 1;
 	}
-	rec->next[call] = offset + nbytes + 1;
 	__u64 want = nbytes + 1;
 	for (int s = 0; s < IOB_ACCESS; s++) {
 		__u64 have = rec->access_size[s];
@@ -505,13 +530,14 @@ int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 		cell->max_bytes = nbytes;   /* not atomic with max_ns: two slowest-yet calls racing on one cell can
 					     * leave the size of the other; a size class holds sizes within 2x */
 	__u32 file = e->file;
+	__u64 desc = e->desc;
 	if (call == CALL_OPEN && ret >= 0) {
-		__u64 desc = desc_of(ret);
+		desc = desc_of(ret);
 		if (desc)
-			file = file_of(e, desc);
+			file = file_of(e, desc, 1);
 	}
 	if (file)
-		file_add(file - 1, call | (ret < 0 ? FAILED : 0), lat, nbytes, e->offset);
+		file_add(desc, call | (ret < 0 ? FAILED : 0) | ((file - 1) << INDEX_SHIFT), lat, nbytes, e->offset);
 	return 0;
 }
 

@@ -8,10 +8,12 @@
 #define IOB_HIST 48        /* latency bucket h holds calls that took [2^h, 2^(h+1)) ns (bucket 0 also 0 ns) */
 #define IOB_CELLS (IOB_CALLS * IOB_SIZES)   /* cell index = call * IOB_SIZES + size class (0 for open/close/fsync) */
 #define IOB_TASKS 1024     /* tasks whose dirty-throttle pause is kept one by one */
-#define IOB_FILES 1024     /* files kept one by one (the `files` array holds one more: all later files summed);
-			    * the loader reads this cap from the object (the map's size), nowhere else */
-#define IOB_PATH 256       /* bytes of a file's path kept (with its NUL); a longer path keeps its head */
-#define IOB_ACCESS 8       /* distinct access sizes counted per file (Darshan's ACCESS1-4 are the top 4) */
+#define IOB_FILES 4096     /* files kept one by one (the `files` array holds one more: all later files summed);
+			    * the loader reads this cap from the object (the map's size), nowhere else. Directories
+			    * get no record: the cap is for files that hold data */
+#define IOB_PATH 256       /* bytes of a file's path kept (with its NUL); a longer path keeps its head (`cut`) */
+#define IOB_ACCESS 8       /* distinct access sizes counted per file, the first 8 seen (Darshan's ACCESS1-4 are
+			    * the top 4 of all sizes; here the top 4 of these 8, the rest in access_other) */
 
 /* One (call type, size class): what the program adds per call. min_ns starts at ~0 (unset). */
 struct iob_cell {
@@ -20,7 +22,8 @@ struct iob_cell {
 	__u64 total_ns;
 	__u64 min_ns;
 	__u64 max_ns;
-	__u64 max_bytes;   /* the bytes the slowest call moved */
+	__u64 max_bytes;   /* the bytes the slowest call moved (stored after max_ns, not with it: when two
+			    * slowest-yet calls finish at once, the size of either) */
 	__u64 hist[IOB_HIST];
 };
 
@@ -42,12 +45,13 @@ struct iob_state {
 	__u64 found_cgroup_level;
 	__u64 found_tgid;       /* the task's pid in the initial pid namespace */
 	__u64 files;            /* file records handed out: past IOB_FILES, a file goes to the last record */
-	__u64 other_files;      /* distinct files summed in the last record */
+	__u64 other_files;      /* distinct files summed in the last record (job-wide: the loader takes a stage's
+				 * change) */
 	__u64 other_lost;       /* files past the cap not told apart (the set of them was full): other_files is
 				 * then a lower bound */
 };
 
-/* One call type on one file. min_ns is stored plus one (0: unset), as in iob_cell. */
+/* One call type on one file. min_ns is stored plus one (0: unset), as in iob_cell; max_bytes as there. */
 struct iob_file_call {
 	__u64 count;
 	__u64 bytes;
@@ -59,18 +63,22 @@ struct iob_file_call {
 
 /* One file (by its path, as the opening process saw it): calls per type, and the access pattern as Darshan
  * counts it per file: a read (write) is sequential when it starts at or after the end of the previous read
- * (write) of that file, consecutive when exactly at that end (so consecutive ones are sequential too); the
- * first has no previous. Offsets: pread/pwrite/preadv/pwritev's own, else the file position at entry (for an
- * O_APPEND write the end the previous one left, which is where it goes while the process appends alone). */
+ * (write), consecutive when exactly at that end (so consecutive ones are sequential too). "Previous" is that
+ * of the same open file description (the program keeps it in open_files), so two processes reading one file
+ * at once do not spoil each other's counts; Darshan keeps it per process. Unlike Darshan, whose previous end
+ * starts at 0 (a first access above offset 0 counts as sequential), a description's first access counts as
+ * neither. Offsets: pread/pwrite/preadv/pwritev's own, else the file position at entry (for an O_APPEND write
+ * the end the previous one left, which is where it goes while the process appends alone). */
 struct iob_file {
 	char path[IOB_PATH];
 	struct iob_file_call calls[IOB_CALLS];
 	__u64 sequential[2];        /* read, write */
 	__u64 consecutive[2];
-	__u64 next[2];              /* end of the previous read, write plus one (0: none yet) */
 	__u64 access_size[IOB_ACCESS];   /* bytes plus one (0: slot free), claimed in order of first use */
 	__u64 access_count[IOB_ACCESS];
 	__u64 access_other;         /* reads and writes of a size that found no free slot */
+	__u64 cut;                  /* 1: the path is not whole (longer than IOB_PATH - 1 bytes: its head kept;
+				     * deeper than the program walks: "..." for its head), so files may share it */
 };
 
 struct iob_task_pause {

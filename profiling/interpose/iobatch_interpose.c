@@ -8,9 +8,10 @@
  *   IOBATCH_INTERPOSE_INTERVAL_MS  record interval, default 1000
  *   IOBATCH_INTERPOSE_DEPTH        path components kept per fd, default 3 ("/scratch/job/in")
  *
- * Records: <dir>/calls-<pid>.jsonl, one JSON line per interval in which something changed, one at
- * exit ("final": true), and one whenever the generation changes (below). Each line holds cumulative
- * figures since the program started (or the process forked):
+ * Records: <dir>/calls-<pid>-<since_ns>.jsonl, one file per program run (from its start, or its fork),
+ * one JSON line per interval in which something changed, one at exit ("final": true), and one whenever
+ * the generation changes (below). Each line holds cumulative figures since the program started (or the
+ * process forked):
  *   {"pid":P,"since":MONO_S,"born":G0,"gen":G,"t":MONO_S,"wall":UNIX_S,"final":B,"paths":["",...],
  *    "cells":[[path_index,call,size_class,count,bytes,total_ns,min_ns,max_ns,{"k":n,...}],...]}
  * since: when these counters started (a program exec'd in the same pid starts again from zero);
@@ -30,7 +31,11 @@
  * 64-bit loads of counters another thread is updating are not torn on the supported 64-bit targets,
  * and a record that is one call behind is fine. A mutex guards only the thread list (thread start and
  * exit, dumping) and the path table (open of a new prefix). errno and return values pass through
- * untouched. Internal I/O calls the real functions, so it is never counted.
+ * untouched. Internal I/O calls the real functions, so it is never counted here; the kernel does count the
+ * record lines as the process's writes (/proc/<pid>/io wchar), and the profiler adds the bytes it read
+ * from the record files to what the library saw. The timer thread runs with every signal blocked. The
+ * final record is written at exit by the process the counters belong to (not by a vfork child, which
+ * shares its memory), and never waits on the lock: a signal handler may call _exit.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -43,8 +48,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -60,7 +67,9 @@ enum { C_READ, C_WRITE, C_OPEN, C_CLOSE, C_FSYNC, NCALL };
 #define NPATH 32   /* distinct path prefixes per process; index 0 is "unknown" (sockets, pipes, ...) */
 #define NFD 65536  /* fds above this are attributed to "unknown" */
 #define PATHLEN 256
-#define FLUSH_POLL_MS 20 /* how often the timer thread looks at the generation: a boundary waits up to this */
+/* How often the timer thread looks at the generation: a boundary waits up to this for a record. The
+ * profiler's FLUSH_POLL_MS (profiling/probes/interpose.py) is this one; its FLUSH_WAIT_S allows many. */
+#define FLUSH_POLL_MS 20
 
 struct cell {
     uint64_t count, bytes, total_ns, min_ns, max_ns;
@@ -132,6 +141,7 @@ static double since_s;              /* monotonic time when these counters starte
 static int recording;               /* a record directory was given */
 static volatile int dumper_pending; /* a forked child starts its dumper on its first call */
 static int finished;
+static pid_t owner_pid;             /* the process these counters belong to (set at start and after fork) */
 static int stderr_fd = -1;          /* a dup of fd 2: some programs close stderr before exit */
 static uint64_t last_total;         /* calls in the last record written, to skip idle intervals */
 static pthread_t dumper;
@@ -187,12 +197,6 @@ static inline uint64_t now_ns(void) {
 }
 
 static inline int bit_length(uint64_t v) { return v ? 64 - __builtin_clzll(v) : 0; }
-
-static double mono_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* The profiler's generation: the size of <dir>/generation (see the header). */
 static long read_gen(void) {
@@ -409,8 +413,24 @@ static void write_record(int kind, long gen) {
     static struct out out;
     if (!recording) return;
     int saved_errno = errno;
+    int saved_hook = in_hook;
     in_hook = 1;
-    pthread_mutex_lock(&lock);
+    if (final) {
+        /* The exit path may run in a signal handler that interrupted this very thread inside a record:
+         * never block on `lock` there. Another thread's dump holds it for well under a millisecond. */
+        int tries = 0;
+        struct timespec ms = {0, 1000000L};
+        while (pthread_mutex_trylock(&lock) != 0) {
+            if (++tries > 50) {
+                in_hook = saved_hook;
+                errno = saved_errno;
+                return;
+            }
+            nanosleep(&ms, NULL);
+        }
+    } else {
+        pthread_mutex_lock(&lock);
+    }
     memset(&sum, 0, sizeof sum);
     for (struct block *b = blocks; b; b = b->next)
         for (int p = 0; p < NPATH; p++)
@@ -423,7 +443,7 @@ static void write_record(int kind, long gen) {
         for (int i = 0; i < CELLS_PER_PATH; i++) total += sum.cells[p][i].count;
     if (total == last_total && kind == RECORD_REGULAR) {
         pthread_mutex_unlock(&lock);
-        in_hook = 0;
+        in_hook = saved_hook;
         errno = saved_errno;
         return;
     }
@@ -475,7 +495,7 @@ static void write_record(int kind, long gen) {
         real.close(fd);
     }
     pthread_mutex_unlock(&lock);
-    in_hook = 0;
+    in_hook = saved_hook;
     errno = saved_errno;
 }
 
@@ -508,9 +528,13 @@ static void open_record_file(void) {
     const char *dir = getenv("IOBATCH_INTERPOSE_DIR");
     recording = 0;
     if (dir == NULL || dir[0] == 0) return;
-    snprintf(record_path, sizeof record_path, "%s/calls-%d.jsonl", dir, (int)getpid());
+    /* One file per program run: a pid the kernel reuses, or a program exec'd in the same pid, starts a new
+     * file, so a file whose final record the profiler has read never grows again. */
+    uint64_t since = now_ns();
+    snprintf(record_path, sizeof record_path, "%s/calls-%d-%llu.jsonl", dir, (int)getpid(),
+             (unsigned long long)since);
     snprintf(generation_path, sizeof generation_path, "%s/generation", dir);
-    since_s = mono_s();
+    since_s = since / 1e9;
     born_gen = read_gen();
     int fd = real.open(record_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd >= 0) {
@@ -529,7 +553,13 @@ static void start_dumper(void) {
     pthread_attr_t attr;
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    /* A new thread inherits the creator's signal mask (pthread_create(3)): the timer thread starts with
+     * every signal blocked, so the kernel never picks it to run one of the program's handlers. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     if (pthread_create(&dumper, &attr, dumper_main, NULL) != 0) dumper_pending = 0;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     pthread_attr_destroy(&attr);
 }
 
@@ -547,13 +577,18 @@ static void after_fork_child(void) {
     }
     if (retired) memset(retired->cells, 0, sizeof retired->cells);
     last_total = 0;
+    owner_pid = (pid_t)syscall(SYS_getpid);
     open_record_file();
     /* Not here: a child that only execs should not pay for a thread. Started on its first call. */
     dumper_pending = recording;
 }
 
+/* The final record. Not in a vfork child (CPython's subprocess uses vfork; its child calls _exit(255) when
+ * exec fails): it shares this process's memory but not its pid (vfork(2)), so it must neither mark these
+ * counters finished nor write them under its own pid. The raw system call, because glibc's getpid() has
+ * not always asked the kernel. */
 static void at_exit(void) {
-    if (!enabled || finished) return;
+    if (!enabled || finished || (pid_t)syscall(SYS_getpid) != owner_pid) return;
     finished = 1;
     write_record(RECORD_FINAL, read_gen());
 }
@@ -565,6 +600,7 @@ __attribute__((constructor)) static void init(void) {
     if (s && atol(s) > 0) interval_ms = atol(s);
     s = getenv("IOBATCH_INTERPOSE_DEPTH");
     if (s && atoi(s) > 0) depth = atoi(s);
+    owner_pid = (pid_t)syscall(SYS_getpid);
     open_record_file();
     if (!recording) return;
     pthread_key_create(&block_key, block_destroy);

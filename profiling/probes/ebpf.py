@@ -19,17 +19,20 @@ profiler dies: nothing outlives the process that loaded it.
 
 Per file (calls["files"], see `_files_dict`): every call on a file is also counted on the file's record
 (count, bytes, latency with exact min and max per call type, and the access pattern as Darshan counts it:
-sequential and consecutive reads and writes, the commonest access sizes). A file is known by its open file
-description: its path is taken once, at the open's exit or at its first call when it was opened before
-the probe started (or by a parent: fork and dup share the description), walked up from its dentry to the
-opening task's root, as the process sees it inside a container. Offsets are pread/pwrite's own, else the
+sequential and consecutive reads and writes per open file description, the commonest among the first
+IOB_ACCESS distinct access sizes). A file is known by its open file description: its path is taken once,
+at the open's exit or at its first call when it was opened before the probe started (or by a parent: fork
+and dup share the description), walked up from its dentry to the opening task's root, as the process sees
+it inside a container. Offsets are pread/pwrite's own, else the
 file position at the call's entry (struct file f_pos), read by the program rather than tracked: it stays
 right across lseek, dup and fork. At most IOB_FILES files (iobatch.h; read here from the object) are kept
-one by one; later ones are summed in one record, and how many there were is reported. The job-wide
-"cells" stay under path "" ("path_attribution" false): contract rules on a path prefix read calls["files"].
+one by one (directories get none); later ones are summed in one record, and a stage says whether it had
+calls there and how many such files it saw first. The job-wide "cells" stay under path ""
+("path_attribution" false): contract rules on a path prefix read calls["files"].
 
-Needs root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the kernel's BTF (/sys/kernel/btf/vmlinux, as
-on Amazon Linux 2023) and libbpf; `available()` says what is missing.
+Needs Linux 5.17+ (the path walk uses bpf_loop), root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the
+kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023) and libbpf; `available()` says what is
+missing.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ OBJECT_NAME = "iobatch.bpf.o"
 BTF = Path("/sys/kernel/btf/vmlinux")
 TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
+MIN_KERNEL = (5, 17)  # bpf_loop (include/uapi/linux/bpf.h: "bpf_loop", added in 5.17)
 CAPS = {21: "CAP_SYS_ADMIN", 38: "CAP_PERFMON", 39: "CAP_BPF"}
 CALL_PROGRAMS = ("iob_sys_enter", "iob_sys_exit")
 # Optional hooks: (program, what is missing without it). sock_*_length exist from Linux 6.3.
@@ -80,10 +84,25 @@ def _effective_caps() -> int:
     return 0
 
 
+def kernel_too_old(release: str) -> str | None:
+    """None when kernel `release` (uname -r) is new enough for the program, else a one-line reason."""
+    numbers = release.split("-", 1)[0].split(".")
+    try:
+        version = (int(numbers[0]), int(numbers[1]))
+    except (IndexError, ValueError):
+        return None  # not a version we can read: loading will tell
+    if version < MIN_KERNEL:
+        return f"eBPF probe needs Linux {MIN_KERNEL[0]}.{MIN_KERNEL[1]}+ (bpf_loop); this kernel is {release}"
+    return None
+
+
 def available() -> str | None:
     """None when the probe can run here, else a one-line reason it cannot."""
     if os.environ.get(ENV_OFF) == "1":
         return f"eBPF probe turned off ({ENV_OFF}=1)"
+    old = kernel_too_old(os.uname().release)
+    if old is not None:
+        return old
     caps = _effective_caps()
     if not (caps >> 21 & 1 or (caps >> 38 & 1 and caps >> 39 & 1)):
         return "eBPF probe needs root (or CAP_BPF and CAP_PERFMON, or CAP_SYS_ADMIN)"
@@ -116,6 +135,9 @@ class _Loaded:
         _mount_tracefs()
         self.obj = BpfObject(path)
         try:
+            wrong = layout.check_value_sizes({name: self.obj.value_size(name) for name in layout.VALUE_SIZES})
+            if wrong is not None:
+                raise BpfError(wrong)
             self.state = self.obj.mmap_array("state", layout.STATE_SIZE)
             self.cells = self.obj.mmap_array("cells", layout.IOB_CELLS * layout.CELL_SIZE)
             self.files_cap = self.obj.max_entries("files") - 1  # the last record sums the files past the cap
@@ -157,7 +179,7 @@ class _Loaded:
     def reading(self) -> tuple[Cells, dict[str, int], Files]:
         state = layout.decode_state(self.state[:layout.STATE_SIZE])
         handed_out = min(state["files"], self.files_cap)
-        files = layout.decode_files(self.files[:(self.files_cap + 1) * layout.FILE_SIZE], handed_out, self.files_cap)
+        files = layout.decode_files(self.files, handed_out, self.files_cap)  # the records handed out, not the map
         return layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]), state, files
 
     def clear_extremes(self) -> None:
@@ -207,13 +229,20 @@ def _close_live_probes() -> None:
 def _files_dict(window: Files, frames: list[tuple[float, Cells]], state: dict[str, int], cap: int,
                 filter_text: str, duration_s: float, interval_s: float) -> dict[str, Any]:
     """calls["files"]: the window's per-file figures as a probe's dict (by_path, cells and frames per file path,
-    no size classes), each file's access pattern ("records"), and the cap with the files past it."""
+    no size classes), each file's access pattern ("records"), and the cap: whether the window had calls on
+    files past it ("other_calls") and how many such files it saw first ("other_files"; `state` holds the
+    window's change of the program's counters)."""
     notes = []
-    if state["other_files"]:
-        lost = (f"; opens of {state['other_lost']} more could not be told apart, so that count is a lower bound"
+    other = next((r for r in window.values() if r.path == layout.OTHER_FILES), None)
+    if other is not None:
+        lost = (f"; {state['other_lost']} more could not be told apart, so that count is a lower bound"
                 if state["other_lost"] else "")
-        notes.append(f"{state['other_files']} files past the cap of {cap} files are summed as "
-                     f"{layout.OTHER_FILES!r}{lost}")
+        notes.append(f"calls on files past the cap of {cap} files are summed as {layout.OTHER_FILES!r} "
+                     f"({state['other_files']} such files first seen in this stage{lost})")
+    cut = sorted(r.path for r in window.values() if r.cut)
+    if cut:
+        notes.append(f"paths not whole (longer than {layout.IOB_PATH - 1} bytes: the head kept; or too deep: '...' "
+                     f"for the head), so several files may share one record: {len(cut)}, e.g. {cut[0]!r}")
     out = calls_dict(NAME, file_cells(window), frames, filter_text=filter_text, duration_s=duration_s,
                      interval_s=interval_s, notes=notes)
     out["size_classes"] = False
@@ -221,6 +250,7 @@ def _files_dict(window: Files, frames: list[tuple[float, Cells]], state: dict[st
                       if record.path != layout.OTHER_FILES and {"read", "write"} & record.calls.keys()]
     out["files_cap"] = cap
     out["other_files"] = state["other_files"]
+    out["other_calls"] = other is not None
     return out
 
 
@@ -375,6 +405,7 @@ class EbpfProbe:
             result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
         if {"iob_sock_send", "iob_sock_recv"} <= attached:
             result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
-        result["files"] = _files_dict(files_window(files, base[3]), file_frames, state, cap, filter_text,
+        files_delta = {key: state[key] - base[2][key] for key in ("other_files", "other_lost")}
+        result["files"] = _files_dict(files_window(files, base[3]), file_frames, files_delta, cap, filter_text,
                                       now - base[0], self.interval_s)
         return result

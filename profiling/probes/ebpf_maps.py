@@ -5,8 +5,9 @@
 file past the cap; the cap is the map's size, read from the object); all are read through mmap, so a
 reading is a memory copy. Counters only grow; a window's figures are the difference of two readings,
 except min and max (with the slowest call's size), which the loader clears at the window's start
-(`clear_extremes`) so they are the window's own, exact. min_ns is stored plus one, so that 0 means "no
-call yet".
+(`clear_extremes`) so they are the window's own: min and max exact, the slowest call's size that of one of
+the slowest calls when two finish at once (iobatch.h). min_ns is stored plus one, so that 0 means "no call
+yet". `check_value_sizes` holds the object's value sizes against these, so a stale build fails at load.
 """
 
 from __future__ import annotations
@@ -38,13 +39,24 @@ STATE_SIZE = 8 * len(STATE_FIELDS)
 TASK_PAUSE_SIZE = 8 + 16  # struct iob_task_pause: ms, comm[16]
 SIZED_CALLS = ("read", "write")  # the calls with a size class; the others are all in class 0
 FILE_CALL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns", "max_bytes")  # struct iob_file_call
-FILE_FIELDS = ("path", "calls", "sequential", "consecutive", "next", "access_size", "access_count", "access_other")
-FILE_WORDS = IOB_CALLS * len(FILE_CALL_FIELDS) + 3 * 2 + 2 * IOB_ACCESS + 1
+FILE_FIELDS = ("path", "calls", "sequential", "consecutive", "access_size", "access_count", "access_other", "cut")
+FILE_WORDS = IOB_CALLS * len(FILE_CALL_FIELDS) + 2 * len(SIZED_CALLS) + 2 * IOB_ACCESS + 2
 FILE_SIZE = IOB_PATH + 8 * FILE_WORDS
+VALUE_SIZES = {"cells": CELL_SIZE, "state": STATE_SIZE, "files": FILE_SIZE, "task_pause": TASK_PAUSE_SIZE}
 OTHER_FILES = "(other files)"  # the path of the record that sums the files past the cap
 
 _CELL = struct.Struct(f"<{CELL_WORDS}Q")
 _FILE = struct.Struct(f"<{IOB_PATH}s{FILE_WORDS}Q")
+
+
+def check_value_sizes(sizes: Mapping[str, int]) -> str | None:
+    """None when every map's value size (as the object declares it) is what this decoder reads, else a
+    one-line reason: the object was built from another iobatch.h."""
+    wrong = [f"{name} {sizes[name]} bytes (read as {want})" for name, want in VALUE_SIZES.items()
+             if sizes.get(name) != want]
+    if not wrong:
+        return None
+    return f"the eBPF object's map values do not match its loader: {', '.join(wrong)}; rebuild it (`make setup`)"
 
 
 def decode_cells(memory: bytes) -> Cells:
@@ -74,6 +86,7 @@ class FileRecord:
     consecutive: tuple[int, int] = (0, 0)
     access: dict[int, int] = field(default_factory=dict)  # bytes -> reads and writes of that size
     access_other: int = 0  # reads and writes of sizes past the IOB_ACCESS counted
+    cut: bool = False  # the path is not whole: its head only, or "..." for an unknown head (iobatch.h)
 
     def since(self, before: FileRecord | None) -> FileRecord:
         """The calls after `before` (the same record read earlier); min and max are this reading's."""
@@ -86,6 +99,7 @@ class FileRecord:
             (self.consecutive[0] - before.consecutive[0], self.consecutive[1] - before.consecutive[1]),
             {size: n - before.access.get(size, 0) for size, n in self.access.items() if n > before.access.get(size, 0)},
             self.access_other - before.access_other,
+            self.cut,
         )
 
     def calls_cells(self) -> Cells:
@@ -93,8 +107,9 @@ class FileRecord:
         return {(self.path, call, NO_SIZE): stats for call, stats in self.calls.items()}
 
     def to_dict(self) -> dict[str, object]:
-        """Access pattern for the profile: sequential and consecutive counts, the 4 commonest sizes (Darshan's
-        ACCESS1-4), and how many calls were of sizes not counted one by one."""
+        """Access pattern for the profile: sequential and consecutive counts, the 4 commonest among the first
+        IOB_ACCESS distinct sizes (Darshan's ACCESS1-4 are of all sizes), and how many calls were of sizes past
+        those (then a size left out may be commoner than the ones shown)."""
         top = sorted(self.access.items(), key=lambda item: (-item[1], item[0]))[:4]
         return {
             "path": self.path,
@@ -102,12 +117,14 @@ class FileRecord:
                for i, call in enumerate(SIZED_CALLS) if call in self.calls},
             "access_sizes": [{"bytes": size, "count": n} for size, n in top],
             **({"access_sizes_uncounted": self.access_other} if self.access_other else {}),
+            **({"path_cut": True} if self.cut else {}),
         }
 
 
-def decode_files(memory: bytes, count: int, cap: int) -> dict[int, FileRecord]:
+def decode_files(memory: bytes | mmap.mmap, count: int, cap: int) -> dict[int, FileRecord]:
     """{record index: FileRecord} of the first `count` records (those handed out) and of the last, the
-    files past the cap summed (index `cap`); records that saw no call are left out."""
+    files past the cap summed (index `cap`); records that saw no call are left out. Only those records are
+    read: the rest of `memory` (the map itself, say) is not copied."""
     out: dict[int, FileRecord] = {}
     for index in [*range(min(count, cap)), cap]:
         raw_path, *words = _FILE.unpack_from(memory, index * FILE_SIZE)
@@ -121,11 +138,11 @@ def decode_files(memory: bytes, count: int, cap: int) -> dict[int, FileRecord]:
         if not calls:
             continue
         rest = words[IOB_CALLS * width:]
-        sizes, counts = rest[6:6 + IOB_ACCESS], rest[6 + IOB_ACCESS:6 + 2 * IOB_ACCESS]
+        sizes, counts = rest[4:4 + IOB_ACCESS], rest[4 + IOB_ACCESS:4 + 2 * IOB_ACCESS]
         path = OTHER_FILES if index == cap else raw_path.split(b"\0", 1)[0].decode(errors="replace")
         out[index] = FileRecord(path, calls, (rest[0], rest[1]), (rest[2], rest[3]),
                                 {size - 1: n for size, n in zip(sizes, counts, strict=True) if size and n},
-                                rest[-1])
+                                rest[-2], bool(rest[-1]))
     return out
 
 

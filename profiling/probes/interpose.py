@@ -1,16 +1,23 @@
 """Reader for the LD_PRELOAD interposer's records (profiling/interpose/iobatch_interpose.c).
 
 The job starts its dynamically linked children with `preload_env(scratch)`; every such process appends
-cumulative records to `<scratch>/.iobatch-calls/calls-<pid>.jsonl` once per interval, at exit, and at
-once when the profiler asks. `InterposeProbe` turns them into the per-call dict of
-profiling.probes.callstats for one stage.
+cumulative records to `<scratch>/.iobatch-calls/calls-<pid>-<since_ns>.jsonl` (one file per program run)
+once per interval, at exit, and at once when the profiler asks. `InterposeProbe` turns them into the
+per-call dict of profiling.probes.callstats for one stage, plus "record_bytes": the bytes of record lines
+the processes appended during the stage, which the kernel counts as their writes and the library does not
+(profiling/finish.py counts them as seen).
 
 Stage boundaries are exact: at each one (start() and stop()) the probe appends a byte to
 `<records>/generation` and waits, at most FLUSH_WAIT_S, until every live recording process has written
-a record tagged with the new generation (the library's timer thread looks every 20 ms). The job is
+a record tagged with the new generation (the library's timer thread looks every FLUSH_POLL_MS). The job is
 blocked waiting for the profiler's ack meanwhile, so that record holds exactly the calls made before
-the boundary. A process that does not answer in time leaves its figures approximate for the stage
-(its last record stands for the boundary), and the stage says so in one notice.
+the boundary. Only processes that still have the library mapped are waited for (one that exec'd a static
+program cannot answer, and its last record stands). A process that does not answer in time leaves its
+figures approximate for the stage (its last record stands for the boundary), and the stage says so in
+one notice.
+
+The names and numbers shared with the library (file names, variables, FLUSH_POLL_MS, the call order)
+are the C source's; tests/unit/test_interpose_protocol.py checks these constants against it.
 
 What it cannot see: statically linked programs and Go binaries such as s5cmd (they make system calls
 directly), stdio's internal reads and writes inside libc, and memory-mapped I/O; nor the calls an
@@ -19,10 +26,11 @@ exec'ing program (`sh -c`) made after its last record before exec.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,12 +40,14 @@ from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, add_cells, 
 NAME = "interpose"
 RECORD_DIR_NAME = ".iobatch-calls"
 GENERATION_NAME = "generation"  # in the record directory; its size is the generation (see the C header)
+RECORD_GLOB = "calls-*.jsonl"  # the library's record files: calls-<pid>-<since_ns>.jsonl
 LIB_NAME = "libiobatch_interpose.so"
 ENV_LIB = "IOBATCH_INTERPOSE_LIB"  # override where the library is
 ENV_DIR = "IOBATCH_INTERPOSE_DIR"  # read by the library: where records go
 ENV_INTERVAL_MS = "IOBATCH_INTERPOSE_INTERVAL_MS"
 DEFAULT_INTERVAL_S = 1.0
-FLUSH_WAIT_S = 0.2  # the longest a boundary waits for the processes' records
+FLUSH_POLL_MS = 20  # the library's: how often its timer thread looks at the generation
+FLUSH_WAIT_S = 0.2  # the longest a boundary waits for the processes' records (many polls of the library's)
 POLL_S = 0.002
 
 
@@ -118,41 +128,72 @@ ProcessKey = tuple[int, float]  # (pid, since): a program exec'd in the same pid
 
 
 class RecordLog:
-    """The record files of one directory, read as they grow: each process's records in the order written."""
+    """The record files of one directory, read as they grow: each process's records in the order written.
+
+    A file holds one program run (the library's naming): once its final record is read, or a later program
+    of the same pid has written (an exec), it never grows again and is no longer looked at."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
         self.processes: dict[ProcessKey, list[Record]] = {}
+        #: Bytes of record lines read so far: the recording processes wrote them, so the kernel counts them
+        #: as their writes, while the library (whose own calls bypass it) does not.
+        self.bytes_read = 0
         self._offsets: dict[str, int] = {}
+        self._files: dict[ProcessKey, str] = {}  # which file a program run writes
+        self._done: set[str] = set()
 
-    def poll(self) -> None:
-        """Read the complete lines appended since the last poll (a line being written waits for the next)."""
-        if not self.directory.is_dir():
+    def poll(self, processes: Iterable[int] | None = None) -> None:
+        """Read the complete lines appended since the last poll (a line being written waits for the next)
+        to every file not done, or, given `processes` (pids a boundary waits for), only to theirs and to
+        files that are new (a program one of them exec'd)."""
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if fnmatch.fnmatchcase(n, RECORD_GLOB))
+        except OSError:
             return
-        for file in sorted(self.directory.glob("calls-*.jsonl")):
-            offset = self._offsets.get(file.name, 0)
-            try:
-                if file.stat().st_size <= offset:  # nothing new: a boundary polls often, most files are done
-                    continue
-                with file.open("rb") as stream:
-                    stream.seek(offset)
-                    data = stream.read()
-            except OSError:
+        latest = self._latest()
+        focus = {self._files[(pid, latest[pid])] for pid in processes or () if pid in latest}
+        for name in names:
+            if name in self._done or (processes is not None and name in self._offsets and name not in focus):
                 continue
-            complete = data.rfind(b"\n") + 1
-            self._offsets[file.name] = offset + complete
-            for line in data[:complete].splitlines():
-                try:
-                    record = parse_record(line.decode())
-                except (ValueError, KeyError, IndexError, TypeError):
-                    continue
-                self.processes.setdefault((record.pid, record.since), []).append(record)
+            self._read(name)
+        latest = self._latest()
+        running = {name for (pid, since), name in self._files.items()
+                   if since == latest[pid] and not self.processes[(pid, since)][-1].final}
+        self._done.update(set(self._files.values()) - running)
 
-    def unanswered(self, gen: int) -> list[int]:
-        """Pids of live recording processes with no record of generation `gen` yet."""
+    def _read(self, name: str) -> None:
+        offset = self._offsets.get(name, 0)
+        try:
+            if (self.directory / name).stat().st_size <= offset:  # nothing new
+                return
+            with (self.directory / name).open("rb") as stream:
+                stream.seek(offset)
+                data = stream.read()
+        except OSError:
+            return
+        complete = data.rfind(b"\n") + 1
+        self._offsets[name] = offset + complete
+        self.bytes_read += complete
+        for line in data[:complete].splitlines():
+            try:
+                record = parse_record(line.decode())
+            except (ValueError, KeyError, IndexError, TypeError):
+                continue
+            key = (record.pid, record.since)
+            self.processes.setdefault(key, []).append(record)
+            self._files[key] = name
+
+    def _latest(self) -> dict[int, float]:
+        """Each pid's latest program run (its `since`): an earlier one exec'd it."""
         latest: dict[int, float] = {}
         for pid, since in self.processes:
             latest[pid] = max(since, latest.get(pid, since))
+        return latest
+
+    def unanswered(self, gen: int) -> list[int]:
+        """Pids of live recording processes with no record of generation `gen` yet."""
+        latest = self._latest()
         waiting = []
         for (pid, since), records in self.processes.items():
             last = records[-1]
@@ -167,6 +208,7 @@ class RecordLog:
             first = boundary_index(records, boundary)
             if first >= 0 and records[-1].final and first == len(records) - 1:
                 del self.processes[key]
+                self._files.pop(key, None)
             elif first > 0:
                 self.processes[key] = records[first:]
 
@@ -179,6 +221,21 @@ def _alive(pid: int, proc: Path = Path("/proc")) -> bool:
         return False
     fields = stat.rpartition(")")[2].split()
     return bool(fields) and fields[0] not in ("Z", "X")
+
+
+def _has_library(pid: int, proc: Path = Path("/proc")) -> bool:
+    """Whether the interposer is still mapped into process `pid` (proc(5), /proc/pid/maps): not after it
+    exec'd a static or unpreloaded program, nor when the kernel gave its pid to another program. A map that
+    cannot be read (another user's process) says yes: waiting is the safe side."""
+    try:
+        with (proc / str(pid) / "maps").open("rb") as maps:
+            # A library file replaced on disk since it was mapped is listed with " (deleted)" after its path.
+            name = b"/" + LIB_NAME.encode()
+            return any(line.rstrip().removesuffix(b" (deleted)").endswith(name) for line in maps)
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
 
 
 def read_records(directory: Path) -> dict[ProcessKey, list[Record]]:
@@ -256,11 +313,13 @@ class InterposeProbe:
         self._start: Boundary | None = None
         self._late: list[str] = []
         self._pid = 0
+        self._record_bytes = 0  # bytes_read at the stage's start
 
     def start(self, pid: int) -> None:
         self._pid = pid
         self._late = []
         self._start = self._boundary("start")
+        self._record_bytes = self._log.bytes_read
         self._log.keep_from(self._start)
 
     def stop(self) -> dict[str, Any] | None:
@@ -280,6 +339,8 @@ class InterposeProbe:
             interval_s=self.interval_s,
             notes=["statically linked programs (Go: s5cmd) are not seen by LD_PRELOAD", *self._late],
         )
+        # The record lines the processes appended in the stage: their writes to the kernel, not to the library.
+        result["record_bytes"] = self._log.bytes_read - self._record_bytes
         if self._late:
             result["approximate"] = list(self._late)
         return result
@@ -294,9 +355,10 @@ class InterposeProbe:
                                   "calls within a record interval of it may be counted in the neighbouring stage")
             return Boundary(t)
         deadline = t + self.flush_wait_s
+        self._log.poll()
+        # Only processes that still have the library can answer (not one that exec'd a static program).
+        waiting = [pid for pid in self._log.unanswered(gen) if _has_library(pid)]
         while True:
-            self._log.poll()
-            waiting = self._log.unanswered(gen)
             if not waiting:
                 return Boundary(t, gen)
             if time.monotonic() >= deadline:
@@ -306,6 +368,8 @@ class InterposeProbe:
                                   "calls near the boundary may be counted in the neighbouring stage")
                 return Boundary(t, gen)
             time.sleep(POLL_S)
+            self._log.poll(waiting)
+            waiting = [pid for pid in self._log.unanswered(gen) if pid in waiting]
 
 
 def bump_generation(directory: Path) -> tuple[int | None, str | None]:

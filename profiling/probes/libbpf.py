@@ -3,7 +3,8 @@
 The few libbpf 1.x calls used are those of libbpf.h (the library's own header, the reference for each):
 bpf_object__open_file, bpf_object__find_program_by_name, bpf_program__set_autoload, bpf_object__load,
 bpf_program__attach, bpf_program__attach_iter, bpf_link__fd, bpf_link__destroy, bpf_object__close,
-bpf_object__find_map_fd_by_name, bpf_object__find_map_by_name, bpf_map__max_entries, and from bpf.h
+bpf_object__find_map_fd_by_name, bpf_object__find_map_by_name, bpf_map__max_entries, bpf_map__value_size,
+and from bpf.h
 bpf_iter_create, bpf_map_get_next_key, bpf_map_lookup_elem.
 In libbpf 1.x every call that fails returns NULL or a negative error and sets errno.
 
@@ -46,6 +47,7 @@ def _lib() -> ctypes.CDLL:
             ("bpf_object__find_map_fd_by_name", i, [vp, cp]),
             ("bpf_object__find_map_by_name", vp, [vp, cp]),
             ("bpf_map__max_entries", ctypes.c_uint32, [vp]),
+            ("bpf_map__value_size", ctypes.c_uint32, [vp]),
             ("bpf_iter_create", i, [i]),
             ("bpf_map_get_next_key", i, [i, vp, vp]),
             ("bpf_map_lookup_elem", i, [i, vp, vp]),
@@ -132,12 +134,19 @@ class BpfObject:
             raise BpfError(f"no map {name} in the object")
         return fd
 
-    def max_entries(self, name: str) -> int:
-        """The size of map `name` as the object declares it (how the loader learns the program's caps)."""
+    def _map(self, name: str) -> int:
         found = self._lib.bpf_object__find_map_by_name(self._obj, name.encode())
         if not found:
             raise BpfError(f"no map {name} in the object")
-        return int(self._lib.bpf_map__max_entries(found))
+        return int(found)
+
+    def max_entries(self, name: str) -> int:
+        """The size of map `name` as the object declares it (how the loader learns the program's caps)."""
+        return int(self._lib.bpf_map__max_entries(self._map(name)))
+
+    def value_size(self, name: str) -> int:
+        """The bytes of one value of map `name`, from the object's BTF (what the program writes)."""
+        return int(self._lib.bpf_map__value_size(self._map(name)))
 
     def mmap_array(self, name: str, size: int) -> mmap.mmap:
         """The memory of BPF_F_MMAPABLE array `name` (`size` bytes: entries x value size), shared with the kernel."""

@@ -180,7 +180,6 @@ def test_s5cmd_writes_match_strace(probe_ok: None, s5cmd_source: str, s3_server:
 IN_NAMESPACE = r"""
 import json, os, subprocess, sys
 from profiling.probes import ebpf
-from tests.support.writebench import writebench as built_writebench
 from profiling.metrics import by_call
 assert os.getpid() == 1
 job = subprocess.Popen(["sh", "-c", "read go; exec " + sys.argv[1] + " /dev/null 3000 4096"], stdin=subprocess.PIPE)

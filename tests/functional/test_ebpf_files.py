@@ -14,7 +14,9 @@ import pytest
 
 from profiling.metrics import by_call
 from profiling.probes import ebpf
+from profiling.probes import ebpf_maps as layout
 from profiling.probes.ebpf_maps import OTHER_FILES
+from profiling.probes.libbpf import BpfError
 
 pytestmark = pytest.mark.root
 
@@ -45,12 +47,18 @@ def probed(script: str, *args: str) -> dict[str, Any]:
     return calls
 
 
+BIG = 32 << 20  # one write of this size among 512 B ones: by far the slowest, so its size is max_bytes
+
 # seq.bin: 100 x 4 KiB write() from the start, fsync, then read back in 8 KiB read()s (50, and one at the end
 # that reads nothing). strided.bin: 50 x 512 B pwrite() walking backwards (never sequential), then 30 x 1000 B
-# pwrite() 2000 B apart (sequential, never consecutive). Its slowest call is the one with the sleep in it.
+# pwrite() 2000 B apart (sequential, never consecutive). big.bin: 20 x 512 B write(), one of BIG bytes, 20 more.
 TWO_FILES = r"""
 import os, sys
 d = sys.argv[1]
+fd = os.open(f"{d}/big.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for i in range(41):
+    os.write(fd, b"z" * (""" + str(BIG) + r""" if i == 20 else 512))
+os.close(fd)
 fd = os.open(f"{d}/seq.bin", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 for _ in range(100):
     os.write(fd, b"a" * 4096)
@@ -72,12 +80,12 @@ os.close(fd)
 def test_two_files_exact_per_file_with_their_access_pattern(probe_ok: None, tmp_path: Path) -> None:
     calls = probed(TWO_FILES, str(tmp_path))
     files = calls["files"]
-    seq, strided = (files["by_path"][str(tmp_path / name)] for name in ("seq.bin", "strided.bin"))
+    seq, strided, big = (files["by_path"][str(tmp_path / name)] for name in ("seq.bin", "strided.bin", "big.bin"))
     assert {c: (s["count"], s["bytes"]) for c, s in seq.items()} == {
         "open": (2, 0), "write": (100, 409600), "fsync": (1, 0), "read": (51, 409600), "close": (2, 0)}
     assert {c: (s["count"], s["bytes"]) for c, s in strided.items()} == {
         "open": (1, 0), "write": (80, 50 * 512 + 30 * 1000), "close": (1, 0)}
-    assert seq["write"]["max_bytes"] == 4096 and strided["write"]["max_bytes"] in (512, 1000)
+    assert big["write"]["count"] == 41 and big["write"]["max_bytes"] == BIG  # the slowest call's own size
     records = {r["path"]: r for r in files["records"]}
     # Darshan's counters: the first access has no previous one; a consecutive access is sequential too.
     assert records[str(tmp_path / "seq.bin")] == {
@@ -88,8 +96,8 @@ def test_two_files_exact_per_file_with_their_access_pattern(probe_ok: None, tmp_
         "path": str(tmp_path / "strided.bin"), "write": {"sequential": 29, "consecutive": 0},
         "access_sizes": [{"bytes": 512, "count": 50}, {"bytes": 1000, "count": 30}]}
     # The job-wide figures hold the same calls (and the interpreter's own); the slowest write's size is its own.
-    assert by_call(calls)["write"]["count"] >= 180
-    assert by_call(calls)["write"]["max_bytes"] >= 0 and files["other_files"] == 0
+    assert by_call(calls)["write"]["count"] >= 221
+    assert by_call(calls)["write"]["max_bytes"] == BIG and files["other_files"] == 0 and not files["other_calls"]
 
 
 MANY_FILES = r"""
@@ -102,7 +110,7 @@ for i in range(int(sys.argv[2])):
 
 
 def test_files_past_the_cap_are_summed_and_counted(probe_ok: None, tmp_path: Path) -> None:
-    made = 1100
+    made = 4200
     calls = probed(MANY_FILES, str(tmp_path), str(made))
     files = calls["files"]
     cap = files["files_cap"]
@@ -116,7 +124,53 @@ def test_files_past_the_cap_are_summed_and_counted(probe_ok: None, tmp_path: Pat
     assert by_path[OTHER_FILES]["write"] == {**by_path[OTHER_FILES]["write"], "count": made - len(ours),
                                              "bytes": 3 * (made - len(ours))}
     assert all(by_path[p]["write"]["count"] == 1 for p in ours)
-    assert any(f"{made - len(ours)} files past the cap of {cap}" in note for note in files["notes"])
+    assert files["other_calls"] and any(f"past the cap of {cap} files" in note and f"({made - len(ours)} such files"
+                                        in note for note in files["notes"])
+
+
+def test_the_loader_refuses_an_object_whose_values_it_would_misread(probe_ok: None,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real object's value sizes are the decoder's (every probe above loaded it); a decoder expecting
+    another layout is refused at load, in one line."""
+    wrong = {**layout.VALUE_SIZES, "files": layout.FILE_SIZE + 8}
+    monkeypatch.setattr(layout, "VALUE_SIZES", wrong)
+    with pytest.raises(BpfError) as refused:
+        ebpf._Loaded()
+    message = str(refused.value)
+    assert f"files {layout.FILE_SIZE} bytes (read as {layout.FILE_SIZE + 8})" in message and "\n" not in message
+
+
+# Two descriptions of one file read in turn (each one sequential on its own), a directory listed, and a file
+# whose path is longer than the program keeps.
+SHARED = r"""
+import os, sys
+d = sys.argv[1]
+with open(f"{d}/shared.bin", "wb") as f:
+    f.write(b"s" * 40960)
+one, two = (os.open(f"{d}/shared.bin", os.O_RDONLY) for _ in range(2))
+for _ in range(10):
+    os.read(one, 4096)
+    os.read(two, 4096)
+os.close(one)
+os.close(two)
+os.listdir(d)
+deep = os.path.join(d, *["n" * 100] * 3)
+os.makedirs(deep)
+with open(os.path.join(deep, "leaf.bin"), "wb") as f:
+    f.write(b"x")
+"""
+
+
+def test_descriptions_keep_their_own_pattern_directories_get_no_record_and_long_paths_say_so(
+        probe_ok: None, tmp_path: Path) -> None:
+    files = probed(SHARED, str(tmp_path))["files"]
+    records = {r["path"]: r for r in files["records"]}
+    # 20 reads, 10 per description: all but each description's first follow on from that description's own
+    assert records[str(tmp_path / "shared.bin")]["read"] == {"sequential": 18, "consecutive": 18}
+    assert str(tmp_path) not in files["by_path"]  # the directory opened to list it
+    cut = [r for r in files["records"] if r.get("path_cut")]
+    assert len(cut) == 1 and len(cut[0]["path"]) == 255 and cut[0]["path"].startswith(str(tmp_path))
+    assert any(note.startswith("paths not whole") for note in files["notes"])
 
 
 CONTRACT = """2,monitortimeframe,1000s
@@ -144,8 +198,8 @@ def test_a_contract_path_rule_is_answered_from_the_files(probe_ok: None, tmp_pat
     body = json.loads(report.read_text())
     assert body["sources"]["calls"] == "ebpf"
     rows = {r["label"]: r for r in body["contract"]}
-    assert (rows["dir_writes"]["value"], rows["dir_writes"]["source"]) == (180, "ebpf")
-    assert rows["dir_bytes"]["value"] == 409600 + 50 * 512 + 30 * 1000
+    assert (rows["dir_writes"]["value"], rows["dir_writes"]["source"]) == (221, "ebpf")
+    assert rows["dir_bytes"]["value"] == 409600 + 50 * 512 + 30 * 1000 + 40 * 512 + BIG
     assert rows["dir_max"]["value"] > 0 and "note" not in rows["dir_max"]
     assert "elsewhere" not in rows  # no call there: nothing reaches the threshold
     assert rows["dir_small"]["value"] is None and "size classes" in rows["dir_small"]["note"]

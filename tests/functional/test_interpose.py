@@ -344,3 +344,106 @@ def test_boundaries_follow_generations_and_an_exec_counts_from_zero(tmp_path: Pa
     assert sorted(records) == [(7, 1.0), (7, 2.0)]  # the unfinished last line is left for the next read
     total, _frames = stage_calls(records, Boundary(2.9, 1), Boundary(3.9, 2), interval_s=0.5)
     assert sum(s.count for s in total.values()) == 2 + 8
+
+
+def test_the_record_lines_are_the_writes_the_kernel_counts_beyond_the_calls(built: Path, tmp_path: Path) -> None:
+    """A process that writes 5,000 B and then idles: its wchar (/proc/<pid>/io) is exactly the writes the
+    library saw plus the record lines the probe read in the stage (record_bytes)."""
+    scratch = tmp_path / "scratch"
+    env = {**os.environ, **preload_env(scratch), "IOBATCH_INTERPOSE_INTERVAL_MS": "50"}
+    probe = InterposeProbe(record_dir(scratch))
+    probe.start(os.getpid())
+    script = "import os, time\nnull = os.open('/dev/null', os.O_WRONLY)\nfor _ in range(5):\n" \
+             "    os.write(null, b'x' * 1000)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-S", "-B", "-c", script], env=env)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not any(write_stats(recs[-1].cells, "/dev/null").count == 5
+                                                      for recs in read_records(record_dir(scratch)).values()):
+            time.sleep(0.01)
+        calls = probe.stop()
+        wchar = int(re.findall(r"^wchar: (\d+)$", Path(f"/proc/{proc.pid}/io").read_text(), re.M)[0])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert calls is not None and by_call(calls)["write"]["bytes"] == 5000
+    assert calls["record_bytes"] > 0
+    assert wchar == 5000 + calls["record_bytes"]
+
+
+VFORK_FAILURE = textwrap.dedent(
+    """
+    import os, subprocess
+    null = os.open("/dev/null", os.O_WRONLY)
+    for _ in range(3):
+        os.write(null, b"a")
+    try:
+        subprocess.run(["/nonexistent/iobatch-program"])  # vfork; the child's exec fails: it calls _exit(255)
+    except FileNotFoundError:
+        pass
+    for _ in range(4):
+        os.write(null, b"b")
+    print(os.getpid())
+    """
+)
+
+
+def test_a_vfork_child_that_fails_to_exec_leaves_the_parents_figures_alone(built: Path, tmp_path: Path) -> None:
+    assert getattr(subprocess, "_USE_VFORK", True)  # CPython starts children with vfork where it can
+    proc = run_preloaded([sys.executable, "-c", VFORK_FAILURE], tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    pid = int(proc.stdout)
+    records = read_records(record_dir(tmp_path))
+    assert {p for p, _since in records} == {pid}  # nothing written under the child's pid
+    (recs,) = records.values()
+    assert [r.final for r in recs].count(True) == 1 and recs[-1].final  # the parent's own final record
+    assert write_stats(recs[-1].cells, "/dev/null").count == 7  # its calls after the child's _exit too
+
+
+def test_a_process_that_execd_a_program_without_the_library_is_not_waited_for(built: Path, tmp_path: Path) -> None:
+    """sh records, then execs a program that does not load the library (as a static one would): its pid lives
+    on with a last record that is not final, yet a boundary neither waits for it nor calls itself approximate."""
+    scratch = tmp_path / "scratch"
+    probe = InterposeProbe(record_dir(scratch))
+    probe.start(os.getpid())
+    proc = subprocess.Popen(["sh", "-c", "echo x >/dev/null; sleep 0.3; exec env -u LD_PRELOAD sleep 60"],
+                            env={**os.environ, **preload_env(scratch)})
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not (
+                Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep"
+                and any(pid == proc.pid for pid, _since in read_records(record_dir(scratch)))):
+            time.sleep(0.01)
+        began = time.monotonic()
+        calls = probe.stop()
+        waited = time.monotonic() - began
+    finally:
+        proc.kill()
+        proc.wait()
+    records = read_records(record_dir(scratch))
+    assert not records[max(k for k in records if k[0] == proc.pid)][-1].final
+    assert waited < 0.15
+    assert calls is not None and "approximate" not in calls
+
+
+def test_the_timer_thread_never_runs_the_programs_signal_handlers(built: Path, tmp_path: Path) -> None:
+    """The library's timer thread blocks every signal (proc(5): SigBlk of /proc/<pid>/task/<tid>/status), so a
+    process-directed SIGTERM or SIGINT is handled by one of the program's own threads."""
+    proc = subprocess.Popen(["sleep", "30"], env={**os.environ, **preload_env(tmp_path)})
+    try:
+        deadline = time.monotonic() + 10
+        while len(tasks := os.listdir(f"/proc/{proc.pid}/task")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        (timer,) = [t for t in tasks if int(t) != proc.pid]
+        status = Path(f"/proc/{proc.pid}/task/{timer}/status").read_text()
+        main = Path(f"/proc/{proc.pid}/task/{proc.pid}/status").read_text()
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def blocked(text: str) -> int:
+        return int(re.findall(r"^SigBlk:\s*([0-9a-f]+)$", text, re.M)[0], 16)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGCHLD):
+        assert blocked(status) >> (sig - 1) & 1, sig
+        assert not blocked(main) >> (sig - 1) & 1, sig

@@ -52,6 +52,21 @@ def test_workload_takes_median_child_and_subtracts_io_stall() -> None:
     assert any("process" in n for n in workload.notes)  # no device figures: 1 MiB assumed
 
 
+def test_the_floor_takes_the_most_specific_wait_there_is() -> None:
+    # A 12 s download during which the host's PSI counted 9 s of io stall (other tenants' included) but the
+    # child's writers were paused 2 s (eBPF): the volume cost the child 2 s, not 9.
+    def floor(**waits: float | None) -> float:
+        p = StageProfile("download", "ok", 0.0, 12.0, write_bytes=MIB, storage_write_bytes=MIB, **waits)
+        stage = workload_from_profiles([p]).stage("download")
+        assert stage is not None
+        return stage.floor_s
+
+    assert floor(io_stall_some_ms=9000.0, dirty_throttle_ms=2000.0) == pytest.approx(10.0)
+    assert floor(io_stall_some_ms=9000.0, dirty_throttle_ms=2000.0, own_io_stall_ms=3000.0) == pytest.approx(9.0)
+    assert floor(io_stall_some_ms=9000.0) == pytest.approx(3.0)
+    assert floor(io_stall_some_ms=None) == pytest.approx(12.0)
+
+
 def test_no_successful_profiles_is_a_clear_error() -> None:
     failed = [StageProfile("download", "failed", 0.0, 1.0)]
     with pytest.raises(AdviseError, match="no successful stage profiles"):

@@ -10,6 +10,7 @@ from pathlib import Path
 from profiling.probes import ebpf_maps as layout
 from profiling.probes.callstats import CALLS, NO_SIZE, Stats
 from profiling.probes.cgroup import v2_mount, v2_path
+from profiling.probes.ebpf import kernel_too_old
 
 HEADER = Path(__file__).resolve().parents[2] / "profiling" / "bpf" / "iobatch.h"
 
@@ -108,14 +109,15 @@ def test_the_cgroup_v2_mount_and_a_process_path() -> None:
 # ---- per-file records ------------------------------------------------------------------------------------
 
 def _file(path: bytes, calls: dict[int, tuple[int, ...]], sequential: tuple[int, int] = (0, 0),
-          consecutive: tuple[int, int] = (0, 0), sizes: dict[int, int] | None = None, other: int = 0) -> bytes:
+          consecutive: tuple[int, int] = (0, 0), sizes: dict[int, int] | None = None, other: int = 0,
+          cut: int = 0) -> bytes:
     """One struct iob_file as the program writes it: min_ns stored plus one, access sizes plus one."""
     words: list[int] = []
     for c in range(layout.IOB_CALLS):
         count, nbytes, total, low, high, high_bytes = calls.get(c, (0, 0, 0, None, 0, 0))
         words += [count, nbytes, total, 0 if low is None else low + 1, high, high_bytes]
     slots = list((sizes or {}).items()) + [(-1, 0)] * (layout.IOB_ACCESS - len(sizes or {}))
-    words += [*sequential, *consecutive, 0, 0, *(size + 1 for size, _ in slots), *(n for _, n in slots), other]
+    words += [*sequential, *consecutive, *(size + 1 for size, _ in slots), *(n for _, n in slots), other, cut]
     return struct.pack(f"<{layout.IOB_PATH}s{layout.FILE_WORDS}Q", path, *words)
 
 
@@ -126,7 +128,7 @@ def test_file_records_decode_with_their_access_pattern_and_the_summed_rest() -> 
         0: _file(b"/scratch/in/a.jpg", {0: (10, 40960, 1000, 50, 400, 4096), 2: (1, 0, 90, 90, 90, 0)},
                  sequential=(9, 0), consecutive=(9, 0), sizes={4096: 10}),
         1: _file(b"/scratch/out/shard.tar", {1: (6, 6000, 600, 60, 200, 512)}, sequential=(0, 1),
-                 sizes={512: 1, 1000: 2, 1500: 3, 8: 0}, other=0),
+                 sizes={512: 1, 1000: 2, 1500: 3, 8: 0}, other=4, cut=1),
         3: _file(b"", {1: (4, 40, 8, 1, 3, 10)}),  # the files past the cap, summed
     }
     for index, raw in records.items():
@@ -141,6 +143,9 @@ def test_file_records_decode_with_their_access_pattern_and_the_summed_rest() -> 
     # Darshan's ACCESS1-4: the four commonest sizes, most first
     assert files[1].to_dict()["access_sizes"] == [{"bytes": 1500, "count": 3}, {"bytes": 1000, "count": 2},
                                                   {"bytes": 512, "count": 1}]
+    # calls of sizes past the slots are counted, and a path that is not whole says so
+    assert files[1].to_dict()["access_sizes_uncounted"] == 4 and files[1].to_dict()["path_cut"] is True
+    assert not a.cut and "path_cut" not in a.to_dict()
     assert files[3].path == layout.OTHER_FILES and files[3].calls["write"].count == 4
     assert set(a.calls_cells()) == {("/scratch/in/a.jpg", "read", NO_SIZE), ("/scratch/in/a.jpg", "open", NO_SIZE)}
 
@@ -157,3 +162,20 @@ def test_a_file_window_subtracts_and_clearing_keeps_counts() -> None:
     layout.clear_file_extremes(memory, 1, 1)
     stats = layout.decode_files(bytes(memory), 1, 1)[0].calls["write"]
     assert (stats.count, stats.bytes, stats.min_ns, stats.max_ns, stats.max_bytes) == (3, 30, None, None, None)
+
+
+def test_value_sizes_are_checked_against_the_object() -> None:
+    """The loader refuses an object whose map values another layout wrote (a stale build), in one line."""
+    sizes = dict(layout.VALUE_SIZES)
+    assert layout.check_value_sizes(sizes) is None
+    assert sizes["files"] == layout.IOB_PATH + 8 * (layout.IOB_CALLS * 6 + 2 * 2 + 2 * layout.IOB_ACCESS + 2)
+    stale = layout.check_value_sizes({**sizes, "files": sizes["files"] + 16})
+    assert stale is not None and "\n" not in stale
+    assert f"files {sizes['files'] + 16} bytes (read as {sizes['files']})" in stale and "make setup" in stale
+
+
+def test_the_kernel_needs_bpf_loop() -> None:
+    reason = kernel_too_old("5.16.20-generic")
+    assert reason == "eBPF probe needs Linux 5.17+ (bpf_loop); this kernel is 5.16.20-generic"
+    assert kernel_too_old("5.10.0") is not None and kernel_too_old("4.19.0-26-amd64") is not None
+    assert kernel_too_old("5.17.0") is None and kernel_too_old("6.1.102-111.182.amzn2023.x86_64") is None

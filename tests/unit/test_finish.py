@@ -116,3 +116,11 @@ def test_an_interposer_that_saw_the_trees_bytes_speaks_for_the_stage() -> None:
     done = finish_stage(kernel, [("interpose", interposer_calls(1000, 4096))])
     assert done.calls is not None and done.sources["calls"] == "interpose" and done.notices == []
     assert done.write_call_latency_us == 15.0
+
+
+def test_an_interposer_beside_ebpf_that_missed_the_trees_bytes_is_left_out() -> None:
+    kernel = profile(write_bytes=4_224_800, write_calls=161)
+    done = finish_stage(kernel, [("ebpf", ebpf_calls(161)), ("interpose", interposer_calls(4, 250))])
+    assert done.calls is not None and done.sources["calls"] == "ebpf" and "interpose" not in done.calls
+    [notice] = done.notices
+    assert "saw 1,000 B of the stage's 4,224,800 B write bytes" in notice
