@@ -414,15 +414,13 @@ def test_a_process_that_execd_a_program_without_the_library_is_not_waited_for(bu
                 Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep"
                 and any(pid == proc.pid for pid, _since in read_records(record_dir(scratch)))):
             time.sleep(0.01)
-        began = time.monotonic()
         calls = probe.stop()
-        waited = time.monotonic() - began
     finally:
         proc.kill()
         proc.wait()
     records = read_records(record_dir(scratch))
     assert not records[max(k for k in records if k[0] == proc.pid)][-1].final
-    assert waited < 0.15
+    # Waiting for it would have ended in the approximate notice: it never answers.
     assert calls is not None and "approximate" not in calls
 
 
