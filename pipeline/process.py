@@ -135,12 +135,18 @@ def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_f
     Its stdout and stderr go on to the job's stderr (the child's log; the job's stdout carries its own JSON
     event lines). Its own process group, so an interruption stops all of it (pipeline/job.py raises
     Interrupted from a signal handler while this waits)."""
+    # The command runs in `cwd`: every path it is handed is absolute, so a relative scratch root (a demo's
+    # default run directory) means the same there.
+    input_dir, output_dir, images_file = input_dir.absolute(), output_dir.absolute(), images_file.absolute()
     output_dir.mkdir(parents=True, exist_ok=True)
     env = {**(os.environ if environ is None else environ), PROCESS_ENV.CHILD: command.child,
            PROCESS_ENV.IMAGES: str(images_file)}
     env.pop(SUBSTAGE_SOCKET_ENV, None)
     if socket_path is not None:
-        env[SUBSTAGE_SOCKET_ENV] = str(socket_path)
+        # A Unix socket's path has room for 107 bytes (unix(7)): past that, the path from the command's
+        # directory, where it starts.
+        absolute = str(socket_path.absolute())
+        env[SUBSTAGE_SOCKET_ENV] = absolute if len(absolute.encode()) < 108 else os.path.relpath(absolute, cwd)
     sys.stdout.flush()
     proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
