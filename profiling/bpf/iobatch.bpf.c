@@ -495,13 +495,13 @@ __noinline int file_add(__u64 desc, __u32 how, __u64 lat, __u64 nbytes, __u64 of
 SEC("tp_btf/sys_exit")
 int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 {
-	__u64 now = bpf_ktime_get_ns();
-	struct iob_state *st = get_state();
-	if (!st || !st->cgroup_id || bpf_get_current_ancestor_cgroup_id(st->cgroup_level) != st->cgroup_id)
-		return 0;
+	/* This runs at the end of every system call on the machine: the task's own storage says at once whether
+	 * a watched call is in flight (sys_enter set it only for a selected task), so other tasks pay one lookup,
+	 * not a clock read and a walk of their cgroup's ancestors. The clock is read right after it. */
 	struct entry *e = bpf_task_storage_get(&entries, bpf_get_current_task_btf(), 0, 0);
 	if (!e || !e->call)
 		return 0;
+	__u64 now = bpf_ktime_get_ns();
 	__u32 call = e->call - 1;
 	__u64 lat = now - e->ts;
 	e->call = 0;
