@@ -406,7 +406,9 @@ def test_a_process_that_execd_a_program_without_the_library_is_not_waited_for(bu
     scratch = tmp_path / "scratch"
     probe = InterposeProbe(record_dir(scratch))
     probe.start(os.getpid())
-    proc = subprocess.Popen(["sh", "-c", "echo x >/dev/null; sleep 0.3; exec env -u LD_PRELOAD sleep 60"],
+    # The write is in a record before the exec: the library records once a second (calls made since an exec's
+    # last record are lost), so sh waits past its first periodic record.
+    proc = subprocess.Popen(["sh", "-c", "echo x >/dev/null; sleep 1.3; exec env -u LD_PRELOAD sleep 60"],
                             env={**os.environ, **preload_env(scratch)})
     try:
         deadline = time.monotonic() + 10
