@@ -51,6 +51,12 @@ class IobatchGroup(TyperGroup):
     def main(self, args: Sequence[str] | None = None, prog_name: str | None = None,
              complete_var: str | None = None, standalone_mode: bool = True, windows_expand_args: bool = True,
              **extra: Any) -> Any:
+        given = list(sys.argv[1:] if args is None else args)
+        if any("\x00" in arg for arg in given):  # no path, name or number can hold one; os calls refuse it
+            print_error("an argument contains a NUL byte: no path or value can; see `iobatch --help`")
+            if standalone_mode:
+                sys.exit(EXIT_USAGE)
+            return EXIT_USAGE
         try:
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)

@@ -101,3 +101,11 @@ def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: 
         assert len(errors) == 1, (words, result.stderr)
     if "--json" in words and result.exit_code == EXIT_OK and result.stdout.startswith("{"):
         json.loads(result.stdout)
+
+
+@pytest.mark.parametrize("words", [["profile", "--device", "\x00", "--interval", "0", "0"],
+                                   ["report", "a\x00b"], ["advise", "--memory-gib", "1\x00"]])
+def test_a_nul_byte_in_any_argument_is_a_usage_error(words: list[str]) -> None:
+    # Found by the fuzz test above: `--device` with a NUL byte reached os.stat, which raises ValueError.
+    result = CliRunner().invoke(app, words)
+    assert result.exit_code == EXIT_USAGE and "NUL byte" in result.output, (words, result.output)
