@@ -17,6 +17,7 @@ from profiling.probes import ebpf
 from profiling.probes import ebpf_maps as layout
 from profiling.probes.ebpf_maps import OTHER_FILES
 from profiling.probes.libbpf import BpfError
+from tests.support.probed import run_probed
 
 pytestmark = pytest.mark.root
 
@@ -32,19 +33,7 @@ def probe_ok() -> None:
 
 def probed(script: str, *args: str) -> dict[str, Any]:
     """Run `script` in a Python started after the probe attached; the probe's result."""
-    proc = subprocess.Popen(["sh", "-c", 'read go; exec "$0" -c "$@"', sys.executable, script, *args],
-                            stdin=subprocess.PIPE)
-    probe = ebpf.EbpfProbe()
-    probe.start(proc.pid)
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        proc.stdin.close()
-        assert proc.wait(timeout=120) == 0
-    finally:
-        calls = probe.stop()
-    assert calls is not None
-    return calls
+    return run_probed([sys.executable, "-c", script, *args], timeout=120)
 
 
 BIG = 32 << 20  # one write of this size among 512 B ones: by far the slowest, so its size is max_bytes

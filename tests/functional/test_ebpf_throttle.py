@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from profiling.probes import ebpf
+from tests.support.probed import run_probed
 from tests.support.writebench import writebench
 
 pytestmark = pytest.mark.root
@@ -57,18 +58,7 @@ def throttled_device(tmp_path: Path) -> Iterator[str]:
 
 
 def writes_to(target: str) -> dict:
-    proc = subprocess.Popen(["sh", "-c", f"read go; exec {writebench()} {target} {BLOCKS} 4096"], stdin=subprocess.PIPE)
-    probe = ebpf.EbpfProbe()
-    probe.start(proc.pid)
-    try:
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        proc.stdin.close()
-        assert proc.wait(timeout=300) == 0
-    finally:
-        calls = probe.stop()
-    assert calls is not None
-    return calls
+    return run_probed([str(writebench()), target, str(BLOCKS), "4096"])
 
 
 def test_a_throttled_device_shows_pause_and_tmpfs_none(throttled_device: str, tmp_path: Path) -> None:
