@@ -1,6 +1,6 @@
 """The advisor against the lab: predicted vs measured download stage, the closed loop and a sweep. Root only.
 
-    sudo .venv/bin/python -m bench.lab_advise [--full] [--images 32 --images-per-child 16 --workers 2]
+    sudo .venv/bin/python -m bench.lab_advise [--full] [--rounds 3] [--images 32 --images-per-child 16 --workers 2]
 
 1. The closed loop (`iobatch lab --advise --after-cliff`): the demo batch on the emulated st1 500 GiB at
    baseline under the kernel's defaults; its profiles to the advisor; the advised cache applied; the batch
@@ -11,8 +11,11 @@
    profiles, the other two runs are predicted before they run. The default run covers the baseline cells;
    `--full` adds the burst cells (about twice the time).
 
-Cells outside 25 % are shown as such. The batch is the demo's synthetic camera images (embedded S3 server,
-s5cmd, profiler sidecar) on the lab volume; the lab device is the FUSE fixed-rate device (tuning.lab.fusedev).
+Every setting runs `--rounds` times (round-robin); a cell's measured time is the median of its rounds, shown
+with their range, since on stages of a few seconds runs of the same settings differ by as much as the error
+judged. The advice comes from the very first run alone. Cells outside 25 % are shown as such. The batch is
+the demo's synthetic camera images (embedded S3 server, s5cmd, profiler sidecar) on the lab volume; the lab
+device is the FUSE fixed-rate device (tuning.lab.fusedev).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from pathlib import Path
 from tuning.ebs import Volume
 from tuning.host import HostTuning
 from tuning.lab import ComparePlan, LabConfig
-from tuning.lab.loop import AGREEMENT, LoopResult, render_loop, run_advise_loop
+from tuning.lab.loop import AGREEMENT, LoopResult, measured_cell, render_loop, run_advise_loop
 
 
 def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
@@ -34,8 +37,8 @@ def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
     from pipeline.local.demo import lab_batch
     from profiling import runfiles
 
-    plan = ComparePlan(tuned=HostTuning(), memory_gib=memory_gib, workers=args.workers, images=args.images,
-                       image_mib=args.image_mib, images_per_child=args.images_per_child)
+    plan = ComparePlan(tuned=HostTuning(), memory_gib=memory_gib, rounds=args.rounds, workers=args.workers,
+                       images=args.images, image_mib=args.image_mib, images_per_child=args.images_per_child)
     run_dir = args.run_dir / tag
     run_batch = lab_batch(plan, run_dir, stdout=sys.stderr)
 
@@ -47,16 +50,13 @@ def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
     return run_advise_loop(config, plan, run_profiles, also=also, say=lambda m: print(m, file=sys.stderr))
 
 
-def _cell(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--images", type=int, default=32)
     parser.add_argument("--image-mib", type=float, default=25.0)
     parser.add_argument("--images-per-child", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each setting per cell (median, range)")
     parser.add_argument("--full", action="store_true", help="also the cells at burst")
     parser.add_argument("--loop-only", action="store_true", help="only the closed loop (part 1)")
     parser.add_argument("--lab-dir", type=Path, default=Path("/var/tmp/iobatch-lab"))
@@ -67,7 +67,7 @@ def main() -> int:
         return 0
     print(f"# the advisor in the lab, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, kernel "
           f"{os.uname().release}, {os.cpu_count()} cores; {args.images} images of ~{args.image_mib:g} MiB, "
-          f"{args.images_per_child} per child, {args.workers} children at once\n")
+          f"{args.images_per_child} per child, {args.workers} children at once; {args.rounds} rounds of each setting\n")
     started = time.monotonic()
     case_study = ("30/20", HostTuning())
     # The closed loop is the sweep's (2.5 GiB, baseline) cell pair, with the case study's 30/20 run between.
@@ -82,7 +82,8 @@ def main() -> int:
     for memory, baseline in cells:
         tag = f"sweep-{memory:g}-{'base' if baseline else 'burst'}"
         rows.append((memory, baseline, _loop(args, memory, baseline, tag, [case_study])))
-    print("| memory GiB | volume | cache | dirty_bytes MiB | predicted s | measured s | error |")
+    print("| memory GiB | volume | cache | dirty_bytes MiB | predicted s "
+          f"| measured s (median of {args.rounds}, range) | error |")
     print("|---:|---|---|---:|---:|---:|---|")
     outside = 0
     for memory, baseline, result in rows:
@@ -92,7 +93,7 @@ def main() -> int:
             error = "-" if run.error is None else f"{run.error:+.0%}{flag}"
             print(f"| {memory:g} | {'baseline 19.5 MiB/s' if baseline else 'burst 122 MiB/s'} | {run.setting} | "
                   f"{int(run.sysctls.get('vm.dirty_bytes', 0)) / 2**20:,.0f} | {run.predicted_s:.1f} | "
-                  f"{_cell(run.measured_s)} | {error} |")
+                  f"{measured_cell(run)} | {error} |")
     cells = sum(len(r.runs) for _, _, r in rows)
     print(f"\n{cells - outside} of {cells} cells within {AGREEMENT:.0%}; wall time {time.monotonic() - started:.0f} s")
     return 0

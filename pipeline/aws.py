@@ -60,6 +60,16 @@ DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException"})
 NOT_FOUND_CODES = frozenset({"NoSuchKey", "404", "NotFound"})
 
 
+def refused(code: str, what: str) -> UsageError:
+    """S3 refused the credentials (CREDENTIAL_CODES or DENIED_CODES): the same line for boto3 and s5cmd."""
+    return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
+
+
+def refused_code(text: str) -> str | None:
+    """The credential or permission code an error's text names (s5cmd's, boto3's upload errors), if any."""
+    return next((code for code in sorted(CREDENTIAL_CODES | DENIED_CODES) if code in text), None)
+
+
 def error_code(exc: ClientError) -> str:
     """The AWS error code; the HTTP status when the answer carried none (an error without a body: HEAD)."""
     return str(exc.response.get("Error", {}).get("Code", "") or _status(exc) or "")
@@ -199,7 +209,7 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
         if code in NOT_FOUND_CODES:
             return MissingObjectError(f"{what} does not exist: fix the manifest or upload it")
         if code in CREDENTIAL_CODES or code in DENIED_CODES:
-            return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
+            return refused(code, what)
         if is_retryable(exc):
             return RetryableError(f"S3 answered {code} for {what}: retry later")
         return PermanentError(f"S3 answered {code} for {what}: {_message(exc)}")
@@ -208,7 +218,7 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
         text = str(exc)
         for code in sorted(CREDENTIAL_CODES | DENIED_CODES):
             if f"({code})" in text:
-                return UsageError(f"S3 refused the credentials for {what} ({code}): refresh or fix them")
+                return refused(code, what)
         if "(NoSuchBucket)" in text:
             return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
         if "(BadDigest)" in text or "(InvalidDigest)" in text:

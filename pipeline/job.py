@@ -178,7 +178,8 @@ def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command) -> C
     needed = sum(e.size or 0 for e in entries)
     scratch.check_fits(needed)
     incoming, outgoing = settings.work_dir / "input", settings.work_dir / "output"
-    reporter = StageReporter(settings.socket_path)
+    reporter = StageReporter(settings.socket_path,
+                             identity={"JobId": settings.job_id, "ArrayIndex": str(settings.array_index)})
     log("start", child=settings.child, images=len(entries), job_id=settings.job_id,
         profiled=reporter.active, scratch=str(settings.work_dir))
     outcome = "failed"

@@ -17,19 +17,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipeline.aws import refused, refused_code
 from pipeline.errors import (
     EndpointUnreachable,
     IntegrityError,
     MissingObjectError,
-    PermanentError,
     ScratchError,
     ToolMissing,
     TransferError,
     UsageError,
 )
 
-# Error fragments s5cmd reports that retrying the same child cannot fix.
-_PERMANENT = ("NoSuchKey", "NoSuchBucket", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+# Error fragments s5cmd reports for objects that are not there. Its refused credentials are told by the
+# codes of pipeline.aws (the one list), and give the same error as boto3's.
 _MISSING = ("NoSuchKey", "NoSuchBucket", "status code: 404")
 _UNREACHABLE = ("connection refused", "no such host", "dial tcp", "i/o timeout")
 
@@ -130,8 +130,8 @@ def classify_failure(failed: CopyResult) -> Exception:
     lowered = error.lower()
     if any(fragment in error for fragment in _MISSING):
         return MissingObjectError(f"{failed.source} does not exist ({short}): fix the manifest or upload it")
-    if any(fragment in error for fragment in _PERMANENT):
-        return PermanentError(f"{failed.source}: {short}")
+    if code := refused_code(error):
+        return refused(code, failed.source)
     if "no space left on device" in lowered:
         return ScratchError(f"scratch is full copying {failed.source}")
     if "checksum" in lowered or "baddigest" in lowered:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.errors import UsageError
+from pipeline.errors import ManifestError, UsageError
 from pipeline.interface import (
     DEFAULT_PROCESS_COMMAND,
     ENV,
@@ -129,6 +129,18 @@ def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: in
     return value
 
 
+def _child_index(environ: Mapping[str, str]) -> int:
+    """The global child index. Not a number, or negative, is a usage error (64); a number past any batch
+    names a child that does not exist: bad input, like an index past this batch (65, pipeline/job.py)."""
+    total = 0
+    for name in (ENV.ARRAY_INDEX, ENV.ARRAY_OFFSET):
+        value = _int(environ, name, 0, 0, 10**20)
+        if value > MAX_CHILD_INDEX:
+            raise ManifestError(f"{name}={value} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
+        total += value
+    return total
+
+
 def _yes(environ: Mapping[str, str], name: str) -> bool:
     """A yes/no variable: 1, true or yes; 0, false, no or unset. Anything else is a usage error, not a no."""
     raw = environ.get(name, "").strip().lower()
@@ -187,8 +199,7 @@ class JobSettings:
             manifest=S3Uri.parse(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None,
             scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
             images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1, MAX_IMAGES_PER_CHILD),
-            array_index=(_int(env, ENV.ARRAY_INDEX, 0, 0, MAX_CHILD_INDEX)
-                         + _int(env, ENV.ARRAY_OFFSET, 0, 0, MAX_CHILD_INDEX)),
+            array_index=_child_index(env),
             job_id=env.get(ENV.JOB_ID) or "local",
             s3_endpoint=env.get(ENV.S3_ENDPOINT) or None,
             train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,

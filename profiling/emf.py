@@ -11,6 +11,7 @@ properties, because every distinct dimension value set is billed as a custom met
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -32,9 +33,19 @@ from profiling.metrics import (
     to_metrics,
 )
 
+# The largest line the awslogs log driver ships as one CloudWatch event: moby's
+# daemon/logger/awslogs/cloudwatchlogs.go, `maximumBytesPerEvent = 262144 - perEventBytes` (26), after the
+# PutLogEvents per-event limit of 256 KB. A longer line is split into several events, and an EMF document
+# split in two is no longer JSON: CloudWatch extracts no metric from it. Every document stays within this.
+MAX_EVENT_BYTES = 262_144 - 26
+CONTRACT_ROWS_CUT = ("contract rows: {kept} of {total} in the EMF document (a CloudWatch event holds at most "
+                     "256 KiB); every rule's value per frame is in the metrics, and every row in the profile")
 
-def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> MetricsContext:
-    """One MetricsContext for one stage: metrics from metrics.to_metrics, per-job values as properties."""
+
+def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE,
+                  rows: int | None = None) -> MetricsContext:
+    """One MetricsContext for one stage: metrics from metrics.to_metrics, per-job values as properties.
+    `rows` keeps only the contract's first rows in the "Contract" property (see serialize), not its metrics."""
     context = MetricsContext(namespace=namespace)
     context.set_dimensions([{"Pipeline": profile.properties.get("Pipeline", "iobatch"), "Stage": profile.stage}],
                            use_default=False)
@@ -43,8 +54,9 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) 
     # Contract rule values (profiling/contract.py): a metric named by each rule's label, and the rows.
     for name, value, unit in contract_metrics(profile.contract):
         context.put_metric(name, value, unit)
-    if profile.contract:
-        context.set_property("Contract", profile.contract)
+    kept = profile.contract if rows is None else profile.contract[:rows]
+    if kept:
+        context.set_property("Contract", kept)
     for key in PROPERTY_KEYS:
         if key in profile.properties:
             context.set_property(key, profile.properties[key])
@@ -58,15 +70,45 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) 
               if METRICS_BY_NAME[name].scope_note}
     if scopes:
         context.set_property("Scopes", scopes)
-    if profile.notices:
-        context.set_property("Notices", list(profile.notices))
+    notices = list(profile.notices)
+    if rows is not None and rows < len(profile.contract):
+        notices.append(CONTRACT_ROWS_CUT.format(kept=rows, total=len(profile.contract)))
+    if notices:
+        context.set_property("Notices", notices)
     context.set_timestamp(datetime.fromtimestamp(profile.started_at + profile.duration_s, tz=UTC))
     return context
 
 
 def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
-    """The EMF JSON documents for one stage (one line each; one unless over 100 metrics)."""
-    return LogSerializer.serialize(build_context(profile, namespace=namespace))
+    """The EMF JSON documents for one stage (one line each; one unless over 100 metrics or 100 values a
+    metric), each at most MAX_EVENT_BYTES.
+
+    The library repeats every property in each document it splits off; the contract's rows (up to a row per
+    rule and time frame) are the one property that can pass the limit, so when a document would, the rows go
+    in the first document only (the reader, merge_documents, takes a stage's properties from its first) and
+    as many as fit, with a notice saying how many."""
+    lines = LogSerializer.serialize(build_context(profile, namespace=namespace))
+    if not profile.contract or all(_fits(line) for line in lines):
+        return lines
+    def first(kept: int) -> str:
+        return LogSerializer.serialize(build_context(profile, namespace=namespace, rows=kept))[0]
+
+    low, high = 0, len(profile.contract)  # the most rows that fit, by bisection: first(low) fits
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if _fits(first(middle)) else (low, middle - 1)
+    head = first(low)
+    notices = json.loads(head).get("Notices")
+    rest = []
+    for line in lines[1:]:
+        doc = json.loads(line)
+        del doc["Contract"]
+        rest.append(json.dumps({**doc, "Notices": notices}))
+    return [head, *rest]
+
+
+def _fits(line: str) -> bool:
+    return len(line.encode()) <= MAX_EVENT_BYTES
 
 
 class EmfSink(Protocol):

@@ -74,7 +74,8 @@ class JobIdentity:
         raw_index = environ.get(names.array_index)
         if raw_index is None:
             # Not handed to this container: an array child's job id ends in ":<index>" ("Array jobs",
-            # AWS Batch User Guide), and Batch sets the job id in every container of the task.
+            # AWS Batch User Guide). Where this container has neither, the job's own stage_start names
+            # them (protocol.IDENTITY_KEYS) and the profiles carry the job's.
             head, _, tail = (environ.get(names.job_id) or "").rpartition(":")
             raw_index = tail if head and tail.isdigit() else None
         index = _whole(raw_index)

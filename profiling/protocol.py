@@ -42,7 +42,7 @@ import re
 import socket
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +58,11 @@ SOCKET_NAME = "profiler.sock"
 SUBSTAGE_SOCKET_ENV = "IOBATCH_STAGE_SOCKET"
 SUBSTAGE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
 MAX_SUBSTAGES = 8
+# What the job says of itself in each stage_start ("job": {...}): the properties the job container is sure
+# to know (Batch documents AWS_BATCH_JOB_ARRAY_INDEX for the job's own container), which the profiler takes
+# over its own view, so a profiler container that lacks the variables still labels the child right.
+IDENTITY_KEYS = ("JobId", "ArrayIndex")
+MAX_IDENTITY_VALUE = 256
 
 
 def substage_name(parent: str, name: str) -> str:
@@ -97,6 +102,10 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(f"{kind} message names no stage")
     if kind == "stage_start" and not isinstance(message.get("pid"), int):
         raise ProtocolError("stage_start message has no integer pid")
+    job = message.get("job")
+    if job is not None and not (isinstance(job, dict) and set(job) <= set(IDENTITY_KEYS) and all(
+            isinstance(v, str) and 0 < len(v) <= MAX_IDENTITY_VALUE for v in job.values())):
+        raise ProtocolError(f"the job's identity is not {{{', '.join(IDENTITY_KEYS)}}} as short strings")
     return message
 
 
@@ -122,8 +131,10 @@ class StageReporter:
         connect_timeout_s: float = 5.0,
         ack_timeout_s: float = 30.0,
         warn: Callable[[str], None] = _warn,
+        identity: Mapping[str, str] | None = None,
     ) -> None:
         self._warn = warn
+        self._identity = {k: v for k, v in (identity or {}).items() if k in IDENTITY_KEYS and v}
         self._ack_timeout_s = ack_timeout_s
         self._sock: socket.socket | None = None
         self._buffer = b""
@@ -181,7 +192,10 @@ class StageReporter:
     def stage(self, name: str) -> Iterator[StageHandle]:
         """Run the body as one profiled stage. The outcome is 'ok', or 'failed' if the body raised."""
         handle = StageHandle(name)
-        self._exchange({"type": "stage_start", "stage": name, "pid": os.getpid(), "time": time.time()})
+        start: dict[str, Any] = {"type": "stage_start", "stage": name, "pid": os.getpid(), "time": time.time()}
+        if self._identity:
+            start["job"] = self._identity
+        self._exchange(start)
         outcome = "failed"
         try:
             yield handle

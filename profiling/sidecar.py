@@ -283,6 +283,8 @@ class Sidecar:
                 self._end_stage("interrupted", None)
             return True
         if kind == "stage_start":
+            # The job's own identity, when it sends one, labels the profiles (protocol.IDENTITY_KEYS).
+            self.config.properties.update(message.get("job") or {})
             error = self._start_stage(message["stage"], message["pid"])
         elif kind == "stage_end":
             error = self._check_end(message)

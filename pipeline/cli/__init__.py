@@ -15,6 +15,7 @@ The command modules import nothing from this one, so the imports run one way.
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -33,14 +34,41 @@ from pipeline.errors import EXIT_CODES_HELP, EXIT_RETRYABLE, EXIT_USAGE, Iobatch
 __all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
 
 
-def usage_headline(exc: typer.TyperException) -> str:
-    """The one line a parse error prints: click's message (one line, no trailing period) and where help is."""
+def usage_headline(exc: typer.TyperException, given: Sequence[str] = ()) -> str:
+    """The one line a parse error prints: click's message (one line, no trailing period) and where help is.
+    A NaN or infinity given to a number option says so (the range check would call nan "more than" its
+    maximum)."""
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "iobatch"
     if isinstance(exc, NoArgsIsHelpError):
         return f"no command given: run `{command} --help` for the commands"
     message = " ".join(exc.format_message().split()).rstrip(".")
+    param = getattr(exc, "param", None)
+    value = _option_value(param, given)
+    if param is not None and value is not None and _not_finite(value):
+        message = f"Invalid value for '{param.opts[0]}': {value!r} is not a finite number"
     return f"{message}: see `{command} --help`"
+
+
+def _option_value(param: Any, given: Sequence[str]) -> str | None:
+    """What the command line gave an option (`--opt VALUE` or `--opt=VALUE`), if it can be found."""
+    opts = getattr(param, "opts", None) or []
+    for index, arg in enumerate(given):
+        if arg == "--":
+            break
+        for opt in opts:
+            if arg == opt and index + 1 < len(given):
+                return given[index + 1]
+            if arg.startswith(opt + "="):
+                return arg[len(opt) + 1:]
+    return None
+
+
+def _not_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 class IobatchGroup(TyperGroup):
@@ -61,7 +89,7 @@ class IobatchGroup(TyperGroup):
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
         except ClickException as exc:
-            print_error(usage_headline(exc))
+            print_error(usage_headline(exc, given))
             code = EXIT_USAGE
         except typer.Abort:  # end of input at a prompt, or Ctrl-C before a command ran
             print_error("interrupted")

@@ -10,7 +10,7 @@ from typing import Any
 import typer
 
 from pipeline.cli import checks
-from pipeline.errors import EXIT_PERMANENT, UsageError
+from pipeline.errors import UsageError
 from pipeline.settings import MAX_IMAGES_PER_CHILD, MAX_WORKERS
 
 
@@ -38,7 +38,7 @@ def submit(
                                         "bucket)."),
     prefix: str | None = typer.Option(None, "--prefix", metavar="s3://BUCKET/PREFIX/", help="Every image under "
                                       "it."),
-    images_per_job: int = typer.Option(..., "--images-per-job", "-k", max=MAX_IMAGES_PER_CHILD,
+    images_per_job: int = typer.Option(..., "--images-per-job", "-k", min=1, max=MAX_IMAGES_PER_CHILD,
                                        metavar="N", help="Images per array child."),
     stack: str | None = typer.Option(None, "--stack", metavar="NAME", help="Deployed stack: queue, job definition, "
                                      "buckets."),
@@ -108,7 +108,8 @@ def status(
 ) -> None:
     """Children pending, runnable, starting, running, succeeded and failed; images done; failed children.
 
-    Exit 0 when the status was read; with --watch, 65 if the batch finished with failed children.
+    Exit 0 when the status was read; with --watch, when children failed: 65 if one exited 65 (bad input: a
+    rerun cannot complete the batch), else 75 (a rerun can), as for batches run here.
     """
     from pipeline import submit as submission
 
@@ -133,4 +134,4 @@ def status(
     else:
         final = submission.follow(batch, job_ids, interval_s=interval, show=show)
     if final.count("FAILED"):
-        raise typer.Exit(EXIT_PERMANENT)
+        raise typer.Exit(final.exit_code)

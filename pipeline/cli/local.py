@@ -182,7 +182,7 @@ def run(
                                         show_default=False, help=PROCESS_COMMAND_HELP),
 ) -> None:
     """Run a batch on this machine against any S3 endpoint, with the local executor."""
-    from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
+    from pipeline.local.runner import LocalRun, prepared_run_dir, run_local
     from profiling import runfiles
 
     # Every flag is checked before S3 is touched or the run directory is emptied.
@@ -195,8 +195,8 @@ def run(
                      skip_bad_images=skip_bad_images, train_size=parse_train_size(train_size, what="--train-size"),
                      contract=_checked_contract(contract),
                      process_command=_checked_process_command(process_command))
-    prepare_run_dir(run_dir)
-    result = run_local(local, progress=progress)
+    with prepared_run_dir(run_dir):
+        result = run_local(local, progress=progress)
     _print_batch(result, list(runfiles.read_profiles(run_dir)),
                  f"per-stage profile of {counted(result.children, 'child', 'children')}")
     if result.failed:

@@ -31,31 +31,31 @@ def advise(
     inputs: list[Path] = typer.Argument(None, metavar="RUN_DIR_OR_FILE", help="Run directories, profile .jsonl files "
                                         "or EMF files (local, or downloaded from CloudWatch Logs)."),
     jobs_per_instance: int | None = typer.Option(None, min=1, max=1024, metavar="N", help="Jobs running at once on "
-                                                 "one instance (vCPUs / vcpusPerJob), 1-1024."),
+                                                 "one instance (vCPUs / vcpusPerJob)."),
     memory_gib: float | None = typer.Option(None, min=0.5, max=32768, metavar="GIB", help="The instance type's "
-                                      "memory in GiB, 0.5-32768."),
+                                      "memory in GiB."),
     jobs_per_day: int | None = typer.Option(None, min=1, max=100_000, metavar="N", help="Jobs per instance per day "
-                                            "(each instance has its own scratch volume), 1-100000."),
+                                            "(each instance has its own scratch volume)."),
     instance_ebs_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The instance "
-                                                    "type's EBS bandwidth cap in MiB/s, 1-100000."),
+                                                    "type's EBS bandwidth cap in MiB/s."),
     kernel: str | None = typer.Option(None, metavar="RELEASE", help="The hosts' `uname -r`, to validate mount options "
                                       "(default: a current kernel)."),
     candidate: list[str] = typer.Option([], "--candidate", "-C", metavar="VOLUME", help="A volume to compare, "
                                         "repeatable: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
                                         "throughput=250. Default: st1, sc1, gp2 and gp3 sized for the data."),
     cache_budget_pct: float = typer.Option(40.0, min=1, max=90, metavar="PCT", help="Share of instance memory the "
-                                           "write cache may hold, 1-90."),
+                                           "write cache may hold."),
     io_size_kib: int | None = typer.Option(None, min=1, max=16384, metavar="KIB", help="Block I/O size to assume "
-                                           "instead of the measured one, 1-16384."),
+                                           "instead of the measured one."),
     random_pct: float | None = typer.Option(None, min=0, max=100, metavar="PCT", help="Share of device I/O that "
-                                            "is random, 0-100 (st1/sc1 charge a random request under 1 MiB as "
+                                            "is random (st1/sc1 charge a random request under 1 MiB as "
                                             "1 MiB; default: sequential)."),
     volume: str = typer.Option("st1:500", metavar="VOLUME", help="The stack's scratch volume now, which the findings "
                                "judge: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS]."),
     instance_usd_per_hour: float = typer.Option(0.384, min=0, max=1000, metavar="USD", help="The instance's price "
-                                                "per hour, to price findings, 0-1000."),
+                                                "per hour, to price findings."),
     instance_network_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The "
-                                                        "instance's network bandwidth in MiB/s, 1-100000."),
+                                                        "instance's network bandwidth in MiB/s."),
     as_json: bool = typer.Option(False, "--json", help="Print the advice as JSON."),
 ) -> None:
     """Recommend a scratch volume, write-cache settings and mount options from a run's profiles, and print
@@ -106,9 +106,12 @@ def lab(
     images_per_child: int = typer.Option(10, min=1, max=MAX_IMAGES_PER_CHILD, metavar="N", help="Images each child "
                                          "takes."),
     rounds: int = typer.Option(1, min=1, max=LAB_MAX_ROUNDS, metavar="N", help="Default/tuned pairs to run, "
-                               "alternating."),
-    dirty_ratio: int = typer.Option(30, metavar="PCT", help="Tuned vm.dirty_ratio (of the emulated memory)."),
-    dirty_background_ratio: int = typer.Option(20, metavar="PCT", help="Tuned vm.dirty_background_ratio."),
+                               "alternating; with --advise, runs of each setting (measured: their median and "
+                               "range)."),
+    dirty_ratio: int = typer.Option(30, min=0, max=100, metavar="PCT", help="Tuned vm.dirty_ratio (of the "
+                                    "emulated memory)."),
+    dirty_background_ratio: int = typer.Option(20, min=0, max=100, metavar="PCT", help="Tuned "
+                                               "vm.dirty_background_ratio."),
     time_scale: float = typer.Option(1.0, min=1.0, max=LAB_MAX_TIME_SCALE, metavar="FACTOR", help="Shrink the credit "
                                      "bucket by this factor, so hours of credits last minutes."),
     credits_gib: float | None = typer.Option(None, min=0.0, metavar="GIB", help="Credits at the start, at the real "
@@ -235,6 +238,7 @@ def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: boo
             {"setting": r.setting, "sysctls": r.sysctls, "other_dirty_bytes": r.other_dirty_bytes,
              "predicted_download_s": round(r.predicted_s, 2),
              "measured_download_s": None if r.measured_s is None else round(r.measured_s, 2),
+             "measured_each_s": [round(m, 2) for m in r.measured_each],
              "error": None if r.error is None else round(r.error, 3)} for r in result.runs]}, indent=1))
     else:
         print(render_loop(result))

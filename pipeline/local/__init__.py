@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pipeline.local.demo import DemoOptions, DemoResult, demo_advice, lab_batch, run_demo
 from pipeline.local.executor import BatchResult, ChildOutcome, LocalBatch, run_batch
-from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
+from pipeline.local.runner import LocalRun, prepare_run_dir, prepared_run_dir, run_local
 from pipeline.local.submit import outcome_json, outcome_lines, submit_local
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "outcome_json",
     "outcome_lines",
     "prepare_run_dir",
+    "prepared_run_dir",
     "run_batch",
     "run_demo",
     "run_local",

@@ -6,9 +6,10 @@ children with the local executor against any S3 endpoint, recording the run in t
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,20 @@ def prepare_run_dir(run_dir: Path) -> None:
     except OSError as exc:
         raise UsageError(f"run directory {run_dir} cannot be created ({exc.strerror}): give another "
                          "--run-dir") from None
+
+
+@contextlib.contextmanager
+def prepared_run_dir(run_dir: Path) -> Iterator[Path]:
+    """prepare_run_dir for a run; if the run fails before it wrote anything (S3 unreachable, a bad
+    manifest), a run directory this call created is removed again: a run that could not start leaves nothing."""
+    created = not run_dir.exists()
+    prepare_run_dir(run_dir)
+    try:
+        yield run_dir
+    except BaseException:
+        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+            run_dir.rmdir()
+        raise
 
 
 def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str], None] = print) -> BatchResult:

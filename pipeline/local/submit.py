@@ -15,7 +15,7 @@ from typing import Any
 from pipeline import s3 as s3io
 from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.executor import BatchResult
-from pipeline.local.runner import LocalRun, prepare_run_dir, run_local
+from pipeline.local.runner import LocalRun, prepared_run_dir, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.manifest import children_for
 from pipeline.process import find_command
@@ -67,7 +67,7 @@ def submit_local(
             result = SubmitResult(request, s3io.frozen_paths(request.output)[0],
                                   children_for(images, images_per_child), images, (), (), dry_run=True)
             return result, None
-        prepare_run_dir(run_dir)
+        stack.enter_context(prepared_run_dir(run_dir))
         run = LocalRun(input=request.input, output=request.output, endpoint=endpoint, run_dir=run_dir,
                        images_per_child=images_per_child, manifest=request.manifest,
                        workers=workers or default_workers(), env=env, force=force, job_id=f"local-{request.name}",

@@ -13,7 +13,7 @@ from typing import Any
 
 from pipeline.aws import Backoff
 from pipeline.errors import UsageError
-from pipeline.interface import JOB_CONTAINER
+from pipeline.interface import EXIT_RETRYABLE, JOB_CONTAINER, batch_exit_code
 from pipeline.submit.plan import TAG_IMAGES, TAG_OFFSET, TAG_PER_CHILD
 
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
@@ -74,6 +74,15 @@ class BatchStatus:
     @property
     def finished(self) -> bool:
         return self.count(*FINISHED) >= self.children
+
+    @property
+    def exit_code(self) -> int:
+        """`status --watch`'s exit code, by the rule local runs follow (interface.batch_exit_code): 65 when a
+        failed child exited 65, else 75 when any failed (a child with no exit code, as after Batch's hard
+        timeout, or one past the failed children described, counts as 75: a rerun can complete it)."""
+        codes = [EXIT_RETRYABLE if f.exit_code is None else f.exit_code for f in self.failed]
+        hidden = self.count("FAILED") - len(self.failed)
+        return batch_exit_code([*codes, *[EXIT_RETRYABLE] * hidden])
 
     def summary(self) -> dict[str, int]:
         """The six user-facing counts (SUBMITTED counts as pending)."""

@@ -44,3 +44,36 @@ def test_two_batches_sharing_a_scratch_root_and_indices_both_match_a_solo_run(
     expected = _outputs(s3, bucket, "solo/")
     assert len(expected) == 8
     assert _outputs(s3, bucket, "a/") == expected and _outputs(s3, bucket, "b/") == expected
+
+
+def test_two_demo_commands_at_once_with_the_same_scratch_root_match_one_run_alone(tmp_path: Path) -> None:
+    """What the issue asks in its own words: two `iobatch demo` processes at once (each with its own S3
+    server), the same --scratch root and the same child indices; then one alone. Same seed, same shards."""
+    import os
+    import subprocess
+    import sys
+
+    shared = tmp_path / "scratch"
+    env = {**os.environ, "IOBATCH_CACHE": str(tmp_path / "cache")}
+
+    def demo(name: str, scratch: Path) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "demo", "--images", "4", "--image-mib", "0.5",
+                                 "--images-per-child", "2", "--workers", "2", "--no-report", "--no-progress",
+                                 "--run-dir", str(tmp_path / name), "--scratch", str(scratch)],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    def shards(name: str) -> dict[str, bytes]:
+        found = sorted((tmp_path / name).rglob("part-*/*"))
+        return {str(p.relative_to(tmp_path / name)).split("part-", 1)[1]: p.read_bytes() for p in found
+                if p.name in ("shard.tar", "index.json")}
+
+    # The dataset is made once, before the race, as a user's first demo would have made it.
+    first = demo("warm", tmp_path / "warm-scratch")
+    assert first.wait(timeout=300) == 0, first.communicate()[0]
+    both = [demo(name, shared) for name in ("a", "b")]
+    for proc in both:
+        assert proc.wait(timeout=300) == 0, proc.communicate()[0]
+    assert list(shared.iterdir()) == [], "an attempt left its scratch directory behind"
+    expected = shards("warm")
+    assert len(expected) == 4
+    assert shards("a") == expected and shards("b") == expected

@@ -53,22 +53,31 @@ def test_bad_uri_is_a_usage_error(tmp_path: Path) -> None:
     assert_one_line_error(result, 64, "--input 'my-bucket/images' is not an S3 URI")
 
 
+# A run that fails before it starts leaves no run directory behind (it creates a new one only to run in).
 def test_missing_bucket_is_permanent(s3_server: EmbeddedS3, tmp_path: Path) -> None:
     result = iobatch("run", "--input", "s3://no-such-bucket-y/images/", "--output", "s3://no-such-bucket-y/o/",
-                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path), env=s3_server.env())
+                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path / "run"), env=s3_server.env())
     assert_one_line_error(result, 65, "no-such-bucket-y", "does not exist")
+    assert not (tmp_path / "run").exists()
 
 
 def test_empty_prefix_is_permanent(s3_server: EmbeddedS3, bucket: str, tmp_path: Path) -> None:
     result = iobatch("run", "--input", f"s3://{bucket}/nothing/", "--output", f"s3://{bucket}/o/",
-                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path), env=s3_server.env())
+                     "--s3-endpoint", s3_server.endpoint, "--run-dir", str(tmp_path / "run"), env=s3_server.env())
     assert_one_line_error(result, 65, f"s3://{bucket}/nothing/ holds no images")
+    assert not (tmp_path / "run").exists()
 
 
 def test_unreachable_endpoint_is_retryable(s3_server: EmbeddedS3, tmp_path: Path) -> None:
     result = iobatch("run", "--input", "s3://bkt/images/", "--output", "s3://bkt/o/", "--s3-endpoint",
-                     f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path), env=s3_server.env())
+                     f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path / "run"), env=s3_server.env())
     assert_one_line_error(result, 75, "S3 endpoint does not answer")
+    assert not (tmp_path / "run").exists()
+    # An existing (empty) directory the user named is left in place.
+    (tmp_path / "mine").mkdir()
+    iobatch("run", "--input", "s3://bkt/images/", "--output", "s3://bkt/o/", "--s3-endpoint",
+            f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path / "mine"), env=s3_server.env())
+    assert (tmp_path / "mine").is_dir()
 
 
 def test_unwritable_scratch_names_the_directory(s3_server: EmbeddedS3, s3: Any, bucket: str, tmp_path: Path) -> None:
@@ -97,10 +106,13 @@ def _processes_mentioning(text: str) -> list[str]:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_interrupted_demo_stops_everything(tmp_path: Path, sig: int) -> None:
     run_dir = tmp_path / "demo"
+    # As a terminal's foreground command: Ctrl-C's SIGINT at its default even when the suite itself runs
+    # where it is ignored (a shell starts background commands with SIGINT ignored, and Python keeps that).
     proc = subprocess.Popen([*CLI, "demo", "--images", "8", "--image-mib", "2", "--images-per-child", "1",
                              "--run-dir", str(run_dir), "--no-report", "--no-progress"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "IOBATCH_CACHE": str(tmp_path / "cache")})
+                            env={**os.environ, "IOBATCH_CACHE": str(tmp_path / "cache")},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout is not None
     for line in proc.stdout:
         if line.startswith("batch "):

@@ -14,8 +14,7 @@ from typing import Any
 
 from profiling import protocol
 from profiling.metrics import METRICS_BY_NAME
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.sidecar import REPO, read_profiles, sidecar_env, start_sidecar
 
 # The job: three stages with known I/O. Each write is one write(2) of 4 KiB on an unbuffered file;
 # the reads are of that 4,096,000-byte file in 64 KiB calls (63), plus the read that returns 0 at EOF.
@@ -44,38 +43,9 @@ reporter.close()
 """
 
 
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
-    env.update({"IOBATCH_PIPELINE": "sidecar-test", "AWS_BATCH_JOB_ID": "job-42", "AWS_BATCH_JOB_ARRAY_INDEX": "3",
-                "IOBATCH_VOLUME_TYPE": "gp3", "IOBATCH_SCRATCH": str(tmp_path / "scratch")})
-    for key in ("ECS_CONTAINER_METADATA_URI_V4", "ECS_CONTAINER_METADATA_URI"):
-        env.pop(key, None)
-    return env
-
-
-def _start_sidecar(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen[str], Path]:
-    sock = tmp_path / "p.sock"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "pipeline.cli", "sidecar", "--socket", str(sock), "--emf", str(tmp_path / "out.emf"),
-         "--profile-out", str(tmp_path / "out.jsonl"), "--scratch-dir", str(tmp_path), "--interval", "0.2",
-         "--no-call-probes", *extra],
-        cwd=REPO, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 10
-    while not sock.exists():
-        assert proc.poll() is None, proc.communicate()
-        assert time.monotonic() < deadline, "the sidecar did not create its socket"
-        time.sleep(0.02)
-    return proc, sock
-
-
-def _profiles(tmp_path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
-
-
 def test_three_stages_exact_counts_emf_and_exit(tmp_path: Path) -> None:
-    sidecar, sock = _start_sidecar(tmp_path)
-    job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path), str(sock)], cwd=REPO, env=_env(tmp_path),
+    sidecar, sock = start_sidecar(tmp_path)
+    job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path), str(sock)], cwd=REPO, env=sidecar_env(tmp_path),
                          capture_output=True, text=True, timeout=60)
     assert job.returncode == 0, job.stderr
     assert "warning" not in job.stderr
@@ -83,7 +53,7 @@ def test_three_stages_exact_counts_emf_and_exit(tmp_path: Path) -> None:
     assert sidecar.returncode == 0, err
     assert not sock.exists()
 
-    profiles = {p["stage"]: p for p in _profiles(tmp_path)}
+    profiles = {p["stage"]: p for p in read_profiles(tmp_path)}
     assert list(profiles) == ["download", "process", "upload"]
     down, proc, up = profiles["download"], profiles["process"], profiles["upload"]
     # /proc/<pid>/io is exact, and so are the stage deltas
@@ -127,7 +97,7 @@ def _talk(sock: Path, *lines: bytes) -> list[dict[str, Any]]:
 
 
 def test_malformed_messages_get_an_error_reply_and_the_sidecar_goes_on(tmp_path: Path) -> None:
-    sidecar, sock = _start_sidecar(tmp_path)
+    sidecar, sock = start_sidecar(tmp_path)
     replies = _talk(sock, b"not json\n", b'{"type":"bogus"}\n',
                     protocol.encode({"type": "stage_start", "stage": "download", "pid": 2**22 + 12345}),
                     protocol.encode({"type": "stage_end", "stage": "upload", "outcome": "ok"}),
@@ -138,12 +108,12 @@ def test_malformed_messages_get_an_error_reply_and_the_sidecar_goes_on(tmp_path:
     _, err = sidecar.communicate(timeout=15)  # EOF from the job: the sidecar exits
     assert sidecar.returncode == 0
     assert err.count("warning: profiler:") == 4 and "Traceback" not in err
-    (only,) = _profiles(tmp_path)
+    (only,) = read_profiles(tmp_path)
     assert only["stage"] == "download" and only["outcome"] == "ok" and only["items"] == 2
 
 
 def test_sigterm_flushes_the_running_stage_as_interrupted(tmp_path: Path) -> None:
-    sidecar, sock = _start_sidecar(tmp_path)
+    sidecar, sock = start_sidecar(tmp_path)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     conn.connect(str(sock))
     conn.sendall(protocol.encode({"type": "stage_start", "stage": "process", "pid": os.getpid()}))
@@ -154,7 +124,7 @@ def test_sigterm_flushes_the_running_stage_as_interrupted(tmp_path: Path) -> Non
     _, err = sidecar.communicate(timeout=15)
     conn.close()
     assert sidecar.returncode == 0, err
-    (only,) = _profiles(tmp_path)
+    (only,) = read_profiles(tmp_path)
     assert only["stage"] == "process" and only["outcome"] == "interrupted"
     assert only["duration_s"] >= 0.4 and len(only["timeline"]) >= 2
     assert json.loads((tmp_path / "out.emf").read_text())["Outcome"] == "interrupted"
@@ -167,6 +137,6 @@ def test_bad_flags_are_one_line_errors(tmp_path: Path) -> None:
         cmd = [sys.executable, "-m", "pipeline.cli", "sidecar", "--scratch-dir", str(tmp_path), *args]
         if "--socket" not in args:
             cmd += ["--socket", str(tmp_path / "s.sock")]
-        done = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path), capture_output=True, text=True, timeout=30)
+        done = subprocess.run(cmd, cwd=REPO, env=sidecar_env(tmp_path), capture_output=True, text=True, timeout=30)
         assert done.returncode == 64, done.stderr
         assert done.stderr.count("\n") == 1 and needle in done.stderr, done.stderr

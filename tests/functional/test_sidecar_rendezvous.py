@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from pipeline.interface import ENV
 from pipeline.settings import JobSettings, job_identity
 from profiling.emf import RecordingSink
@@ -46,6 +48,38 @@ def test_a_sidecar_without_the_array_index_finds_the_job_of_its_task(tmp_path: P
     assert proc.returncode == 0, out
     assert '"ArrayIndex":"112"' in profile.read_text()
     assert not job.work_dir.exists(), "the sidecar left the attempt's empty directory behind"
+
+
+def test_a_sidecar_without_the_job_id_or_index_labels_profiles_with_the_jobs_own(tmp_path: Path) -> None:
+    """Batch documents AWS_BATCH_JOB_ARRAY_INDEX for the job's container only; a profiler that has neither it
+    nor the job id would label every child "ArrayIndex 0, JobId local". The job names itself in stage_start."""
+    task = {ENV.SCRATCH: str(tmp_path), ENV.TASK_ID: "9f0e", ENV.INPUT: "s3://in-bucket/i/",
+            ENV.OUTPUT: "s3://out-bucket/o/", ENV.IMAGES_PER_CHILD: "2"}
+    job = JobSettings.from_env({**task, ENV.JOB_ID: "7d2b:5", ENV.ARRAY_INDEX: "5"})
+    assert job_identity(task).properties["ArrayIndex"] == "0"  # what the profiler alone would say
+    config = SidecarConfig(socket_path=job.socket_path, emf_sink=RecordingSink(),
+                           properties=dict(job_identity(task).properties))
+    sidecar = Sidecar(config, probes=[])
+    sidecar.bind()
+    server = threading.Thread(target=sidecar.serve, kwargs={"poll_s": 0.05})
+    server.start()
+    reporter = StageReporter(job.socket_path, identity={"JobId": job.job_id, "ArrayIndex": str(job.array_index)})
+    with reporter.stage("download"):
+        pass
+    reporter.close()
+    server.join(timeout=30)
+    (line,) = config.emf_sink.lines  # type: ignore[attr-defined]
+    assert '"ArrayIndex": "5"' in line and '"JobId": "7d2b:5"' in line
+
+
+def test_the_jobs_identity_in_a_message_is_checked() -> None:
+    from profiling.protocol import ProtocolError, decode, encode
+
+    start = {"type": "stage_start", "stage": "download", "pid": 1}
+    assert decode(encode({**start, "job": {"ArrayIndex": "5"}}).strip())["job"] == {"ArrayIndex": "5"}
+    for bad in ({"InstanceId": "i-1"}, {"ArrayIndex": 5}, {"JobId": ""}, ["JobId"], {"JobId": "x" * 257}):
+        with pytest.raises(ProtocolError, match="identity"):
+            decode(encode({**start, "job": bad}).strip())
 
 
 def test_a_sidecar_no_job_reaches_warns_once_and_keeps_waiting(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.functional.test_sidecar import REPO, _env, _profiles, _start_sidecar
+from tests.support.sidecar import REPO, read_profiles, sidecar_env, start_sidecar
 
 # The job runs the process stage; inside it, a command (another process, as the process stage runs one)
 # announces "write" with the helper and writes exactly 3 x 4096 bytes, then "raw" with plain socket lines.
@@ -53,13 +53,13 @@ assert say('{"type":"stage_start","stage":"left-open","pid":%d}' % os.getpid())[
 
 
 def test_substages_by_helper_and_plain_socket(tmp_path: Path) -> None:
-    sidecar, sock = _start_sidecar(tmp_path)
+    sidecar, sock = start_sidecar(tmp_path)
     job = subprocess.run([sys.executable, "-c", JOB, str(tmp_path), str(sock), COMMAND], cwd=REPO,
-                         env=_env(tmp_path), capture_output=True, text=True, timeout=60)
+                         env=sidecar_env(tmp_path), capture_output=True, text=True, timeout=60)
     assert job.returncode == 0, job.stderr
     _, err = sidecar.communicate(timeout=30)
     assert sidecar.returncode == 0, err
-    by_stage = {p["stage"]: p for p in _profiles(tmp_path)}
+    by_stage = {p["stage"]: p for p in read_profiles(tmp_path)}
     assert list(by_stage) == ["process/write", "process/raw", "process/left-open", "process"]
     write = by_stage["process/write"]
     assert (write["outcome"], write["items"], write["write_bytes"], write["write_calls"]) == ("ok", 3, 3 * 4096, 3)
@@ -73,7 +73,7 @@ def test_substages_by_helper_and_plain_socket(tmp_path: Path) -> None:
 
 
 def test_a_substage_outside_any_stage_is_refused(tmp_path: Path) -> None:
-    sidecar, sock = _start_sidecar(tmp_path)
+    sidecar, sock = start_sidecar(tmp_path)
     job = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     job.connect(str(sock))
     command = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

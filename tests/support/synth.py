@@ -59,3 +59,41 @@ def synthesize(**context: str) -> Synthesized:
     template = json.loads(template_path.read_text())
     return Synthesized(template=template, assertions=cdk_assertions.Template.from_json(template),
                        template_path=template_path, outdir=outdir, stack_name=stack.stack_name)
+
+def cfn_text(node: Any) -> str:
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict) and "Fn::Join" in node:
+        sep, parts = node["Fn::Join"]
+        return str(sep).join(cfn_text(p) for p in parts)
+    if isinstance(node, dict) and "Ref" in node:
+        return f"<{node['Ref']}>"
+    if isinstance(node, dict) and "Fn::GetAtt" in node:
+        return "<{}.{}>".format(*node["Fn::GetAtt"])
+    if isinstance(node, dict) and "Fn::Sub" in node:
+        return str(node["Fn::Sub"] if isinstance(node["Fn::Sub"], str) else node["Fn::Sub"][0])
+    raise AssertionError(f"cannot read {node!r}")
+
+
+def listed(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def job_role_statements(synthesized: Synthesized) -> tuple[str, list[dict[str, Any]]]:
+    [role_id] = [k for k in synthesized.resources("AWS::IAM::Role") if k.startswith("JobsJobRole")]
+    role = synthesized.template["Resources"][role_id]["Properties"]
+    assert not role.get("ManagedPolicyArns"), "the job role carries managed policies"
+    found = [s for p in role.get("Policies", []) for s in p["PolicyDocument"]["Statement"]]
+    for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
+        for policy in synthesized.resources(kind).values():
+            roles = [cfn_text(r) for r in policy["Properties"].get("Roles", [])]
+            if f"<{role_id}>" in roles:
+                found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
+    return role_id, found
+
+
+def job_containers(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The job definition's containers (EcsProperties, one task) by name."""
+    (definition,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Batch::JobDefinition"]
+    (task,) = definition["Properties"]["EcsProperties"]["TaskProperties"]
+    return {c["Name"]: c for c in task["Containers"]}

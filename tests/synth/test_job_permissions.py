@@ -18,8 +18,7 @@ from botocore.stub import Stubber
 
 from pipeline import s3 as s3io
 from pipeline.settings import JobSettings, S3Uri
-from tests.support.synth import Synthesized
-from tests.synth.test_security_policy import _listed, _text, job_role_statements
+from tests.support.synth import Synthesized, cfn_text, job_role_statements, listed
 
 # The IAM action each S3 operation needs ("Actions, resources, and condition keys for Amazon S3", Service
 # Authorization Reference: ListObjectsV2 is authorized by s3:ListBucket, HeadObject by s3:GetObject).
@@ -31,9 +30,9 @@ def allowed(statements: list[dict[str, Any]], arns: dict[str, str], action: str,
             prefix: str | None) -> bool:
     """Whether an Allow statement grants `action` on `resource` (with its s3:prefix condition, if any)."""
     for statement in statements:
-        if statement["Effect"] != "Allow" or action not in _listed(statement["Action"]):
+        if statement["Effect"] != "Allow" or action not in listed(statement["Action"]):
             continue
-        patterns = [_text(r) for r in _listed(statement["Resource"])]
+        patterns = [cfn_text(r) for r in listed(statement["Resource"])]
         patterns = [arns.get(p.split("/", 1)[0], p) + ("/" + p.split("/", 1)[1] if "/" in p else "")
                     for p in patterns]
         if not any(fnmatch.fnmatchcase(resource, p) for p in patterns):

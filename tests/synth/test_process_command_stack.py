@@ -9,7 +9,7 @@ from aws_cdk import assertions
 
 from infra.app import build_app
 from pipeline.interface import ENV
-from tests.synth.test_profiler_ebpf import _containers
+from tests.support.synth import job_containers
 
 IMAGE = "123456789012.dkr.ecr.eu-west-1.amazonaws.com/team/my-iobatch:1"
 COMMAND = "python /opt/iobatch/examples/image_stats.py {input} {output}"
@@ -19,7 +19,7 @@ def test_process_command_and_job_image(tmp_path: Any) -> None:
     app, stack = build_app({"processCommand": COMMAND, "jobImage": IMAGE}, outdir=str(tmp_path))
     assembly = app.synth()  # cdk-nag findings would fail here
     template = assertions.Template.from_stack(stack).to_json()
-    for container in _containers(template).values():
+    for container in job_containers(template).values():
         assert container["Image"] == IMAGE
         assert {"Name": ENV.PROCESS_COMMAND, "Value": COMMAND} in container["Environment"]
     assert not assembly.get_stack_by_name(stack.stack_name).assets  # nothing to build

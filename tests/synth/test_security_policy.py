@@ -9,45 +9,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
 
-from tests.support.synth import Synthesized
+from tests.support.synth import Synthesized, cfn_text, job_role_statements, listed
 
 # Actions that read object bytes or metadata, or list keys.
 READS = re.compile(r"^(s3:(Get|List)\w*|s3:\*|\*)$")
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _text(node: Any) -> str:
-    if isinstance(node, str):
-        return node
-    if isinstance(node, dict) and "Fn::Join" in node:
-        sep, parts = node["Fn::Join"]
-        return str(sep).join(_text(p) for p in parts)
-    if isinstance(node, dict) and "Ref" in node:
-        return f"<{node['Ref']}>"
-    if isinstance(node, dict) and "Fn::GetAtt" in node:
-        return "<{}.{}>".format(*node["Fn::GetAtt"])
-    if isinstance(node, dict) and "Fn::Sub" in node:
-        return str(node["Fn::Sub"] if isinstance(node["Fn::Sub"], str) else node["Fn::Sub"][0])
-    raise AssertionError(f"cannot read {node!r}")
-
-
-def _listed(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def job_role_statements(synthesized: Synthesized) -> tuple[str, list[dict[str, Any]]]:
-    [role_id] = [k for k in synthesized.resources("AWS::IAM::Role") if k.startswith("JobsJobRole")]
-    role = synthesized.template["Resources"][role_id]["Properties"]
-    assert not role.get("ManagedPolicyArns"), "the job role carries managed policies"
-    found = [s for p in role.get("Policies", []) for s in p["PolicyDocument"]["Statement"]]
-    for kind in ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy"):
-        for policy in synthesized.resources(kind).values():
-            roles = [_text(r) for r in policy["Properties"].get("Roles", [])]
-            if f"<{role_id}>" in roles:
-                found.extend(policy["Properties"]["PolicyDocument"]["Statement"])
-    return role_id, found
 
 
 def test_job_role_reads_nothing_outside_its_input_and_output_prefixes(synthesized: Synthesized) -> None:
@@ -58,11 +25,11 @@ def test_job_role_reads_nothing_outside_its_input_and_output_prefixes(synthesize
     readers = 0
     for statement in found:
         assert statement["Effect"] == "Allow" and "NotAction" not in statement and "NotResource" not in statement
-        reads = [a for a in _listed(statement["Action"]) if READS.match(a)]
+        reads = [a for a in listed(statement["Action"]) if READS.match(a)]
         if not reads:
             continue
         readers += 1
-        resources = [_text(r) for r in _listed(statement["Resource"])]
+        resources = [cfn_text(r) for r in listed(statement["Resource"])]
         assert "*" not in resources, statement
         for action in reads:
             if action == "s3:ListBucketMultipartUploads":
@@ -78,9 +45,9 @@ def test_job_role_reads_nothing_outside_its_input_and_output_prefixes(synthesize
                 assert set(resources) <= {input_objects, output_objects}, statement
     assert readers >= 2
     # The input images in particular: exactly one statement reads them, and only under the prefix.
-    image_readers = [s for s in found if any(_text(r).startswith(f"<{input_bucket}.Arn>/")
-                                             for r in _listed(s["Resource"]))]
-    assert [[_text(r) for r in _listed(s["Resource"])] for s in image_readers] == [[input_objects]]
+    image_readers = [s for s in found if any(cfn_text(r).startswith(f"<{input_bucket}.Arn>/")
+                                             for r in listed(s["Resource"]))]
+    assert [[cfn_text(r) for r in listed(s["Resource"])] for s in image_readers] == [[input_objects]]
 
 
 def test_the_container_runs_as_a_non_root_user() -> None:

@@ -104,6 +104,8 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                       {ENV.IMAGES_PER_CHILD: "0"}),
     "job-train-size-huge": lambda d: Case(["job"], EXIT_USAGE, "out of range", {ENV.TRAIN_SIZE: "99999x99999"}),
     "job-index-text": lambda d: Case(["job"], EXIT_USAGE, "is not a whole number", {ENV.ARRAY_INDEX: "one"}),
+    "job-index-past-any-batch": lambda d: Case(["job"], EXIT_PERMANENT, "AWS_BATCH_JOB_ARRAY_INDEX=99999999999 is "
+                                               "beyond any batch", {ENV.ARRAY_INDEX: "99999999999"}),
     "job-process-command-no-output": lambda d: Case(["job"], EXIT_USAGE, "has no {output}",
                                                     {ENV.PROCESS_COMMAND: "python s.py {input}"}),
     "run-process-command-missing": lambda d: Case(["run", "--input", "s3://bkt/i/", "--output", "s3://bkt/o/",
@@ -143,6 +145,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "status-bad-region": lambda d: Case(["status", "job-1", "--region", "moon-base"], EXIT_USAGE,
                                         "is not an AWS region name"),
     "status-interval-zero": lambda d: Case(["status", "job-1", "--interval", "0"], EXIT_USAGE, "'--interval'"),
+    "status-interval-nan": lambda d: Case(["status", "job-1", "--interval=nan"], EXIT_USAGE,
+                                          "'--interval': 'nan' is not a finite number"),
+    "submit-zero-images-per-job": lambda d: Case(["submit", "--local", "--prefix", "s3://bkt/i/", "-k", "0"],
+                                                 EXIT_USAGE, "'--images-per-job' / '-k'"),
+    "lab-dirty-ratio": lambda d: Case(["lab", "--dirty-ratio", "101"], EXIT_USAGE, "'--dirty-ratio'"),
     # report: outputs, advice, damaged profiles
     "report-missing-run-dir": lambda d: Case(["report", str(d / "absent")], EXIT_USAGE, "absent"),
     "report-out-is-dir": lambda d: Case(["report", str(_run_dir(d, "")), "--out", str(d / "mine")], EXIT_USAGE,

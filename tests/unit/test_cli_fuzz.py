@@ -8,6 +8,7 @@ reaches the action, input that does not is refused with one line, and nothing ru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -20,6 +21,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
+from pipeline.interface import ENV
 
 DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
 
@@ -37,7 +39,7 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "pipeline.local.submit.submit_local", "pipeline.submit.submit_to_stack",
            "pipeline.submit.require_credentials", "profiling.command.profile_command", "profiling.sidecar.Sidecar.bind",
            "profiling.report.write_report", "tuning.advise.advise", "tuning.lab.run_comparison", "tuning.lab.recover",
-           "tuning.lab.loop.run_advise_loop"]
+           "tuning.lab.loop.run_advise_loop", "pipeline.imaging.process_directory", "pipeline.job.main"]
 
 ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "99999999999999999999", "", " ", "abc",
               "1.5", "0x10", "s3://", "s3://bkt/i/", "s3://B_AD/x", "http://", "http://127.0.0.1:0",
@@ -52,6 +54,9 @@ COMMAND_FLAGS: dict[str, list[str]] = {
     "submit": ["--manifest", "--prefix", "-k", "--stack", "--output", "--s3-endpoint", "--run-dir", "--workers",
                "--region"],
     "status": ["--interval", "--region"],
+    "sidecar": ["--socket", "--emf", "--profile-out", "--interval", "--device", "--scratch-dir", "--namespace",
+                "--contract"],
+    "process": ["--train-size"],
     "report": ["--out", "--from-cloudwatch", "--since", "--namespace", "--region", "--logs-endpoint", "--advice"],
     "advise": ["--jobs-per-instance", "--memory-gib", "--jobs-per-day", "--instance-ebs-mibps", "--kernel",
                "--candidate", "--cache-budget-pct", "--io-size-kib"],
@@ -60,6 +65,7 @@ COMMAND_FLAGS: dict[str, list[str]] = {
             "--rounds", "--dirty-ratio", "--dirty-background-ratio", "--time-scale", "--credits-gib",
             "--loop-size-mib", "--throttle"],
 }
+JOB_VARIABLES = sorted(value for name, value in vars(ENV).items() if name.isupper())
 SWITCHES = ["--force", "--local", "--dry-run", "--json", "--watch", "--no-report", "--bogus", "-h"]
 
 
@@ -88,9 +94,27 @@ def stubbed() -> Any:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(words=argv())
 def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: list[str]) -> None:
-    with tempfile.TemporaryDirectory() as folder:
+    # In a folder of its own: a relative path the fuzzer gives (`--scratch-dir abc`) lands there.
+    with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
         env = {"IOBATCH_CACHE": str(Path(folder) / "cache"), "AWS_REGION": "us-east-1"}
         result = CliRunner().invoke(app, words, env=env)
+    _check(words, result)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(env=st.dictionaries(st.sampled_from(JOB_VARIABLES), st.sampled_from(ODD_VALUES) | st.text(max_size=12),
+                           max_size=6))
+def test_any_job_variables_give_a_documented_code_and_no_traceback(stubbed: Any, env: dict[str, str]) -> None:
+    """`iobatch job` reads the environment, not flags: its variables fuzzed the same way (values with a NUL
+    byte left out: no environment can hold one)."""
+    base = {ENV.INPUT: "s3://bkt/i/", ENV.OUTPUT: "s3://bkt/o/", ENV.IMAGES_PER_CHILD: "1"}
+    given_env = {name: value.replace("\x00", "") for name, value in env.items()}
+    with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        result = CliRunner().invoke(app, ["job"], env={ENV.SCRATCH: str(Path(folder) / "scratch"), **base, **given_env})
+    _check(["job", *(f"{name}={value}" for name, value in given_env.items())], result)
+
+
+def _check(words: list[str], result: Any) -> None:
     if isinstance(result.exception, Reached):
         return  # every check passed: the command would act now
     assert result.exception is None or isinstance(result.exception, SystemExit), (words, result.exception)

@@ -201,3 +201,34 @@ def test_path_rules_use_the_interposer_kept_beside_ebpf() -> None:
                         interval_s=1.0)
     merged = evaluate_stage(contract, profile_with({**main, "interpose": beside}, duration=5.0))
     assert [(r["label"], r["value"], r["source"]) for r in merged] == [("scratch_writes", 20.0, "interpose")]
+
+
+def test_a_contract_at_the_caps_fits_cloudwatch_events_and_reads_back() -> None:
+    """100 rules x 100 frames, every one over its threshold: each EMF document stays within what the awslogs
+    driver ships as one event, every value is a metric, and the rows that fit are in the first document."""
+    from profiling.contract import MAX_FRAMES, MAX_RULES
+    from profiling.emf import MAX_EVENT_BYTES, merge_documents, profiles_from_emf
+
+    frames = [(float(second), writes(100, 13, 2000)) for second in range(MAX_FRAMES)]
+    total: dict[tuple[str, str, int], Stats] = {}
+    for _t, cells in frames:
+        for key, stats in cells.items():
+            total.setdefault(key, Stats()).add(stats)
+    calls = calls_dict("ebpf", total, frames, filter_text="t", duration_s=MAX_FRAMES, interval_s=1.0)
+    rules = "".join(f"rule_{i:03d}_with_a_longish_label,/,write,all,count,1\n" for i in range(MAX_RULES))
+    profile = profile_with(calls, duration=float(MAX_FRAMES))
+    results = evaluate_stage(parse_contract("2,monitortimeframe,1s\n" + rules), profile)
+    assert len(results) == MAX_RULES * MAX_FRAMES
+    lines = serialize(dataclasses.replace(profile, contract=results))
+    assert all(len(line.encode()) <= MAX_EVENT_BYTES for line in lines)
+    docs = [json.loads(line) for line in lines]
+    assert len(docs) == 2 and all("Contract" not in doc for doc in docs[1:])
+    assert docs[1]["Notices"] == docs[0]["Notices"]
+    kept = len(docs[0]["Contract"])
+    assert 0 < kept < len(results)
+    assert f"contract rows: {kept} of {len(results)}" in " ".join(docs[0]["Notices"])
+    (back,) = profiles_from_emf(docs, namespace=None)
+    assert len(back.contract) == kept
+    # The metrics carry every rule's value in every frame.
+    (merged,) = merge_documents(docs)
+    assert all(merged[f"rule_{i:03d}_with_a_longish_label"] == [100.0] * MAX_FRAMES for i in range(MAX_RULES))

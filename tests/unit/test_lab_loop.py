@@ -14,7 +14,16 @@ from tuning.ebs import Volume
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.lab.compare import ComparePlan
 from tuning.lab.config import LabConfig, emulated_sysctls
-from tuning.lab.loop import ADVISED, DEFAULT, LoopRun, cache_of, predict_download, render_loop, run_advise_loop
+from tuning.lab.loop import (
+    ADVISED,
+    DEFAULT,
+    LoopRun,
+    cache_of,
+    measured_cell,
+    predict_download,
+    render_loop,
+    run_advise_loop,
+)
 from tuning.plan import workload_from_profiles
 
 
@@ -85,7 +94,41 @@ def test_prediction_uses_rounds_and_the_bucket() -> None:
 
 
 def test_error_and_agreement() -> None:
-    run = LoopRun(DEFAULT, {}, 0, predicted_s=12.0, measured_s=10.0, credits_gib=0.0)
-    assert run.error == pytest.approx(0.2) and run.agrees
-    assert not LoopRun(DEFAULT, {}, 0, 13.0, 10.0, 0.0).agrees
-    assert LoopRun(DEFAULT, {}, 0, 13.0, None, 0.0).error is None
+    run = LoopRun(DEFAULT, {}, 0, predicted_s=12.0, measured_each=(10.0,), credits_gib=0.0)
+    assert run.error == pytest.approx(0.2) and run.agrees and run.spread is None
+    assert not LoopRun(DEFAULT, {}, 0, 13.0, (10.0,), 0.0).agrees
+    assert LoopRun(DEFAULT, {}, 0, 13.0, (), 0.0).error is None
+    # Over rounds the error is against their median, and the range is shown.
+    rounds = LoopRun(DEFAULT, {}, 0, 12.0, (14.0, 9.0, 10.0), 0.0)
+    assert rounds.measured_s == 10.0 and rounds.error == pytest.approx(0.2) and rounds.spread == (9.0, 14.0)
+    assert measured_cell(rounds) == "10.0 (9.0-14.0)" and measured_cell(run) == "10.0"
+
+
+def test_rounds_run_every_setting_again_and_keep_the_first_runs_advice(tmp_path: Path) -> None:
+    order: list[str] = []
+    # The same settings measure differently from round to round, as short stages do on a real machine.
+    measured = {DEFAULT: [40.0, 44.0, 38.0], ADVISED: [3.0, 2.0, 2.6]}
+
+    def run_profiles(number: int, setting: str, scratch: Path) -> list[StageProfile]:
+        assert scratch == tmp_path / f"run-{number}"
+        order.append(setting)
+        seconds = measured[setting][order.count(setting) - 1]
+        return child_profiles(2, seconds, stall_s=seconds - 1.0, mib=400)
+
+    plan = ComparePlan(tuned=HostTuning(), memory_gib=2.5, rounds=3, workers=2, images=32, image_mib=25.0,
+                       images_per_child=16)
+    result = run_advise_loop(AT_BASELINE, plan, run_profiles, say=lambda _: None,
+                             open_lab=lambda config, say: StandInLab(tmp_path, [], credits_gib=0.0),
+                             other_dirty=lambda: 0)
+    assert order == [DEFAULT, ADVISED] * 3
+    default, advised = result.runs
+    assert default.measured_each == (40.0, 44.0, 38.0) and default.measured_s == 40.0
+    assert advised.measured_each == (3.0, 2.0, 2.6) and advised.spread == (2.0, 3.0)
+    # The advice (and so every prediction) is the first run's: later default runs do not change it.
+    (tmp_path / "one").mkdir()
+    one_round = run_advise_loop(AT_BASELINE, PLAN, lambda n, s, d: child_profiles(2, 40.0, 39.0, mib=400),
+                                say=lambda _: None, other_dirty=lambda: 0,
+                                open_lab=lambda config, say: StandInLab(tmp_path / "one", [], credits_gib=0.0))
+    assert result.advice.cache.tuning == one_round.advice.cache.tuning
+    assert default.predicted_s == pytest.approx(one_round.runs[0].predicted_s)
+    assert "measured s, median of 3 (range)" in render_loop(result) and "2.6 (2.0-3.0)" in render_loop(result)

@@ -101,3 +101,17 @@ def test_there_is_no_import_circle() -> None:
         if name not in state:
             visit(name, [name])
     assert not circles, "import circles: " + "; ".join(" -> ".join(c) for c in circles)
+
+
+def test_tests_share_helpers_only_through_tests_support() -> None:
+    """A helper two test files need lives in tests/support/, not in one of them (importing a test module runs
+    its fixtures' imports and makes its tests collect twice under another name)."""
+    tiers = ("unit", "functional", "synth", "e2e", "faults")
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            wrong += [f"{path.relative_to(ROOT)}: {name}" for name in names
+                      if name.split(".")[:2] in [["tests", tier] for tier in tiers]]
+    assert wrong == []

@@ -8,7 +8,6 @@ from pipeline.errors import (
     EndpointUnreachable,
     IntegrityError,
     MissingObjectError,
-    PermanentError,
     ScratchError,
     TransferError,
     UsageError,
@@ -54,7 +53,8 @@ def test_parse_success_and_error_lines() -> None:
     [
         ("NoSuchKey: The specified key does not exist. status code: 404", MissingObjectError),
         ("NoSuchBucket: The specified bucket does not exist", MissingObjectError),
-        ("AccessDenied: Access Denied. status code: 403", PermanentError),
+        ("AccessDenied: Access Denied. status code: 403", UsageError),  # as pipeline.aws says for boto3
+        ("ExpiredToken: The provided token has expired. status code: 400", UsageError),
         ('RequestError: send request failed caused by: Get "http://127.0.0.1:1/b": dial tcp: connection refused',
          EndpointUnreachable),
         ("write /s/a: no space left on device", ScratchError),

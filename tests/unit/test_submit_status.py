@@ -117,6 +117,20 @@ def test_a_plain_job_counts_as_one_child() -> None:
     assert not [c for c in batch.calls if c[0] == "list_jobs"]
 
 
+def test_watch_exit_code_follows_the_batch_rule() -> None:
+    def status(*codes: int | None, hidden: int = 0) -> sub.BatchStatus:
+        failed = tuple(sub.FailedChild(f"j:{i}", i, "Essential container in task exited", code, None)
+                       for i, code in enumerate(codes))
+        job = sub.JobProgress("j", "iobatch-x", "FAILED", 10, 0, 10, 1, {"FAILED": len(codes) + hidden,
+                                                                         "SUCCEEDED": 10 - len(codes) - hidden})
+        return sub.BatchStatus((job,), failed)
+
+    assert status(75, 65, None).exit_code == 65  # bad input: a rerun cannot complete the batch
+    assert status(75, None).exit_code == 75  # retries ran out, or Batch's hard timeout (no exit code)
+    assert status(137, hidden=3).exit_code == 75
+    assert status().exit_code == 0
+
+
 def test_unknown_job_id_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="no Batch job nope"):
         sub.poll_status(FakeBatch({}, {}), ["nope"], backoff=no_sleep())

@@ -103,8 +103,9 @@ class LabRun:
 
 @dataclass(frozen=True)
 class ComparePlan:
-    """What to run on the lab volume: `rounds` pairs of (kernel defaults, `tuned`), alternating, on an
-    emulated memory of `memory_gib`; the batch's shape sizes the plain writer's burst."""
+    """What to run on the lab volume: `rounds` pairs of (kernel defaults, `tuned`), alternating (in the
+    closed loop, tuning.lab.loop: `rounds` runs of each of its settings), on an emulated memory of
+    `memory_gib`; the batch's shape sizes the plain writer's burst."""
 
     tuned: HostTuning
     memory_gib: float = 4.0

@@ -9,11 +9,16 @@ rates and its own credit count), which the simulator does not drive: the agreeme
 echo.
 
 The first run's own prediction is partly in-sample: the workload's floor (the stage's duration minus its
-io stall) comes from that run. The other runs are predicted before they run.
+io stall) comes from that run. The other runs are predicted before they run. With `rounds` > 1 every setting
+runs that many times, round-robin (drift on the machine falls on all settings alike); the advice stays the
+one from the very first run, as a user's would, and each setting's measured time is the median of its runs,
+shown with their spread: on stages of a few seconds the spread between runs of the same settings is of the
+order of the error being judged.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -48,8 +53,19 @@ class LoopRun:
     sysctls: dict[str, str]
     other_dirty_bytes: int  # dirty + writeback pages of the host's other devices when the run started (shown)
     predicted_s: float
-    measured_s: float | None  # None when no child profiled its download
-    credits_gib: float
+    measured_each: tuple[float, ...]  # per round, the median child's download; empty when none was profiled
+    credits_gib: float  # at the start of its first round
+
+    @property
+    def measured_s(self) -> float | None:
+        """The median over rounds of the median child's download; None when no round profiled one."""
+        return median(list(self.measured_each)) if self.measured_each else None
+
+    @property
+    def spread(self) -> tuple[float, float] | None:
+        """The fastest and slowest round, when there were two or more."""
+        each = self.measured_each
+        return (min(each), max(each)) if len(each) > 1 else None
 
     @property
     def error(self) -> float | None:
@@ -131,11 +147,12 @@ def run_advise_loop(config: LabConfig, plan: ComparePlan, run_profiles: RunProfi
     """Build the lab volume; run the batch under the kernel's defaults; advise from its profiles; run it under
     each of `also` and then under the advised cache. LabError and LabInterrupted come through, after the lab
     has restored everything; an advisor that cannot use the first run's profiles is an AdviseError."""
-    runs: list[LoopRun] = []
+    runs: dict[str, LoopRun] = {}
     advice: Advice | None = None
+    settings: list[tuple[str, HostTuning | None]] = [(DEFAULT, KERNEL_DEFAULTS), *also, (ADVISED, None)]
     with open_lab(config, say=say) as lab:
-        settings: list[tuple[str, HostTuning | None]] = [(DEFAULT, KERNEL_DEFAULTS), *also, (ADVISED, None)]
-        for number, (name, tuning) in enumerate(settings, 1):
+        rounds = [setting for _ in range(plan.rounds) for setting in settings]
+        for number, (name, tuning) in enumerate(rounds, 1):
             if tuning is None:
                 assert advice is not None
                 tuning = advice.cache.tuning
@@ -149,19 +166,32 @@ def run_advise_loop(config: LabConfig, plan: ComparePlan, run_profiles: RunProfi
             lab.check()
             if advice is None:
                 advice = advise(profiles, lab_plan(plan, config.volume))
-            # Others' dirty pages are shown, not modelled: the host's other devices are fast and flush them
-            # once the global count passes the background limit (measured: BENCHMARKS.md).
-            predicted = predict_download(advice.workload, plan, config, cache_of(sysctls))
-            runs.append(LoopRun(name, sysctls, others, predicted, measured_download(profiles), credits))
+            measured = measured_download(profiles)
+            if name not in runs:
+                # Others' dirty pages are shown, not modelled: the host's other devices are fast and flush them
+                # once the global count passes the background limit (measured: BENCHMARKS.md).
+                predicted = predict_download(advice.workload, plan, config, cache_of(sysctls))
+                runs[name] = LoopRun(name, sysctls, others, predicted, (), credits)
+            run = runs[name]
+            if measured is not None:
+                runs[name] = run = dataclasses.replace(run, measured_each=(*run.measured_each, measured))
             say(f"lab: run {number} ({name}, {', '.join(f'{k}={v}' for k, v in sysctls.items())}): download "
-                f"predicted {predicted:.1f} s, measured {_seconds(runs[-1].measured_s)}")
+                f"predicted {run.predicted_s:.1f} s, measured {_seconds(measured)}")
     if advice is None:
         raise AdviseError("the loop made no runs")
-    return LoopResult(config.volume.label, config.hold_empty, plan.memory_gib, plan, advice, tuple(runs))
+    return LoopResult(config.volume.label, config.hold_empty, plan.memory_gib, plan, advice, tuple(runs.values()))
 
 
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f} s"
+
+
+def measured_cell(run: LoopRun) -> str:
+    """'12.8', or '12.8 (11.9-14.0)' over several rounds, or '-' (with fewer rounds when some had none)."""
+    if run.measured_s is None:
+        return "-"
+    spread = run.spread
+    return f"{run.measured_s:.1f}" + ("" if spread is None else f" ({spread[0]:.1f}-{spread[1]:.1f})")
 
 
 def render_loop(result: LoopResult) -> str:
@@ -177,14 +207,16 @@ def render_loop(result: LoopResult) -> str:
              f"{cache.tuning.dirty_background_bytes}; burst {cache.burst_bytes / MIB:,.0f} MiB, "
              f"{'fits' if cache.fits else 'does not fit'} the {cache.budget_bytes / GIB:.2f} GiB budget",
              f"deploy: cdk deploy {result.advice.cdk_args}", ""]
-    header = ["run", "setting", "dirty MiB (limit/bg)", "others' dirty MiB", "predicted s", "measured s", "error"]
+    rounds = plan.rounds
+    measured_header = "measured s" if rounds == 1 else f"measured s, median of {rounds} (range)"
+    header = ["setting", "dirty MiB (limit/bg)", "others' dirty MiB", "predicted s", measured_header, "error"]
     rows = []
-    for number, run in enumerate(result.runs, 1):
+    for run in result.runs:
         limit = int(run.sysctls.get("vm.dirty_bytes", 0)) / MIB
         background = int(run.sysctls.get("vm.dirty_background_bytes", 0)) / MIB
         error = "-" if run.error is None else f"{run.error:+.0%}" + ("" if run.agrees else " (outside 25%)")
-        rows.append([str(number), run.setting, f"{limit:,.0f}/{background:,.0f}", f"{run.other_dirty_bytes / MIB:,.0f}",
-                     f"{run.predicted_s:.1f}", "-" if run.measured_s is None else f"{run.measured_s:.1f}", error])
+        rows.append([run.setting, f"{limit:,.0f}/{background:,.0f}", f"{run.other_dirty_bytes / MIB:,.0f}",
+                     f"{run.predicted_s:.1f}", measured_cell(run), error])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     lines.extend("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
