@@ -62,6 +62,8 @@ def main() -> int:
     parser.add_argument("--lab-dir", type=Path, default=Path("/var/tmp/iobatch-lab"))
     parser.add_argument("--run-dir", type=Path, default=Path(".iobatch/lab-advise"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error("--rounds must be 1 or more")
     if os.geteuid() != 0:
         print("lab_advise: skipped, it needs root (loop device, mounts, sysctls)")
         return 0
@@ -82,8 +84,7 @@ def main() -> int:
     for memory, baseline in cells:
         tag = f"sweep-{memory:g}-{'base' if baseline else 'burst'}"
         rows.append((memory, baseline, _loop(args, memory, baseline, tag, [case_study])))
-    print("| memory GiB | volume | cache | dirty_bytes MiB | predicted s "
-          f"| measured s (median of {args.rounds}, range) | error |")
+    print("| memory GiB | volume | cache | dirty_bytes MiB | predicted s | measured s (median, range) | error |")
     print("|---:|---|---|---:|---:|---:|---|")
     outside = 0
     for memory, baseline, result in rows:

@@ -53,6 +53,9 @@ TRANSIENT_CODES = frozenset({"RequestTimeout", "InternalError", "ServiceUnavaila
 CREDENTIAL_CODES = frozenset({"InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException",
                               "InvalidToken", "UnrecognizedClientException", "InvalidClientTokenId",
                               "InvalidSignatureException", "RequestExpired"})
+#: Of those, the ones that say the credentials ran out: inside a Batch child a new attempt gets fresh task-role
+#: credentials, so the job counts these as transient (pipeline/s5cmd.py); a person is told to refresh them.
+EXPIRED_CODES = frozenset({"ExpiredToken", "ExpiredTokenException", "RequestExpired"})
 #: The credentials are valid but not allowed. S3 counts it with the credentials (a key from another account
 #: is the usual cause); for Batch and CloudFormation it is a permission to grant.
 DENIED_CODES = frozenset({"AccessDenied", "AccessDeniedException"})
@@ -66,8 +69,9 @@ def refused(code: str, what: str) -> UsageError:
 
 
 def refused_code(text: str) -> str | None:
-    """The credential or permission code an error's text names (s5cmd's, boto3's upload errors), if any."""
-    return next((code for code in sorted(CREDENTIAL_CODES | DENIED_CODES) if code in text), None)
+    """The credential or permission code an error's text names (s5cmd's output, boto3's upload errors), if any."""
+    longest_first = sorted(CREDENTIAL_CODES | DENIED_CODES, key=lambda c: (-len(c), c))  # "...Exception" first
+    return next((code for code in longest_first if code in text), None)
 
 
 def error_code(exc: ClientError) -> str:
@@ -216,9 +220,8 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
     if isinstance(exc, S3UploadFailedError):
         # boto3 wraps the last ClientError's text; permanent codes stay permanent.
         text = str(exc)
-        for code in sorted(CREDENTIAL_CODES | DENIED_CODES):
-            if f"({code})" in text:
-                return refused(code, what)
+        if refusal := refused_code(text):
+            return refused(refusal, what)
         if "(NoSuchBucket)" in text:
             return MissingObjectError(f"bucket of {what} does not exist: create it or fix the URI")
         if "(BadDigest)" in text or "(InvalidDigest)" in text:

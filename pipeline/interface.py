@@ -24,13 +24,15 @@ EXIT_RETRYABLE = 75  # throttling, network, interruption: a retry can succeed
 def batch_exit_code(child_codes: Iterable[int]) -> int:
     """The exit code of a whole batch from the exit codes of its failed children.
 
-    0 when no child failed; 65 when any child failed permanently, because a rerun cannot complete the
-    batch; else 75, because a rerun can (`iobatch run`, `demo` and `submit --local` all use this).
+    0 when no child failed; 65 when any child failed on bad input (65) or a bad variable (64: in AWS, the
+    stack's or image's settings), because a rerun cannot complete the batch; else 75, because a rerun can:
+    a killed child or a bug leaves no marker and is redone (`iobatch run`, `demo`, `submit --local` and
+    `status --watch` all use this).
     """
     codes = set(child_codes)
     if not codes:
         return EXIT_OK
-    return EXIT_PERMANENT if EXIT_PERMANENT in codes else EXIT_RETRYABLE
+    return EXIT_PERMANENT if codes & {EXIT_PERMANENT, EXIT_USAGE} else EXIT_RETRYABLE
 
 
 def exit_code_of(returncode: int) -> int:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.aws import refused, refused_code
+from pipeline.aws import EXPIRED_CODES, refused, refused_code
 from pipeline.errors import (
     EndpointUnreachable,
     IntegrityError,
@@ -29,7 +29,8 @@ from pipeline.errors import (
 )
 
 # Error fragments s5cmd reports for objects that are not there. Its refused credentials are told by the
-# codes of pipeline.aws (the one list), and give the same error as boto3's.
+# codes of pipeline.aws (the one list) and give the same error as boto3's, except expired ones, which a new
+# attempt's fresh credentials get past (a transfer error, 75).
 _MISSING = ("NoSuchKey", "NoSuchBucket", "status code: 404")
 _UNREACHABLE = ("connection refused", "no such host", "dial tcp", "i/o timeout")
 
@@ -130,7 +131,7 @@ def classify_failure(failed: CopyResult) -> Exception:
     lowered = error.lower()
     if any(fragment in error for fragment in _MISSING):
         return MissingObjectError(f"{failed.source} does not exist ({short}): fix the manifest or upload it")
-    if code := refused_code(error):
+    if (code := refused_code(error)) and code not in EXPIRED_CODES:
         return refused(code, failed.source)
     if "no space left on device" in lowered:
         return ScratchError(f"scratch is full copying {failed.source}")

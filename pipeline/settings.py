@@ -130,14 +130,19 @@ def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: in
 
 
 def _child_index(environ: Mapping[str, str]) -> int:
-    """The global child index. Not a number, or negative, is a usage error (64); a number past any batch
-    names a child that does not exist: bad input, like an index past this batch (65, pipeline/job.py)."""
+    """The global child index (the array index plus the offset of its array job). Text or a negative number
+    is a usage error (64, like any variable); a whole number past any batch names a child that cannot exist:
+    bad input, like an index past this batch (65, pipeline/job.py). Read after every other variable, so a bad
+    variable beside it is still a 64."""
     total = 0
     for name in (ENV.ARRAY_INDEX, ENV.ARRAY_OFFSET):
-        value = _int(environ, name, 0, 0, 10**20)
-        if value > MAX_CHILD_INDEX:
-            raise ManifestError(f"{name}={value} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
-        total += value
+        raw = environ.get(name, "").strip()
+        if raw.isdigit() and int(raw) > MAX_CHILD_INDEX:
+            raise ManifestError(f"{name}={raw[:24]} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
+        total += _int(environ, name, 0, 0, MAX_CHILD_INDEX)
+    if total > MAX_CHILD_INDEX:
+        raise ManifestError(f"{ENV.ARRAY_INDEX} + {ENV.ARRAY_OFFSET} = {total:,} is beyond any batch: an index is "
+                            f"0 to {MAX_CHILD_INDEX:,}")
     return total
 
 
@@ -199,7 +204,6 @@ class JobSettings:
             manifest=S3Uri.parse(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None,
             scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
             images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1, MAX_IMAGES_PER_CHILD),
-            array_index=_child_index(env),
             job_id=env.get(ENV.JOB_ID) or "local",
             s3_endpoint=env.get(ENV.S3_ENDPOINT) or None,
             train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,
@@ -214,6 +218,7 @@ class JobSettings:
             timeout_s=_int(env, ENV.TIMEOUT_S, 0, 0, MAX_TIMEOUT_S) or None,
             require_prepared_scratch=_yes(env, ENV.REQUIRE_PREPARED_SCRATCH),
             process_command=parse_process_command(env.get(ENV.PROCESS_COMMAND) or DEFAULT_PROCESS_COMMAND),
+            array_index=_child_index(env),  # last: its 65 only when every other variable is good
         )
 
     @property

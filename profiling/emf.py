@@ -81,23 +81,21 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE,
 
 def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> list[str]:
     """The EMF JSON documents for one stage (one line each; one unless over 100 metrics or 100 values a
-    metric), each at most MAX_EVENT_BYTES.
+    metric).
 
-    The library repeats every property in each document it splits off; the contract's rows (up to a row per
-    rule and time frame) are the one property that can pass the limit, so when a document would, the rows go
-    in the first document only (the reader, merge_documents, takes a stage's properties from its first) and
-    as many as fit, with a notice saying how many."""
+    The library repeats every property in each document it splits off. The contract's rows (up to a row per
+    rule and time frame) are the one property that can pass MAX_EVENT_BYTES, so when a document would, the
+    rows go in the first document only (the reader, merge_documents, takes a stage's properties from its
+    first), as many as fit, with a notice saying how many. Nothing else is cut: the metrics and the other
+    properties (bounded by the caps on rules, frames, notices) fit with room to spare."""
     lines = LogSerializer.serialize(build_context(profile, namespace=namespace))
     if not profile.contract or all(_fits(line) for line in lines):
         return lines
-    def first(kept: int) -> str:
-        return LogSerializer.serialize(build_context(profile, namespace=namespace, rows=kept))[0]
-
-    low, high = 0, len(profile.contract)  # the most rows that fit, by bisection: first(low) fits
+    low, high = 0, len(profile.contract)  # the most rows that fit, by bisection: _first(low) fits
     while low < high:
         middle = (low + high + 1) // 2
-        low, high = (middle, high) if _fits(first(middle)) else (low, middle - 1)
-    head = first(low)
+        low, high = (middle, high) if _fits(_first(profile, namespace, middle)) else (low, middle - 1)
+    head = _first(profile, namespace, low)
     notices = json.loads(head).get("Notices")
     rest = []
     for line in lines[1:]:
@@ -105,6 +103,11 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
         del doc["Contract"]
         rest.append(json.dumps({**doc, "Notices": notices}))
     return [head, *rest]
+
+
+def _first(profile: StageProfile, namespace: str, rows: int) -> str:
+    """The stage's first EMF document with only the contract's first `rows` rows."""
+    return LogSerializer.serialize(build_context(profile, namespace=namespace, rows=rows))[0]
 
 
 def _fits(line: str) -> bool:

@@ -2,7 +2,8 @@
 
 Transport: a Unix stream socket on the shared scratch volume. One JSON object per line each way:
 
-    job -> sidecar   {"type": "stage_start", "stage": "download", "pid": 123, "time": 1.7e9}
+    job -> sidecar   {"type": "stage_start", "stage": "download", "pid": 123, "time": 1.7e9,
+                      "job": {"JobId": "8c3e:12", "ArrayIndex": "12"}}   (the job's identity: optional)
     sidecar -> job   {"type": "ack", "stage": "download"}          (baseline taken: the stage may begin)
     job -> sidecar   {"type": "stage_end", "stage": "download", "outcome": "ok", "items": 5}
     sidecar -> job   {"type": "ack", "stage": "download"}          (last sample taken; the sidecar
@@ -134,7 +135,7 @@ class StageReporter:
         identity: Mapping[str, str] | None = None,
     ) -> None:
         self._warn = warn
-        self._identity = {k: v for k, v in (identity or {}).items() if k in IDENTITY_KEYS and v}
+        self._identity = {k: v[:MAX_IDENTITY_VALUE] for k, v in (identity or {}).items() if k in IDENTITY_KEYS and v}
         self._ack_timeout_s = ack_timeout_s
         self._sock: socket.socket | None = None
         self._buffer = b""

@@ -283,9 +283,7 @@ class Sidecar:
                 self._end_stage("interrupted", None)
             return True
         if kind == "stage_start":
-            # The job's own identity, when it sends one, labels the profiles (protocol.IDENTITY_KEYS).
-            self.config.properties.update(message.get("job") or {})
-            error = self._start_stage(message["stage"], message["pid"])
+            error = self._start_stage(message["stage"], message["pid"], message.get("job") or {})
         elif kind == "stage_end":
             error = self._check_end(message)
             if error is None and self._sampler is not None:
@@ -316,11 +314,13 @@ class Sidecar:
 
     # -- stages
 
-    def _start_stage(self, stage: str, pid: int) -> str | None:
+    def _start_stage(self, stage: str, pid: int, job: dict[str, str]) -> str | None:
         if self._sampler is not None:
             self.warn(f"stage {stage} started while {self._sampler.stage} was running: "
                       f"{self._sampler.stage} flushed as interrupted")
             self._end_stage("interrupted", None)
+        # The job's own identity, when it sends one, labels the profiles from here on (protocol.IDENTITY_KEYS).
+        self.config.properties.update(job)
         if pid <= 0 or not pid_exists(pid):
             return (f"pid {pid} of stage {stage} does not exist (or exited before the first sample); "
                     "the stage is not profiled")

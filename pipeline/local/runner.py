@@ -78,7 +78,8 @@ def prepare_run_dir(run_dir: Path) -> None:
 @contextlib.contextmanager
 def prepared_run_dir(run_dir: Path) -> Iterator[Path]:
     """prepare_run_dir for a run; if the run fails before it wrote anything (S3 unreachable, a bad
-    manifest), a run directory this call created is removed again: a run that could not start leaves nothing."""
+    manifest), the run directory is removed again when this call created it (the directory itself; parents
+    it needed are left)."""
     created = not run_dir.exists()
     prepare_run_dir(run_dir)
     try:

@@ -77,12 +77,10 @@ class BatchStatus:
 
     @property
     def exit_code(self) -> int:
-        """`status --watch`'s exit code, by the rule local runs follow (interface.batch_exit_code): 65 when a
-        failed child exited 65, else 75 when any failed (a child with no exit code, as after Batch's hard
-        timeout, or one past the failed children described, counts as 75: a rerun can complete it)."""
-        codes = [EXIT_RETRYABLE if f.exit_code is None else f.exit_code for f in self.failed]
-        hidden = self.count("FAILED") - len(self.failed)
-        return batch_exit_code([*codes, *[EXIT_RETRYABLE] * hidden])
+        """`status --watch`'s exit code, by the batch rule (interface.batch_exit_code) over the failed children
+        described (`follow` describes every one at the end); a child with no exit code, as after Batch's hard
+        timeout, counts as 75: a rerun can complete it."""
+        return batch_exit_code(EXIT_RETRYABLE if f.exit_code is None else f.exit_code for f in self.failed)
 
     def summary(self) -> dict[str, int]:
         """The six user-facing counts (SUBMITTED counts as pending)."""
@@ -168,12 +166,12 @@ def _child_index(job_id: str, offset: int) -> int:
 
 
 def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff | None = None,
-                max_failed: int = 100) -> BatchStatus:
+                max_failed: int | None = 100) -> BatchStatus:
     """The progress of the given jobs.
 
     One DescribeJobs for the parents (sizes and tags), then ListJobs(arrayJobId, jobStatus) per status,
-    paginated (1,000 a page), and one DescribeJobs per 100 failed children (at most `max_failed`) for
-    their log streams.
+    paginated (1,000 a page), and one DescribeJobs per 100 failed children (at most `max_failed`, None for
+    all) for their exit codes and log streams.
     """
     if not job_ids:
         raise UsageError("give the job id(s) `iobatch submit` printed")
@@ -256,6 +254,8 @@ def follow(batch_client: Any, job_ids: Sequence[str], *, interval_s: float, show
         status = poll_status(batch_client, job_ids, backoff=backoff)
         show(status)
         if status.finished:
+            if status.count("FAILED") > len(status.failed):  # every failed child's exit code, for the batch's
+                status = poll_status(batch_client, job_ids, backoff=backoff, max_failed=None)
             return status
         sleep(interval_s)
 

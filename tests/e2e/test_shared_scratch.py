@@ -49,6 +49,7 @@ def test_two_batches_sharing_a_scratch_root_and_indices_both_match_a_solo_run(
 def test_two_demo_commands_at_once_with_the_same_scratch_root_match_one_run_alone(tmp_path: Path) -> None:
     """What the issue asks in its own words: two `iobatch demo` processes at once (each with its own S3
     server), the same --scratch root and the same child indices; then one alone. Same seed, same shards."""
+    import json
     import os
     import subprocess
     import sys
@@ -57,7 +58,7 @@ def test_two_demo_commands_at_once_with_the_same_scratch_root_match_one_run_alon
     env = {**os.environ, "IOBATCH_CACHE": str(tmp_path / "cache")}
 
     def demo(name: str, scratch: Path) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "demo", "--images", "4", "--image-mib", "0.5",
+        return subprocess.Popen([sys.executable, "-m", "pipeline.cli", "demo", "--images", "8", "--image-mib", "0.5",
                                  "--images-per-child", "2", "--workers", "2", "--no-report", "--no-progress",
                                  "--run-dir", str(tmp_path / name), "--scratch", str(scratch)],
                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -73,7 +74,10 @@ def test_two_demo_commands_at_once_with_the_same_scratch_root_match_one_run_alon
     both = [demo(name, shared) for name in ("a", "b")]
     for proc in both:
         assert proc.wait(timeout=300) == 0, proc.communicate()[0]
+    # The two batches did run at the same time (each run file holds its batch's start and end).
+    a, b = (json.loads((tmp_path / name / "run.json").read_text()) for name in ("a", "b"))
+    assert a["started"] < b["finished"] and b["started"] < a["finished"], (a, b)
     assert list(shared.iterdir()) == [], "an attempt left its scratch directory behind"
     expected = shards("warm")
-    assert len(expected) == 4
+    assert len(expected) == 8
     assert shards("a") == expected and shards("b") == expected

@@ -75,8 +75,9 @@ def test_unreachable_endpoint_is_retryable(s3_server: EmbeddedS3, tmp_path: Path
     assert not (tmp_path / "run").exists()
     # An existing (empty) directory the user named is left in place.
     (tmp_path / "mine").mkdir()
-    iobatch("run", "--input", "s3://bkt/images/", "--output", "s3://bkt/o/", "--s3-endpoint",
-            f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path / "mine"), env=s3_server.env())
+    again = iobatch("run", "--input", "s3://bkt/images/", "--output", "s3://bkt/o/", "--s3-endpoint",
+                    f"http://127.0.0.1:{free_port()}", "--run-dir", str(tmp_path / "mine"), env=s3_server.env())
+    assert_one_line_error(again, 75, "S3 endpoint does not answer")
     assert (tmp_path / "mine").is_dir()
 
 

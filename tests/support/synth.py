@@ -60,6 +60,7 @@ def synthesize(**context: str) -> Synthesized:
     return Synthesized(template=template, assertions=cdk_assertions.Template.from_json(template),
                        template_path=template_path, outdir=outdir, stack_name=stack.stack_name)
 
+
 def cfn_text(node: Any) -> str:
     if isinstance(node, str):
         return node

@@ -33,6 +33,8 @@ from pipeline.interface import (
     # A rerun cannot complete a batch with a permanently failed child: 65 wins over 75, in either order.
     ([EXIT_RETRYABLE, EXIT_PERMANENT], EXIT_PERMANENT),
     ([EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_RETRYABLE], EXIT_PERMANENT),
+    # A bad variable in a child (in AWS: the stack's or the image's settings) fails every rerun alike.
+    ([EXIT_RETRYABLE, EXIT_USAGE], EXIT_PERMANENT),
     # A killed child (-9) or a bug (1) leaves no marker; a rerun redoes it.
     ([-9], EXIT_RETRYABLE),
     ([1, EXIT_RETRYABLE], EXIT_RETRYABLE),

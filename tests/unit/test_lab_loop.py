@@ -5,6 +5,7 @@ sidecar writes them."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_error_and_agreement() -> None:
     # Over rounds the error is against their median, and the range is shown.
     rounds = LoopRun(DEFAULT, {}, 0, 12.0, (14.0, 9.0, 10.0), 0.0)
     assert rounds.measured_s == 10.0 and rounds.error == pytest.approx(0.2) and rounds.spread == (9.0, 14.0)
-    assert measured_cell(rounds) == "10.0 (9.0-14.0)" and measured_cell(run) == "10.0"
+    assert measured_cell(rounds) == "10.0 (9.0-14.0, 3 runs)" and measured_cell(run) == "10.0"
 
 
 def test_rounds_run_every_setting_again_and_keep_the_first_runs_advice(tmp_path: Path) -> None:
@@ -113,7 +114,8 @@ def test_rounds_run_every_setting_again_and_keep_the_first_runs_advice(tmp_path:
         assert scratch == tmp_path / f"run-{number}"
         order.append(setting)
         seconds = measured[setting][order.count(setting) - 1]
-        return child_profiles(2, seconds, stall_s=seconds - 1.0, mib=400)
+        # Later rounds move less data: advice taken again from one of them would differ from the first's.
+        return child_profiles(2, seconds, stall_s=seconds - 1.0, mib=400 if number == 1 else 150)
 
     plan = ComparePlan(tuned=HostTuning(), memory_gib=2.5, rounds=3, workers=2, images=32, image_mib=25.0,
                        images_per_child=16)
@@ -125,10 +127,15 @@ def test_rounds_run_every_setting_again_and_keep_the_first_runs_advice(tmp_path:
     assert default.measured_each == (40.0, 44.0, 38.0) and default.measured_s == 40.0
     assert advised.measured_each == (3.0, 2.0, 2.6) and advised.spread == (2.0, 3.0)
     # The advice (and so every prediction) is the first run's: later default runs do not change it.
-    (tmp_path / "one").mkdir()
-    one_round = run_advise_loop(AT_BASELINE, PLAN, lambda n, s, d: child_profiles(2, 40.0, 39.0, mib=400),
-                                say=lambda _: None, other_dirty=lambda: 0,
-                                open_lab=lambda config, say: StandInLab(tmp_path / "one", [], credits_gib=0.0))
-    assert result.advice.cache.tuning == one_round.advice.cache.tuning
-    assert default.predicted_s == pytest.approx(one_round.runs[0].predicted_s)
-    assert "measured s, median of 3 (range)" in render_loop(result) and "2.6 (2.0-3.0)" in render_loop(result)
+    def advice_of_one_round(mib: int) -> Any:
+        (tmp_path / str(mib)).mkdir()
+        return run_advise_loop(AT_BASELINE, PLAN, lambda n, s, d: child_profiles(2, 40.0, 39.0, mib=mib),
+                               say=lambda _: None, other_dirty=lambda: 0,
+                               open_lab=lambda config, say: StandInLab(tmp_path / str(mib), [], credits_gib=0.0))
+
+    first, later = advice_of_one_round(400), advice_of_one_round(150)
+    assert first.advice.cache.tuning != later.advice.cache.tuning
+    assert result.advice.cache.tuning == first.advice.cache.tuning
+    assert default.predicted_s == pytest.approx(first.runs[0].predicted_s)
+    text = render_loop(result)
+    assert "measured s (median, range)" in text and "2.6 (2.0-3.0, 3 runs)" in text

@@ -54,7 +54,9 @@ def test_parse_success_and_error_lines() -> None:
         ("NoSuchKey: The specified key does not exist. status code: 404", MissingObjectError),
         ("NoSuchBucket: The specified bucket does not exist", MissingObjectError),
         ("AccessDenied: Access Denied. status code: 403", UsageError),  # as pipeline.aws says for boto3
-        ("ExpiredToken: The provided token has expired. status code: 400", UsageError),
+        ("InvalidAccessKeyId: The AWS Access Key Id you provided does not exist. status code: 403", UsageError),
+        # Expired credentials inside a Batch child: a new attempt has fresh ones.
+        ("ExpiredToken: The provided token has expired. status code: 400", TransferError),
         ('RequestError: send request failed caused by: Get "http://127.0.0.1:1/b": dial tcp: connection refused',
          EndpointUnreachable),
         ("write /s/a: no space left on device", ScratchError),

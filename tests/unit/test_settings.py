@@ -55,6 +55,21 @@ def test_bad_variables_name_the_variable(change: dict[str, str], fragment: str) 
         JobSettings.from_env({**BASE, **change})
 
 
+def test_an_index_past_any_batch_is_bad_input_after_every_variable_is_checked() -> None:
+    from pipeline.errors import ManifestError
+    from pipeline.settings import MAX_CHILD_INDEX
+
+    for change in ({ENV.ARRAY_INDEX: "99999999999"}, {ENV.ARRAY_INDEX: "9" * 30},
+                   {ENV.ARRAY_INDEX: str(MAX_CHILD_INDEX), ENV.ARRAY_OFFSET: "1"}):
+        with pytest.raises(ManifestError, match="is beyond any batch"):
+            JobSettings.from_env({**BASE, **change})
+    # Text or a negative number is a bad variable (64) with the real range; so is another bad variable beside.
+    with pytest.raises(UsageError, match=f"give 0 to {MAX_CHILD_INDEX}$"):
+        JobSettings.from_env({**BASE, ENV.ARRAY_INDEX: "-1"})
+    with pytest.raises(UsageError, match="IOBATCH_TRAIN_SIZE"):
+        JobSettings.from_env({**BASE, ENV.ARRAY_INDEX: "99999999999", ENV.TRAIN_SIZE: "big"})
+
+
 def test_train_size_parses() -> None:
     assert parse_train_size(" 640 x 480 ") == (640, 480)
     with pytest.raises(UsageError):

@@ -118,17 +118,39 @@ def test_a_plain_job_counts_as_one_child() -> None:
 
 
 def test_watch_exit_code_follows_the_batch_rule() -> None:
-    def status(*codes: int | None, hidden: int = 0) -> sub.BatchStatus:
+    def status(*codes: int | None) -> sub.BatchStatus:
         failed = tuple(sub.FailedChild(f"j:{i}", i, "Essential container in task exited", code, None)
                        for i, code in enumerate(codes))
-        job = sub.JobProgress("j", "iobatch-x", "FAILED", 10, 0, 10, 1, {"FAILED": len(codes) + hidden,
-                                                                         "SUCCEEDED": 10 - len(codes) - hidden})
+        job = sub.JobProgress("j", "iobatch-x", "FAILED", 10, 0, 10, 1, {"FAILED": len(codes),
+                                                                         "SUCCEEDED": 10 - len(codes)})
         return sub.BatchStatus((job,), failed)
 
     assert status(75, 65, None).exit_code == 65  # bad input: a rerun cannot complete the batch
+    assert status(75, 64).exit_code == 65  # a bad variable: the stack's settings, the same on every rerun
     assert status(75, None).exit_code == 75  # retries ran out, or Batch's hard timeout (no exit code)
-    assert status(137, hidden=3).exit_code == 75
+    assert status(137, 1).exit_code == 75  # killed, or a bug: no marker, a rerun redoes it
     assert status().exit_code == 0
+
+
+def test_follow_describes_every_failed_child_at_the_end() -> None:
+    """The batch's exit code needs every failed child's, not the first 100 a poll describes."""
+    codes = [75] * 120 + [65]
+    batch = FakeBatch({"a": _parent("a", len(codes), 0, 1, len(codes))}, {"a": ["FAILED"] * len(codes)}, page=1000)
+    real_describe = batch.describe_jobs
+
+    def describe_jobs(jobs: list[str]) -> Any:  # child i's job container exited codes[i]
+        answer = real_describe(jobs)
+        for job in answer["jobs"]:
+            for container in job.get("ecsProperties", {}).get("taskProperties", [{}])[0].get("containers", []):
+                if container["name"] == "job":
+                    container["exitCode"] = codes[int(job["jobId"].split(":")[1])]
+        return answer
+
+    batch.describe_jobs = describe_jobs  # type: ignore[method-assign]
+    shown: list[sub.BatchStatus] = []
+    final = sub.follow(batch, ["a"], interval_s=0, show=shown.append, sleep=lambda _: None, backoff=no_sleep())
+    assert len(shown[-1].failed) == 100 and len(final.failed) == 121
+    assert final.exit_code == 65
 
 
 def test_unknown_job_id_is_a_usage_error() -> None:

@@ -54,7 +54,9 @@ class LoopRun:
     other_dirty_bytes: int  # dirty + writeback pages of the host's other devices when the run started (shown)
     predicted_s: float
     measured_each: tuple[float, ...]  # per round, the median child's download; empty when none was profiled
-    credits_gib: float  # at the start of its first round
+    # Credits at the start of its first round. With the bucket not held empty, later rounds start with what
+    # the rounds before left, while the prediction assumes the first round's start: compare at baseline.
+    credits_gib: float
 
     @property
     def measured_s(self) -> float | None:
@@ -187,11 +189,13 @@ def _seconds(value: float | None) -> str:
 
 
 def measured_cell(run: LoopRun) -> str:
-    """'12.8', or '12.8 (11.9-14.0)' over several rounds, or '-' (with fewer rounds when some had none)."""
+    """'12.8'; over several rounds '12.8 (11.9-14.0, 3 runs)', counting the runs that profiled a download;
+    '-' when none did."""
     if run.measured_s is None:
         return "-"
     spread = run.spread
-    return f"{run.measured_s:.1f}" + ("" if spread is None else f" ({spread[0]:.1f}-{spread[1]:.1f})")
+    return f"{run.measured_s:.1f}" + ("" if spread is None else
+                                      f" ({spread[0]:.1f}-{spread[1]:.1f}, {len(run.measured_each)} runs)")
 
 
 def render_loop(result: LoopResult) -> str:
@@ -208,7 +212,7 @@ def render_loop(result: LoopResult) -> str:
              f"{'fits' if cache.fits else 'does not fit'} the {cache.budget_bytes / GIB:.2f} GiB budget",
              f"deploy: cdk deploy {result.advice.cdk_args}", ""]
     rounds = plan.rounds
-    measured_header = "measured s" if rounds == 1 else f"measured s, median of {rounds} (range)"
+    measured_header = "measured s" if rounds == 1 else "measured s (median, range)"
     header = ["setting", "dirty MiB (limit/bg)", "others' dirty MiB", "predicted s", measured_header, "error"]
     rows = []
     for run in result.runs:
