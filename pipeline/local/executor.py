@@ -253,6 +253,33 @@ class _Runner:
         return outcome
 
 
+class _StopSignals:
+    """Ctrl-C (SIGINT) and SIGTERM while the children run are noted here, and run_batch's loop raises
+    KeyboardInterrupt itself between its waits. Raised where the signal lands, the exception can fall inside a
+    lock's `with` (a future's condition while the loop waits for a child) and leave the lock held; the pool's
+    shutdown then waits forever for the worker blocked on it (seen: a demo stopped with SIGTERM at that moment
+    never exited). Only in the main thread, where Python runs signal handlers; a signal ignored when the batch
+    starts (a shell's background job ignores SIGINT) stays ignored. The handlers before are restored on exit."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._note)
+        return self
+
+    def _note(self, signum: int, frame: Any) -> None:
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
 def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: int | None = None,
               on_start: Callable[[LocalBatch], None] | None = None) -> BatchResult:
     """Run every child; return when all have finished. Ctrl-C stops the children (SIGTERM) and re-raises."""
@@ -270,18 +297,17 @@ def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: 
             on_start(batch)
         bars = stack.enter_context(_Progress(batch.children, images_total, show_bars))
         runner = _Runner(batch, bars)
+        stop = stack.enter_context(_StopSignals())
         pool = ThreadPoolExecutor(max_workers=max(1, batch.workers), thread_name_prefix="child")
         try:
             futures = [pool.submit(runner.supervise_child, i,
                                    proxy.endpoint if proxy and i == batch.slow_child else None)
                        for i in range(batch.children)]
-            for future in futures:
-                while True:
-                    try:
-                        result.outcomes.append(future.result(timeout=0.2))
-                        break
-                    except TimeoutError:
-                        continue
+            while not all(future.done() for future in futures):
+                if stop.signum:
+                    raise KeyboardInterrupt  # here, holding no lock
+                time.sleep(0.1)
+            result.outcomes.extend(future.result() for future in futures)
         except BaseException:
             runner.terminate_all()
             pool.shutdown(wait=True, cancel_futures=True)

@@ -20,10 +20,14 @@ def test_robust_z_uses_mad() -> None:
 
 
 def test_a_slow_child_among_five_is_flagged_with_its_ratio() -> None:
-    # median 100; deviations 0, 2, 2, 1, 80 -> MAD 2; z(e) = 0.6745 * -80 / 2 = -26.98
-    found = find_outliers({"a": 100, "b": 102, "c": 98, "d": 101, "e": 20})
+    # All five: median 100; deviations 0, 2, 2, 1, 80 -> MAD 2; z(e) = 0.6745 * -80 / 2 = -26.98.
+    # Against the other four alone (fewer than SMALL_SAMPLE values): median 100.5; deviations 0.5, 1.5,
+    # 2.5, 0.5 -> MAD 1; z(e) = 0.6745 * -80.5 / 1 = -54.30, the larger, so it is the one reported.
+    values = {"a": 100, "b": 102, "c": 98, "d": 101, "e": 20}
+    assert robust_z_scores(values)["e"] == pytest.approx(-26.98)
+    found = find_outliers(values)
     assert [o.key for o in found] == ["e"]
-    assert found[0].z == pytest.approx(-26.98)
+    assert found[0].z == pytest.approx(-54.29725)
     assert found[0].median == 100
     assert found[0].ratio == pytest.approx(0.2)
     assert found[0].direction == "low"
@@ -65,3 +69,13 @@ def test_low_only_and_order() -> None:
     assert [o.key for o in both] == ["f", "e"]  # |z| 202 before 60.7
     assert [o.direction for o in both] == ["high", "low"]
     assert [o.key for o in find_outliers(values, low_only=True)] == ["e"]
+
+
+def test_with_few_children_the_slow_ones_own_deviation_does_not_hide_it() -> None:
+    # A lab run on a loaded machine (tests/e2e/test_slow_child.py): child 2's download went through a
+    # 256 KiB/s proxy. All four: median 10.45; deviations 0.89, 0.89, 9.61, 5.38 -> MAD 3.13; z = -2.07,
+    # inside 3.5. Against the other three: median 11.33; deviations 0, 1.77, 4.49 -> MAD 1.77; z = -4.00.
+    values = {"0": 11.33, "1": 9.56, "2": 0.84, "3": 15.82}
+    assert robust_z_scores(values)["2"] == pytest.approx(-2.07, abs=0.01)
+    found = find_outliers(values, low_only=True)
+    assert [o.key for o in found] == ["2"] and found[0].z == pytest.approx(-4.00, abs=0.01)
