@@ -39,7 +39,7 @@ from pipeline.interface import (
     process_argv,
 )
 from pipeline.manifest import ManifestEntry
-from profiling.protocol import SUBSTAGE_SOCKET_ENV
+from profiling.protocol import MAX_SOCKET_PATH, SUBSTAGE_SOCKET_ENV
 
 MAX_KEY_BYTES = 1024  # S3's limit on an object key ("Naming Amazon S3 objects", Amazon S3 User Guide)
 STOP_WAIT_S = 5.0  # after SIGTERM, the command's group has this long before SIGKILL
@@ -143,10 +143,11 @@ def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_f
            PROCESS_ENV.IMAGES: str(images_file)}
     env.pop(SUBSTAGE_SOCKET_ENV, None)
     if socket_path is not None:
-        # A Unix socket's path has room for 107 bytes (unix(7)): past that, the path from the command's
-        # directory, where it starts.
+        # A Unix socket's path has room for MAX_SOCKET_PATH bytes (unix(7)): past that, the path from the
+        # command's directory, where it starts.
         absolute = str(socket_path.absolute())
-        env[SUBSTAGE_SOCKET_ENV] = absolute if len(absolute.encode()) < 108 else os.path.relpath(absolute, cwd)
+        env[SUBSTAGE_SOCKET_ENV] = (absolute if len(absolute.encode()) <= MAX_SOCKET_PATH
+                                    else os.path.relpath(absolute, cwd))
     sys.stdout.flush()
     proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
