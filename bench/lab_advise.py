@@ -34,7 +34,7 @@ from tuning.lab.loop import AGREEMENT, LoopResult, measured_cell, render_loop, r
 
 def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
           also: list[tuple[str, HostTuning]]) -> LoopResult:
-    from pipeline.local.demo import lab_batch
+    from pipeline.local.demo import lab_batch, lab_run_dir
     from profiling import runfiles
 
     plan = ComparePlan(tuned=HostTuning(), memory_gib=memory_gib, rounds=args.rounds, workers=args.workers,
@@ -44,7 +44,7 @@ def _loop(args: argparse.Namespace, memory_gib: float, baseline: bool, tag: str,
 
     def run_profiles(number: int, setting: str, scratch: Path) -> list:  # type: ignore[type-arg]
         run_batch(number, setting, scratch)
-        return list(runfiles.read_profiles(run_dir / f"run-{number}-{setting}"))
+        return list(runfiles.read_profiles(lab_run_dir(run_dir, number, setting)))
 
     config = LabConfig(volume=Volume("st1", 500), hold_empty=baseline, lab_dir=args.lab_dir)
     return run_advise_loop(config, plan, run_profiles, also=also, say=lambda m: print(m, file=sys.stderr))

@@ -74,8 +74,8 @@ def _partial(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> str 
 
 
 def _with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> StageProfile:
-    """`profile` with a call probe's result: calls, the probe as source, dirty throttling and socket bytes
-    (eBPF)."""
+    """`profile` with a call probe's result: calls, the probe as source, dirty throttling, the scratch device's
+    random share and socket bytes (eBPF)."""
     wall, summed = calls.get("dirty_throttle_wall_ms"), calls.get("dirty_throttle_ms")
     changes: dict[str, Any] = {
         "calls": dict(calls),
@@ -83,6 +83,11 @@ def _with_calls(profile: StageProfile, name: str, calls: Mapping[str, Any]) -> S
         "dirty_throttle_ms": profile.dirty_throttle_ms if wall is None else float(wall),
         "dirty_throttle_thread_sum_ms": profile.dirty_throttle_thread_sum_ms if summed is None else float(summed),
     }
+    requests = calls.get("device_requests")
+    if isinstance(requests, Mapping):
+        moved = int(requests.get("seq_bytes") or 0) + int(requests.get("random_bytes") or 0)
+        if moved > 0:  # no request in the window: the share is not known, and stays absent
+            changes["device_random_pct"] = 100.0 * int(requests.get("random_bytes") or 0) / moved
     sockets = calls.get("socket")
     if isinstance(sockets, Mapping) and "sent_bytes" in sockets and "received_bytes" in sockets:
         # The job's own sockets (its cgroup): the host's interface counters are no longer needed.

@@ -161,6 +161,10 @@ METRICS: tuple[MetricSpec, ...] = (
                MEDIAN, display_unit="ms", scope=CONTAINER,
                description="balance_dirty_pages pauses summed over the job's threads: can exceed the stage's wall "
                "time when several threads wait at once (eBPF only)"),
+    MetricSpec("DeviceRandomShare", "Percent", "device_random_pct", "dev random %", MEDIAN,
+               display_unit="%", scope=DEVICE,
+               description="Share of the bytes the scratch device's requests moved that did not start where the "
+               "previous request ended: random I/O in AWS's HDD accounting (eBPF only)"),
     MetricSpec("DeviceSharers", "Count", "device_sharers", "children on dev", MAX, scope=DEVICE,
                description="Children profiled on the scratch device during the stage, this one included: the "
                "device figures are shared by them"),
@@ -256,6 +260,9 @@ class StageProfile:
     device_queue_depth: float | None = None
     device_utilization_pct: float | None = None
     device_sharers: int | None = None  # children profiled on the device during the stage, this one included
+    # Share of the bytes the device's requests moved that did not start where the previous request ended (eBPF
+    # block_rq_issue): what AWS's HDD accounting charges as random I/O. Device-wide, like the figures above.
+    device_random_pct: float | None = None
     # The child's own share, from its cgroup v2 (profiling/probes/cgroupfs.py); None where it has none (v1).
     own_device_read_bytes: int | None = None
     own_device_write_bytes: int | None = None

@@ -18,7 +18,8 @@ from tuning.simulator import StageLoad
 
 # Default share of instance memory the write cache may hold (the jobs need the rest).
 DEFAULT_CACHE_BUDGET_PCT = 40.0
-# A stage's floor (time not spent waiting on the volume) is never taken below this share of its duration.
+# A stage's floor (time not spent waiting on the volume) is never taken below this share of its duration
+# when the wait comes from the host's io stall (host-wide, so it may include other tenants' waits): _floor.
 MIN_FLOOR_SHARE = 0.1
 
 
@@ -37,7 +38,7 @@ class Plan:
     kernel_release: str | None = None
     cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
     io_size_kib: int | None = None  # overrides the measured block I/O size
-    # The share of device bytes in random requests (HDD accounting); None: not measured, taken as sequential.
+    # The share of device bytes in random requests (HDD accounting); None: the profiles' (workload_from_profiles).
     random_pct: float | None = None
     instance_usd_per_hour: float = 0.384  # prices a child's lost seconds (m6i.2xlarge us-east-1 on demand)
     instance_network_mibps: float | None = None  # the instance's network bandwidth, when known
@@ -91,8 +92,10 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
                            random_pct: float | None = None) -> Workload:
     """The median child's load per stage, from successful stage profiles.
 
-    The profiles do not say which device requests were sequential: without `random_pct` the device I/O is
-    taken as sequential (merged into 1 MiB units on HDD), with one note saying so.
+    The share of a stage's device I/O that is random (AWS's HDD accounting charges a random request under
+    1 MiB as a whole MiB) is `random_pct` when given, else the median of the profiles' device_random_pct (the
+    eBPF probe's sector continuity on the scratch disk), else taken as 0 (all sequential: merged into 1 MiB
+    units on HDD) with one note saying so.
     """
     # A profile whose process-tree figures could not be read (absent, with a notice) says nothing of bytes.
     ok = [p for p in profiles if p.outcome == "ok" and p.read_bytes is not None]
@@ -100,6 +103,7 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
         raise AdviseError("no successful stage profiles in the input: give the profiles/ or emf/ files of "
                           "a run whose children finished")
     notes: list[str] = []
+    unmeasured: list[str] = []
     loads: list[StageLoad] = []
     children = 0
     for stage in STAGES:
@@ -116,11 +120,19 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
         elif io is None:
             io = MIB
             notes.append(f"{stage}: no block-device figures in the profiles; assuming 1 MiB I/O")
-        share = 0.0 if random_pct is None else random_pct / 100
+        measured = [p.device_random_pct for p in of_stage if p.device_random_pct is not None]
+        if random_pct is not None:
+            share = random_pct / 100
+        elif measured:
+            share = median(measured) / 100
+        else:
+            share = 0.0
+            unmeasured.append(stage)
         loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors), share))
-    if random_pct is None:
-        notes.append("the profiles do not measure how much device I/O is random: taken as sequential (HDD "
-                     "merges it into 1 MiB units); give --random-pct to model random I/O")
+    if unmeasured:
+        notes.append(f"{', '.join(unmeasured)}: the profiles do not say how much device I/O is random (the eBPF "
+                     "probe measures it): taken as sequential (HDD merges it into 1 MiB units); give --random-pct "
+                     "to model random I/O")
     if not any(s.write_bytes or s.read_bytes for s in loads):
         raise AdviseError("the profiles show no bytes written to or read from scratch: was the run empty?")
     return Workload(tuple(loads), children, tuple(notes))
@@ -137,11 +149,16 @@ def _volume_writes(p: StageProfile) -> int:
 def _floor(p: StageProfile) -> float:
     """The stage's time minus what it waited on the volume, from the most specific measure there is: the
     child's own io stall (its cgroup v2 io.pressure), else the wall time its writers were paused by the dirty
-    limit (the eBPF probe), else the host's io stall (PSI: host-wide, so other tenants' stalls come off too
-    and the floor comes out low; measured on a shared machine: 0.4 s predicted for 1.2 s stages)."""
-    waited_ms = next((ms for ms in (p.own_io_stall_ms, p.dirty_throttle_ms, p.io_stall_some_ms) if ms is not None),
-                     0.0)
-    return max(p.duration_s - waited_ms / 1000, p.duration_s * MIN_FLOOR_SHARE, 0.0)
+    limit (the eBPF probe), else the host's io stall (PSI). The host's is host-wide, so other tenants' stalls
+    come off too and the floor comes out low (measured on a shared machine: 0.4 s predicted for 1.2 s stages):
+    from it the floor is never taken below MIN_FLOOR_SHARE of the duration. The child's own measures are
+    taken as they are: a child paused for 90 % of its download has a floor of 10 % (the lab's default runs:
+    about 1 s of 25 s, as its runs under a larger cache show)."""
+    own_ms = next((ms for ms in (p.own_io_stall_ms, p.dirty_throttle_ms) if ms is not None), None)
+    if own_ms is not None:
+        return max(p.duration_s - own_ms / 1000, 0.0)
+    host_ms = p.io_stall_some_ms or 0.0
+    return max(p.duration_s - host_ms / 1000, p.duration_s * MIN_FLOOR_SHARE, 0.0)
 
 
 def _io_size(of_stage: Sequence[StageProfile]) -> float | None:

@@ -197,10 +197,11 @@ def lab(
 
 def _write_lab_comparison(run_dir: Path, settings: list[str], lines: Any) -> None:
     """The first default and tuned runs side by side as HTML (profiling.report.write_comparison); the
-    run directories are lab_batch's, run-<number>-<setting>, numbered from 1."""
+    run directories are lab_batch's (lab_run_dir), numbered from 1."""
+    from pipeline.local.demo import lab_run_dir
     from profiling.report import ReportInputError, write_comparison
 
-    dirs = {s: run_dir / f"run-{n}-{s}" for n, s in reversed(list(enumerate(settings, 1)))}
+    dirs = {s: lab_run_dir(run_dir, n, s) for n, s in reversed(list(enumerate(settings, 1)))}
     if "default" in dirs and "tuned" in dirs:
         try:
             path = write_comparison(dirs["default"], dirs["tuned"], run_dir / "compare.html",
@@ -212,10 +213,10 @@ def _write_lab_comparison(run_dir: Path, settings: list[str], lines: Any) -> Non
 
 def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: bool) -> None:
     """`iobatch lab --advise`: tuning.lab.loop with the demo's batch; each run's profiles are read back from
-    lab_batch's run directory, run-<number>-<setting>."""
+    lab_batch's run directory (lab_run_dir)."""
     import json
 
-    from pipeline.local.demo import lab_batch
+    from pipeline.local.demo import lab_batch, lab_run_dir
     from profiling import runfiles
     from tuning.lab import LabError, LabInterrupted
     from tuning.lab.loop import render_loop, run_advise_loop
@@ -225,7 +226,7 @@ def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: boo
 
     def run_profiles(number: int, setting: str, scratch: Path) -> list[Any]:
         run_batch(number, setting, scratch)
-        return list(runfiles.read_profiles(run_dir / f"run-{number}-{setting}"))
+        return list(runfiles.read_profiles(lab_run_dir(run_dir, number, setting)))
 
     try:
         result = run_advise_loop(config, plan, run_profiles, say=lambda m: print(m, file=lines, flush=True))

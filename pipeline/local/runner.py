@@ -46,9 +46,11 @@ class LocalRun:
     process_command: str = DEFAULT_PROCESS_COMMAND  # the process stage (pipeline/process.py)
 
 
+#: The demo's embedded S3 server's data (the dataset and the outputs) in a run directory.
+S3_DATA = "s3"
 #: What a local run writes in its run directory: runfiles' own files, plus the demo's S3 data and server
 #: log, the default scratch root and the dataset's upload list. A rerun removes these and nothing else.
-RUN_ENTRIES = (runfiles.RUN_FILE, runfiles.PROFILES, runfiles.EMF, runfiles.LOGS, runfiles.REPORT, "s3",
+RUN_ENTRIES = (runfiles.RUN_FILE, runfiles.PROFILES, runfiles.EMF, runfiles.LOGS, runfiles.REPORT, S3_DATA,
                "s3server.log", "scratch", "upload-dataset.cmds")
 
 

@@ -577,6 +577,40 @@ int iob_dirty_pause(struct trace_event_raw_balance_dirty_pages *ctx)
 	return 0;
 }
 
+/* Requests issued to the scratch disk (include/trace/events/block.h, block_rq_issue: dev, sector, nr_sector,
+ * rwbs), for AWS's HDD accounting (st1/sc1 merge sequential I/O into 1 MiB units and charge a random one under
+ * 1 MiB as a whole unit): a request is sequential when it starts at the sector where the previous one issued
+ * to the disk ended. The previous end is swapped atomically, so requests issued at once on several CPUs are
+ * ordered as the swaps were. Reads and writes only: no flushes (no sectors) or discards. */
+SEC("tp/block/block_rq_issue")
+int iob_block_issue(struct trace_event_raw_block_rq *ctx)
+{
+	struct iob_state *st = get_state();
+	if (!st || !st->block_dev || BPF_CORE_READ(ctx, dev) != st->block_dev)
+		return 0;
+	__u64 sectors = BPF_CORE_READ(ctx, nr_sector);
+	char rwbs[4] = {};
+	bpf_core_read(rwbs, sizeof(rwbs), &ctx->rwbs);
+	int data = 0;
+	for (int i = 0; i < 3; i++) {    /* 'F' (a flush first) may come before the 'R' or 'W' */
+		if (rwbs[i] == 'D')
+			return 0;
+		if (rwbs[i] == 'R' || rwbs[i] == 'W')
+			data = 1;
+	}
+	if (!sectors || !data)
+		return 0;
+	__u64 sector = BPF_CORE_READ(ctx, sector);
+	__u64 before = __sync_lock_test_and_set(&st->block_next, sector + sectors + 1);
+	if (before == sector + 1) {
+		__sync_fetch_and_add(&st->block_seq_bytes, sectors * 512);
+	} else {
+		__sync_fetch_and_add(&st->block_random_bytes, sectors * 512);
+		__sync_fetch_and_add(&st->block_random_ios, 1);
+	}
+	return 0;
+}
+
 /* The kernel's two layouts of a large folio's page count (include/linux/mm_types.h). */
 struct folio___nr_pages { unsigned int _nr_pages; } __attribute__((preserve_access_index));
 struct folio___folio_nr_pages { unsigned int _folio_nr_pages; } __attribute__((preserve_access_index));

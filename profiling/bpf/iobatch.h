@@ -49,6 +49,13 @@ struct iob_state {
 				 * change) */
 	__u64 other_lost;       /* files past the cap not told apart (the set of them was full): other_files is
 				 * then a lower bound */
+	__u64 block_dev;        /* the scratch disk whose requests are counted (the kernel's dev_t, major << 20 | minor,
+				 * of the whole disk: requests name the disk, not a partition); 0: none. Device-wide:
+				 * every request to it, whoever caused it (writeback runs outside the job's cgroup) */
+	__u64 block_next;       /* 1 + the sector just past the previous request issued to it (0: none yet) */
+	__u64 block_seq_bytes;  /* bytes of read and write requests that started where the previous request ended */
+	__u64 block_random_bytes; /* bytes of the other read and write requests */
+	__u64 block_random_ios; /* how many requests those were */
 };
 
 /* One call type on one file. min_ns is stored plus one (0: unset), as in iob_cell; max_bytes as there. */

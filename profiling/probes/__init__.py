@@ -22,8 +22,9 @@ from typing import Any, Protocol
 from profiling.probes import ebpf, interpose
 from profiling.probes.callstats import merge_results
 from profiling.probes.interpose import preload_env
+from profiling.probes.procfs import SYS_DEV_BLOCK, DeviceError, device_of
 
-__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe"]
+__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe", "whole_disk"]
 
 Warn = Callable[[str], None]
 
@@ -45,6 +46,8 @@ class CallProbe(Protocol):
         dirty_throttle_wall_ms            eBPF only: time during which any of the job's writers was paused
         dirtied_bytes                     eBPF only: page-cache pages the job dirtied, in bytes
         socket {sent_bytes, received_bytes}   eBPF only (Linux 6.3+): bytes moved on sockets
+        device_requests {disk, seq_bytes, random_bytes, random_ios}   eBPF only: the scratch disk's read and
+                                          write requests by sector continuity (device-wide, not the job's own)
     (an eBPF figure whose hook this kernel lacks is absent, with a note)
     STATS = {count, bytes, total_us, mean_us, min_us, max_us, hist}; hist maps k to the calls that
     took [2^k, 2^(k+1)) ns.
@@ -80,12 +83,31 @@ def call_probes_for(scratch_dir: Path | None, *, warn: Warn = _warn) -> list[Cal
     probes: list[CallProbe] = []
     reason = ebpf.available()
     if reason is None:
-        probes.append(ebpf.EbpfProbe(keep_running=True))
+        probes.append(ebpf.EbpfProbe(keep_running=True, disk=None if scratch_dir is None else whole_disk(scratch_dir)))
     else:
         warn(f"{reason}; per-call latency only for programs run with the LD_PRELOAD interposer")
     if scratch_dir is not None and interpose.library_path() is not None:
         probes.append(interpose.InterposeProbe(interpose.record_dir(scratch_dir)))
     return probes
+
+
+def whole_disk(path: Path, sys_dev_block: Path = SYS_DEV_BLOCK) -> tuple[int, int] | None:
+    """(major, minor) of the disk holding `path`: a partition's disk, as block requests name it; None when no
+    block device backs `path` (overlay, tmpfs) or it cannot be told."""
+    try:
+        device, _ = device_of(path, sys_dev_block)
+    except (DeviceError, OSError):
+        return None
+    if device is None:
+        return None
+    node = sys_dev_block / device.dev
+    try:
+        if (node / "partition").exists():
+            major, minor = (node.resolve().parent / "dev").read_text(encoding="ascii").strip().split(":")
+            return int(major), int(minor)
+    except (OSError, ValueError):
+        return None
+    return device.major, device.minor
 
 
 def _dynamically_linked(program: str) -> bool:

@@ -61,12 +61,16 @@ DEFAULT_INTERVAL_S = 1.0
 MIN_KERNEL = (5, 17)  # bpf_loop (include/uapi/linux/bpf.h: "bpf_loop", added in 5.17)
 CAPS = {21: "CAP_SYS_ADMIN", 38: "CAP_PERFMON", 39: "CAP_BPF"}
 CALL_PROGRAMS = ("iob_sys_enter", "iob_sys_exit")
+# The kernel's dev_t inside the kernel (and in its tracepoints) is major << 20 | minor (include/linux/kdev_t.h,
+# MINORBITS), not the user-space encoding os.makedev gives.
+KERNEL_MINOR_BITS = 20
 # Optional hooks: (program, what is missing without it). sock_*_length exist from Linux 6.3.
 EXTRA_PROGRAMS = (
     ("iob_dirty_pause", "dirty-throttle pause (tracepoint writeback:balance_dirty_pages, needs tracefs)"),
     ("iob_dirtied", "pages dirtied (tracepoint writeback:writeback_dirty_folio)"),
     ("iob_sock_send", "socket bytes (tracepoint sock:sock_send_length, Linux 6.3+)"),
     ("iob_sock_recv", "socket bytes (tracepoint sock:sock_recv_length, Linux 6.3+)"),
+    ("iob_block_issue", "the scratch disk's sequential and random requests (tracepoint block:block_rq_issue)"),
 )
 
 
@@ -268,8 +272,9 @@ class EbpfProbe:
     name = NAME
 
     def __init__(self, interval_s: float = DEFAULT_INTERVAL_S, *, count_root: bool = True,
-                 keep_running: bool = False) -> None:
+                 keep_running: bool = False, disk: tuple[int, int] | None = None) -> None:
         self.interval_s = interval_s
+        self.disk = disk  # (major, minor) of the scratch disk whose requests are classed; None: none
         self.count_root = count_root
         self.keep_running = keep_running
         self._loaded: _Loaded | None = None
@@ -293,6 +298,8 @@ class EbpfProbe:
             self.close()
             self._loaded = _Loaded()
             _LIVE.add(self)
+            if self.disk is not None:
+                self._loaded.set("block_dev", self.disk[0] << KERNEL_MINOR_BITS | self.disk[1])
         if self._root != root:
             try:
                 self._select(pid)
@@ -405,6 +412,11 @@ class EbpfProbe:
             result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
         if {"iob_sock_send", "iob_sock_recv"} <= attached:
             result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
+        if self.disk is not None and "iob_block_issue" in attached:
+            result["device_requests"] = {
+                "disk": f"{self.disk[0]}:{self.disk[1]}",
+                **{key: state[f"block_{key}"] - base[2][f"block_{key}"]
+                   for key in ("seq_bytes", "random_bytes", "random_ios")}}
         files_delta = {key: state[key] - base[2][key] for key in ("other_files", "other_lost")}
         result["files"] = _files_dict(files_window(files, base[3]), file_frames, files_delta, cap, filter_text,
                                       now - base[0], self.interval_s)

@@ -33,7 +33,8 @@ CELL_SIZE = 8 * CELL_WORDS
 STATE_FIELDS = (
     "cgroup_id", "cgroup_level", "exclude_tgid", "throttle_ms", "throttle_wall_ns", "paused_until_ns",
     "dirtied_pages", "sock_sent", "sock_received", "missed", "find_ns_inum", "find_pid", "found_cgroup_id",
-    "found_cgroup_level", "found_tgid", "files", "other_files", "other_lost",
+    "found_cgroup_level", "found_tgid", "files", "other_files", "other_lost", "block_dev", "block_next",
+    "block_seq_bytes", "block_random_bytes", "block_random_ios",
 )
 STATE_SIZE = 8 * len(STATE_FIELDS)
 TASK_PAUSE_SIZE = 8 + 16  # struct iob_task_pause: ms, comm[16]

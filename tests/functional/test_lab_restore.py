@@ -57,7 +57,8 @@ CHILD = textwrap.dedent("""
                                    dirty_background_bytes=3 * 1024**3 // 2))
         time.sleep(0.3)  # let the controller set the throttle
         print(json.dumps({"device": lab.device, "devno": lab.devno, "mount": str(lab.mount),
-                          "fuse": str(lab.fuse_mount or "")}), flush=True)
+                          "fuse": str(lab.fuse_mount or ""),
+                          "store": str(lab.store or "")}), flush=True)
         with open(lab.mount / "data", "wb") as out:
             while True:  # keep the volume busy until killed
                 out.write(b"x" * 1024 * 1024)
@@ -111,6 +112,7 @@ def assert_restored(before: dict[str, str], info: dict[str, str], lab_dir: Path,
     assert not mounted(str(lab_dir / "device"))
     assert wait_for(lambda: not fuse_daemons(lab_dir), 5), "the FUSE daemon is still running"
     assert not (lab_dir / "device.store").exists()
+    assert not info["store"] or not Path(info["store"]).exists()  # in /dev/shm when memory allows
 
 
 def start_child(tmp_path: Path, guard: bool, throttle: str) -> tuple[subprocess.Popen[str], dict[str, str]]:
@@ -148,7 +150,7 @@ def test_signal_restores_everything(tmp_path: Path, sig: signal.Signals, throttl
         if throttle == "blkio":
             assert throttle_rules(info["devno"]) != []
         else:
-            assert mounted(info["fuse"]) and fuse_daemons(tmp_path / "lab")
+            assert mounted(info["fuse"]) and fuse_daemons(tmp_path / "lab") and Path(info["store"]).exists()
         assert mounted(info["mount"])
         proc.send_signal(sig)
         proc.wait(timeout=30)

@@ -9,10 +9,11 @@ from typing import Any
 from profiling.probes import ebpf
 
 
-def run_probed(argv: list[str], *, timeout: float = 300) -> dict[str, Any]:
-    """Run `argv` (exec'd by a waiting shell, so the probe is attached first); the probe's result."""
+def run_probed(argv: list[str], *, timeout: float = 300, disk: tuple[int, int] | None = None) -> dict[str, Any]:
+    """Run `argv` (exec'd by a waiting shell, so the probe is attached first); the probe's result. `disk`:
+    (major, minor) of a disk whose requests the probe classes (EbpfProbe's disk)."""
     proc = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", *argv], stdin=subprocess.PIPE)
-    probe = ebpf.EbpfProbe()
+    probe = ebpf.EbpfProbe(disk=disk)
     probe.start(proc.pid)
     try:
         assert proc.stdin is not None

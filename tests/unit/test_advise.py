@@ -65,6 +65,27 @@ def test_the_floor_takes_the_most_specific_wait_there_is() -> None:
     assert floor(io_stall_some_ms=9000.0, dirty_throttle_ms=2000.0, own_io_stall_ms=3000.0) == pytest.approx(9.0)
     assert floor(io_stall_some_ms=9000.0) == pytest.approx(3.0)
     assert floor(io_stall_some_ms=None) == pytest.approx(12.0)
+    # Only the host-wide measure is held to a tenth of the duration; the child's own are taken as they are
+    # (the lab's default runs: writers paused 24 s of a 25 s download, a floor of 1 s, not 2.5).
+    assert floor(io_stall_some_ms=11_900.0) == pytest.approx(1.2)
+    assert floor(io_stall_some_ms=11_900.0, dirty_throttle_ms=11_000.0) == pytest.approx(1.0)
+    assert floor(own_io_stall_ms=11_500.0) == pytest.approx(0.5)
+
+
+def test_the_random_share_is_the_profiles_unless_given() -> None:
+    def download(pcts: list[float | None], random_pct: float | None = None) -> tuple[float, tuple[str, ...]]:
+        profiles = [StageProfile("download", "ok", 0.0, 10.0, write_bytes=MIB, storage_write_bytes=MIB,
+                                 device_random_pct=pct) for pct in pcts]
+        workload = workload_from_profiles(profiles, random_pct=random_pct)
+        stage = workload.stage("download")
+        assert stage is not None
+        return stage.random_share, workload.notes
+
+    share, notes = download([10.0, 30.0, 20.0])
+    assert share == pytest.approx(0.2) and not any("random" in n for n in notes)  # the median child's
+    assert download([10.0, 30.0], random_pct=80)[0] == pytest.approx(0.8)  # --random-pct overrides
+    share, notes = download([None, None])  # no eBPF probe: sequential, said once
+    assert share == 0.0 and sum("random" in n for n in notes) == 1
 
 
 def test_no_successful_profiles_is_a_clear_error() -> None:

@@ -90,7 +90,7 @@ def test_clearing_extremes_leaves_the_counts() -> None:
 def test_state_and_task_pauses() -> None:
     values = list(range(1, len(layout.STATE_FIELDS) + 1))
     state = layout.decode_state(struct.pack(f"<{len(values)}Q", *values))
-    assert state["cgroup_id"] == 1 and state["other_lost"] == len(values)
+    assert state["cgroup_id"] == 1 and state["block_random_ios"] == len(values)
     assert layout.state_offset("throttle_ms") == 24
     pauses = layout.decode_task_pauses([(struct.pack("<I", 42), struct.pack("<Q16s", 120, b"s5cmd"))])
     assert pauses == {42: ("s5cmd", 120)}

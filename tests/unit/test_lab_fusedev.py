@@ -3,6 +3,9 @@ independently of tuning.ebs (40 and 250 MiB/s per TiB, a 1 TiB bucket per TiB, 1
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 
 from tuning.ebs import KIB, MIB, Volume
@@ -59,3 +62,30 @@ def test_unthrottled_serves_at_once() -> None:
     device = RateDevice(rates(0, 0), 0.0)
     device.unthrottled = True
     assert run(device, [(0, 64 * MIB)]) == 0.0
+
+
+def test_the_store_is_in_memory_only_on_a_tmpfs_with_room(tmp_path: Path) -> None:
+    from tuning.lab.fusedev import STORE_MARGIN, store_path
+
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    lab = tmp_path / "lab"
+
+    def host(fs: str, available_kib: int) -> None:
+        (proc / "self" / "mounts").write_text(f"sysfs /sys sysfs rw 0 0\n{fs} {shm} {fs} rw 0 0\n")
+        (proc / "meminfo").write_text(f"MemTotal: 99999999 kB\nMemAvailable: {available_kib} kB\n")
+
+    small = 1 << 20
+    host("tmpfs", (small + STORE_MARGIN) // 1024)
+    assert store_path(lab, small, shm=shm, proc=proc).parent == shm
+    host("tmpfs", (small + STORE_MARGIN) // 1024 - 1)  # not enough memory besides the margin
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"
+    host("ext4", 1 << 40)  # not a tmpfs: its pages would be dirty pages of another device
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"
+    host("tmpfs", 1 << 40)
+    room = os.statvfs(shm)
+    assert store_path(lab, room.f_bavail * room.f_frsize + 1, shm=shm, proc=proc) == lab / "device.store"
+    (proc / "meminfo").unlink()  # unreadable: on disk
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"

@@ -170,3 +170,24 @@ def test_parse_stat_state_and_start_time_after_the_command_name() -> None:
 def test_parse_mount_points_takes_the_second_field() -> None:
     text = "sysfs /sys sysfs rw 0 0\n/dev/loop3 /srv/lab/mnt xfs rw,noatime 0 0\n\n"
     assert parse_mount_points(text) == {"/sys", "/srv/lab/mnt"}
+
+
+def test_whole_disk_is_a_partitions_disk_as_block_requests_name_it(tmp_path: Path) -> None:
+    import os
+
+    from profiling.probes import whole_disk
+
+    st = os.stat(tmp_path)
+    here = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    disk = tmp_path / "devices" / "nvme1n1"
+    (disk / "nvme1n1p1").mkdir(parents=True)
+    (disk / "dev").write_text("259:0\n")
+    (disk / "nvme1n1p1" / "dev").write_text(here + "\n")
+    (disk / "nvme1n1p1" / "partition").write_text("1\n")
+    links = tmp_path / "dev-block"
+    links.mkdir()
+    (links / here).symlink_to(disk / "nvme1n1p1")
+    assert whole_disk(tmp_path, sys_dev_block=links) == (259, 0)
+    (disk / "nvme1n1p1" / "partition").unlink()  # a whole disk is itself
+    assert whole_disk(tmp_path, sys_dev_block=links) == (os.major(st.st_dev), os.minor(st.st_dev))
+    assert whole_disk(tmp_path, sys_dev_block=tmp_path / "empty") is None  # tmpfs, overlay: no disk

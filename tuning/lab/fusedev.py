@@ -15,6 +15,12 @@ The daemon writes its figures to a JSON stats file every STATS_EVERY_S (atomical
 credits (MiB at the real volume's scale), units charged, sequential and random bytes, bytes read and
 written, when the bucket first ran dry, and whether it bursts now.
 
+The device's data (its store) lives in memory, on /dev/shm, when that tmpfs and the machine's available memory
+have room for the whole volume (`store_path`): tmpfs pages are never dirty in the kernel's accounting, so the
+device's own writes do not come back as another device's dirty pages and writeout, which on a disk they do at
+the device's rate, taking half of the dirty limit's per-device shares from the volume under test. A host in
+AWS has no such second copy.
+
 Run as `python -m tuning.lab fusedev MOUNT STORE SIZE STATS [rate options]` (the lab starts it; root).
 FUSE's high-level API comes from mfusepy (ctypes over libfuse3), direct_io so the kernel does not cache the
 backing file a second time (libfuse fuse_config.direct_io, include/fuse.h).
@@ -45,6 +51,27 @@ from tuning.lab.config import LabError
 
 FILE_NAME = "volume.img"
 STATS_EVERY_S = 0.2
+SHM = Path("/dev/shm")
+STORE_MARGIN = 2 << 30  # memory left to everything else when the store is in memory
+
+
+def store_path(lab_dir: Path, size: int, *, shm: Path = SHM, proc: Path = Path("/proc")) -> Path:
+    """Where the device keeps its data: on `shm` when it is a tmpfs with room for `size` bytes and the
+    machine has that much memory available besides STORE_MARGIN, else in `lab_dir` (on a disk, whose own
+    dirty pages and writeout then share the kernel's dirty limits with the volume: see the module's note)."""
+    in_memory = shm / f"iobatch-lab-{os.getpid()}.store"
+    try:
+        tmpfs = any(line.split()[1:3] == [str(shm), "tmpfs"]
+                    for line in (proc / "self" / "mounts").read_text(encoding="utf-8").splitlines())
+        room = os.statvfs(shm)
+        available = next(int(line.split()[1]) * 1024 for line in
+                         (proc / "meminfo").read_text(encoding="ascii").splitlines()
+                         if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return lab_dir / "device.store"
+    if tmpfs and room.f_bavail * room.f_frsize >= size and available >= size + STORE_MARGIN:
+        return in_memory
+    return lab_dir / "device.store"
 
 
 @dataclass(frozen=True)

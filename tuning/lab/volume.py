@@ -68,6 +68,7 @@ class Lab:
         self._old_handlers: dict[int, Any] = {}
         self._closed = False
         self.fuse_mount: Path | None = None
+        self.store: Path | None = None  # the FUSE device's data (fusedev.store_path)
         self.stats_path = config.lab_dir / "device-stats.json"
 
     # -- setup --
@@ -144,7 +145,16 @@ class Lab:
         self.say(f"lab: {volume.label} on {self.device} ({self.config.loop_size_mib} MiB XFS at {self.mount}, "
                  f"-o {options}); burst {volume.burst_mibps:.1f} MiB/s, baseline {volume.baseline_mibps:.1f} "
                  f"MiB/s, credits " + ("held empty (baseline only)" if self.config.hold_empty else
-                                        f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})"))
+                                        f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})")
+                 + self._store_note())
+
+    def _store_note(self) -> str:
+        if self.store is None:
+            return ""
+        if self.store.parent == fusedev.SHM:
+            return "; the device's data in memory (/dev/shm)"
+        return (f"; the device's data on disk ({self.store}): its writeback shares the dirty limits (see "
+                "tuning.lab.fusedev)")
 
     def _start_fuse(self) -> None:
         """Start the FUSE device's daemon (recorded first) and wait for its file; the loop device attaches it."""
@@ -154,7 +164,7 @@ class Lab:
         self.fuse_mount = config.lab_dir / "device"
         self.fuse_mount.mkdir(parents=True, exist_ok=True)
         self.stats_path = config.lab_dir / "device-stats.json"
-        store = config.lab_dir / "device.store"
+        self.store = store = fusedev.store_path(config.lab_dir, config.loop_size_mib * MIB)
         self.backing = self.fuse_mount / fusedev.FILE_NAME
         fuse_state: dict[str, Any] = {"mount": str(self.fuse_mount), "store": str(store),
                                       "stats": str(self.stats_path)}
