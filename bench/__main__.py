@@ -62,7 +62,7 @@ RUNS: tuple[Run, ...] = (
     Run("probe_sharing", "Per-call probes: other children's probes on the same host", needs_root=True),
     Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup")),
-    Run("lab_advise", "The advisor in the lab: predicted vs measured", needs_root=True,
+    Run("lab_advise", "The advisor in the lab: predicted vs measured", args=("--full",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup", "fusermount3")),
 )
 
