@@ -163,8 +163,9 @@ METRICS: tuple[MetricSpec, ...] = (
                "time when several threads wait at once (eBPF only)"),
     MetricSpec("DeviceRandomShare", "Percent", "device_random_pct", "dev random %", MEDIAN,
                display_unit="%", scope=DEVICE,
-               description="Share of the bytes the scratch device's requests moved that did not start where the "
-               "previous request ended: random I/O in AWS's HDD accounting (eBPF only)"),
+               description="Share of the bytes the scratch disk's requests moved that did not start where the "
+               "previous request ended: random I/O in AWS's HDD accounting (eBPF only; the whole disk when scratch "
+               "is a partition)"),
     MetricSpec("DeviceSharers", "Count", "device_sharers", "children on dev", MAX, scope=DEVICE,
                description="Children profiled on the scratch device during the stage, this one included: the "
                "device figures are shared by them"),

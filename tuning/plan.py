@@ -21,6 +21,9 @@ DEFAULT_CACHE_BUDGET_PCT = 40.0
 # A stage's floor (time not spent waiting on the volume) is never taken below this share of its duration
 # when the wait comes from the host's io stall (host-wide, so it may include other tenants' waits): _floor.
 MIN_FLOOR_SHARE = 0.1
+# A measured random share counts only from a stage that moved this much on the device: the share is the
+# device's (other children's requests included), and a few requests say nothing of a stage's pattern.
+MIN_SHARE_DEVICE_BYTES = 16 * MIB
 
 
 class AdviseError(ValueError):
@@ -94,8 +97,9 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
 
     The share of a stage's device I/O that is random (AWS's HDD accounting charges a random request under
     1 MiB as a whole MiB) is `random_pct` when given, else the median of the profiles' device_random_pct (the
-    eBPF probe's sector continuity on the scratch disk), else taken as 0 (all sequential: merged into 1 MiB
-    units on HDD) with one note saying so.
+    eBPF probe's sector continuity on the scratch disk) over those whose stage moved at least
+    MIN_SHARE_DEVICE_BYTES on the device, else taken as 0 (all sequential: merged into 1 MiB units on HDD)
+    with one note saying so.
     """
     # A profile whose process-tree figures could not be read (absent, with a notice) says nothing of bytes.
     ok = [p for p in profiles if p.outcome == "ok" and p.read_bytes is not None]
@@ -120,7 +124,8 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
         elif io is None:
             io = MIB
             notes.append(f"{stage}: no block-device figures in the profiles; assuming 1 MiB I/O")
-        measured = [p.device_random_pct for p in of_stage if p.device_random_pct is not None]
+        measured = [p.device_random_pct for p in of_stage if p.device_random_pct is not None
+                    and (p.device_read_bytes or 0) + (p.device_write_bytes or 0) >= MIN_SHARE_DEVICE_BYTES]
         if random_pct is not None:
             share = random_pct / 100
         elif measured:
@@ -131,8 +136,9 @@ def workload_from_profiles(profiles: Sequence[StageProfile], *, io_size_kib: int
         loads.append(StageLoad(stage, int(median(writes)), int(median(reads)), int(io), median(floors), share))
     if unmeasured:
         notes.append(f"{', '.join(unmeasured)}: the profiles do not say how much device I/O is random (the eBPF "
-                     "probe measures it): taken as sequential (HDD merges it into 1 MiB units); give --random-pct "
-                     "to model random I/O")
+                     f"probe measures it on stages that move {MIN_SHARE_DEVICE_BYTES // MIB} MiB or more on the "
+                     "device): taken as sequential (HDD merges it into 1 MiB units); give --random-pct to model "
+                     "random I/O")
     if not any(s.write_bytes or s.read_bytes for s in loads):
         raise AdviseError("the profiles show no bytes written to or read from scratch: was the run empty?")
     return Workload(tuple(loads), children, tuple(notes))

@@ -40,8 +40,8 @@ class WriteCache:
     writeback drains the device times the global pos_ratio, so the dirty count climbs from freerun
     towards the setpoint and stays there. It leaves out the device's own factor (1 when the volume is
     the host's only busy writer, as scratch on a Batch host is) and the ratelimit's ramp from its first
-    estimate. The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab"); it keeps
-    its device's data in memory because of that factor: with the data on a disk, a second device wrote back
+    estimate. The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab"); the lab
+    keeps its device's data in memory because of that factor: with the data on a disk, a second device wrote back
     as much as the volume, the writers were held near freerun and the model was 14-16 % short.
     """
 

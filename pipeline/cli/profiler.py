@@ -158,7 +158,7 @@ def profile(
     except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
     # With a contract, per-call figures (latency) come from eBPF on the command's process tree when root.
-    call_probe = start_command_probe(_warn, command) if rules is not None else None
+    call_probe = start_command_probe(_warn, command, device=dev) if rules is not None else None
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties,
                                  call_probe=call_probe, rules=rules)

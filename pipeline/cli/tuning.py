@@ -49,7 +49,8 @@ def advise(
                                            "instead of the measured one."),
     random_pct: float | None = typer.Option(None, min=0, max=100, metavar="PCT", help="Share of device I/O that "
                                             "is random (st1/sc1 charge a random request under 1 MiB as "
-                                            "1 MiB; default: sequential)."),
+                                            "1 MiB). Default: the profiles' DeviceRandomShare (eBPF), else "
+                                            "sequential."),
     volume: str = typer.Option("st1:500", metavar="VOLUME", help="The stack's scratch volume now, which the findings "
                                "judge: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS]."),
     instance_usd_per_hour: float = typer.Option(0.384, min=0, max=1000, metavar="USD", help="The instance's price "

@@ -22,9 +22,10 @@ from typing import Any, Protocol
 from profiling.probes import ebpf, interpose
 from profiling.probes.callstats import merge_results
 from profiling.probes.interpose import preload_env
-from profiling.probes.procfs import SYS_DEV_BLOCK, DeviceError, device_of
+from profiling.probes.procfs import SYS_DEV_BLOCK, BlockDevice, DeviceError, device_of
 
-__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe", "whole_disk"]
+__all__ = ["CallProbe", "Warn", "call_probes_for", "disk_of", "merge_results", "preload_env", "start_command_probe",
+           "whole_disk"]
 
 Warn = Callable[[str], None]
 
@@ -98,8 +99,11 @@ def whole_disk(path: Path, sys_dev_block: Path = SYS_DEV_BLOCK) -> tuple[int, in
         device, _ = device_of(path, sys_dev_block)
     except (DeviceError, OSError):
         return None
-    if device is None:
-        return None
+    return None if device is None else disk_of(device, sys_dev_block)
+
+
+def disk_of(device: BlockDevice, sys_dev_block: Path = SYS_DEV_BLOCK) -> tuple[int, int] | None:
+    """(major, minor) of `device`'s whole disk: itself, or a partition's parent (its sysfs directory's)."""
     node = sys_dev_block / device.dev
     try:
         if (node / "partition").exists():
@@ -146,15 +150,17 @@ class _CommandInterposeProbe(interpose.InterposeProbe):
             shutil.rmtree(self.directory.parent, ignore_errors=True)
 
 
-def start_command_probe(warn: Warn, argv: Sequence[str] = ()) -> CallProbe | None:
+def start_command_probe(warn: Warn, argv: Sequence[str] = (), *,
+                        device: BlockDevice | None = None) -> CallProbe | None:
     """A per-call probe on the processes this process starts from now on (not on itself), started; or
     None with one notice through `warn` when none can run here. For `iobatch profile -- CMD`.
 
     eBPF when it can run (any binary); else, for a dynamically linked `argv[0]`, the LD_PRELOAD
-    interposer, preloaded through this process's environment (which the command inherits)."""
+    interposer, preloaded through this process's environment (which the command inherits). eBPF also classes
+    the requests of `device`'s disk (DeviceRandomShare)."""
     reason = ebpf.available()
     if reason is None:
-        probe = ebpf.EbpfProbe(count_root=False)
+        probe = ebpf.EbpfProbe(count_root=False, disk=None if device is None else disk_of(device))
         try:
             probe.start(os.getpid())
             return probe

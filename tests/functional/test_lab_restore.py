@@ -21,7 +21,7 @@ import pytest
 
 from tuning.ebs import Volume
 from tuning.host import HostTuning
-from tuning.lab import Lab, LabConfig, recover
+from tuning.lab import Lab, LabConfig, fusedev, recover
 from tuning.lab.restore import BLKIO_ROOT, DIRTY_SYSCTLS, read_state, read_sysctl
 
 pytestmark = pytest.mark.root
@@ -111,7 +111,7 @@ def assert_restored(before: dict[str, str], info: dict[str, str], lab_dir: Path,
     # The FUSE device: unmounted, its daemon gone, its store deleted.
     assert not mounted(str(lab_dir / "device"))
     assert wait_for(lambda: not fuse_daemons(lab_dir), 5), "the FUSE daemon is still running"
-    assert not (lab_dir / "device.store").exists()
+    assert not (lab_dir / fusedev.STORE_NAME).exists()
     assert not info["store"] or not Path(info["store"]).exists()  # in /dev/shm when memory allows
 
 
@@ -203,7 +203,8 @@ def test_exception_inside_the_lab_restores(tmp_path: Path, throttle: str) -> Non
     info: dict[str, str] = {}
     with pytest.raises(RuntimeError, match="boom"), Lab(config, say=lambda _: None) as lab:
         lab.apply_cache(CACHE)
-        info = {"device": lab.device, "devno": lab.devno, "mount": str(lab.mount)}
+        info = {"device": lab.device, "devno": lab.devno, "mount": str(lab.mount), "store": str(lab.store or "")}
         assert read_sysctl("vm.dirty_background_bytes") == str(GIB + GIB // 2)
+        assert throttle == "blkio" or Path(info["store"]).exists()
         raise RuntimeError("boom")
     assert_restored(before, info, tmp_path / "lab", tmp_path / "state")

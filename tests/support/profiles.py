@@ -19,7 +19,7 @@ def full_profile(**overrides: Any) -> StageProfile:
         stage="download", outcome="ok", started_at=STARTED_AT, duration_s=2.5, read_bytes=10 * 2**20,
         write_bytes=40_960_000, read_calls=12, write_calls=10_000, storage_write_bytes=40_960_000, items=5,
         device="vda", device_write_ops=300, device_write_bytes=41_000_000, device_write_latency_ms=3.5,
-        device_queue_depth=1.25, device_utilization_pct=40.0, peak_dirty_bytes=30 * 2**20,
+        device_queue_depth=1.25, device_utilization_pct=40.0, device_random_pct=12.5, peak_dirty_bytes=30 * 2**20,
         peak_writeback_bytes=2**20, dirty_threshold_bytes=4 * 2**30, io_stall_some_ms=120.0,
         io_stall_full_ms=80.0, properties=dict(PROPS))
     base.update(overrides)

@@ -17,7 +17,7 @@ from tuning.advise import (
 )
 from tuning.ebs import GIB, MIB, Volume
 from tuning.host import HostTuning
-from tuning.plan import AdviseError, Plan, workload_from_profiles
+from tuning.plan import MIN_SHARE_DEVICE_BYTES, AdviseError, Plan, workload_from_profiles
 from tuning.prices import PRICES_AS_OF
 
 
@@ -73,9 +73,10 @@ def test_the_floor_takes_the_most_specific_wait_there_is() -> None:
 
 
 def test_the_random_share_is_the_profiles_unless_given() -> None:
-    def download(pcts: list[float | None], random_pct: float | None = None) -> tuple[float, tuple[str, ...]]:
+    def download(pcts: list[float | None], random_pct: float | None = None,
+                 device_bytes: int = 32 * MIB) -> tuple[float, tuple[str, ...]]:
         profiles = [StageProfile("download", "ok", 0.0, 10.0, write_bytes=MIB, storage_write_bytes=MIB,
-                                 device_random_pct=pct) for pct in pcts]
+                                 device_write_bytes=device_bytes, device_random_pct=pct) for pct in pcts]
         workload = workload_from_profiles(profiles, random_pct=random_pct)
         stage = workload.stage("download")
         assert stage is not None
@@ -86,6 +87,10 @@ def test_the_random_share_is_the_profiles_unless_given() -> None:
     assert download([10.0, 30.0], random_pct=80)[0] == pytest.approx(0.8)  # --random-pct overrides
     share, notes = download([None, None])  # no eBPF probe: sequential, said once
     assert share == 0.0 and sum("random" in n for n in notes) == 1
+    # A stage that moved a few requests' worth says nothing of its pattern (the share is the device's).
+    share, notes = download([100.0, 90.0], device_bytes=MIN_SHARE_DEVICE_BYTES - 1)
+    assert share == 0.0 and sum("random" in n for n in notes) == 1
+    assert download([100.0, 90.0], device_bytes=MIN_SHARE_DEVICE_BYTES)[0] == pytest.approx(0.95)
 
 
 def test_no_successful_profiles_is_a_clear_error() -> None:

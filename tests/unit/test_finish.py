@@ -50,6 +50,17 @@ def test_socket_bytes_are_the_childs_network_bytes_in_place_of_the_hosts() -> No
     assert done.host_net_sent_bytes is None and done.sources["network"] == "ebpf"
 
 
+def test_the_devices_random_share_is_its_random_bytes_over_all_and_absent_without_requests() -> None:
+    def share(seq: int, random: int) -> float | None:
+        requests = {"disk": "259:0", "seq_bytes": seq, "random_bytes": random, "random_ios": random // 4096}
+        return finish_stage(profile(), [("ebpf", {**ebpf_calls(1), "device_requests": requests})]).device_random_pct
+
+    assert share(3 << 20, 1 << 20) == pytest.approx(25.0)
+    assert share(0, 1 << 20) == pytest.approx(100.0)
+    assert share(0, 0) is None  # no request in the window: not known, not 0
+    assert finish_stage(profile(), [("ebpf", ebpf_calls(1))]).device_random_pct is None  # no disk watched
+
+
 def test_no_figures_leave_the_profile_as_it_was() -> None:
     before = profile(dirty_throttle_ms=None)
     assert finish_stage(before, [("ebpf", None), ("interpose", {})]) == before

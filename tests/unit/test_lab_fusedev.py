@@ -65,7 +65,7 @@ def test_unthrottled_serves_at_once() -> None:
 
 
 def test_the_store_is_in_memory_only_on_a_tmpfs_with_room(tmp_path: Path) -> None:
-    from tuning.lab.fusedev import STORE_MARGIN, store_path
+    from tuning.lab.fusedev import STORE_MARGIN, STORE_NAME, store_path
 
     proc = tmp_path / "proc"
     (proc / "self").mkdir(parents=True)
@@ -81,11 +81,11 @@ def test_the_store_is_in_memory_only_on_a_tmpfs_with_room(tmp_path: Path) -> Non
     host("tmpfs", (small + STORE_MARGIN) // 1024)
     assert store_path(lab, small, shm=shm, proc=proc).parent == shm
     host("tmpfs", (small + STORE_MARGIN) // 1024 - 1)  # not enough memory besides the margin
-    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / STORE_NAME
     host("ext4", 1 << 40)  # not a tmpfs: its pages would be dirty pages of another device
-    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / STORE_NAME
     host("tmpfs", 1 << 40)
     room = os.statvfs(shm)
-    assert store_path(lab, room.f_bavail * room.f_frsize + 1, shm=shm, proc=proc) == lab / "device.store"
+    assert store_path(lab, room.f_bavail * room.f_frsize + 1, shm=shm, proc=proc) == lab / STORE_NAME
     (proc / "meminfo").unlink()  # unreadable: on disk
-    assert store_path(lab, small, shm=shm, proc=proc) == lab / "device.store"
+    assert store_path(lab, small, shm=shm, proc=proc) == lab / STORE_NAME

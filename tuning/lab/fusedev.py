@@ -52,6 +52,7 @@ from tuning.lab.config import LabError
 FILE_NAME = "volume.img"
 STATS_EVERY_S = 0.2
 SHM = Path("/dev/shm")
+STORE_NAME = "device.store"  # the store's name in the lab directory when it is on disk
 STORE_MARGIN = 2 << 30  # memory left to everything else when the store is in memory
 
 
@@ -68,10 +69,10 @@ def store_path(lab_dir: Path, size: int, *, shm: Path = SHM, proc: Path = Path("
                          (proc / "meminfo").read_text(encoding="ascii").splitlines()
                          if line.startswith("MemAvailable:"))
     except (OSError, StopIteration, ValueError, IndexError):
-        return lab_dir / "device.store"
+        return lab_dir / STORE_NAME
     if tmpfs and room.f_bavail * room.f_frsize >= size and available >= size + STORE_MARGIN:
         return in_memory
-    return lab_dir / "device.store"
+    return lab_dir / STORE_NAME
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,8 @@ def serve(mount: Path, store: Path, size: int, stats_path: Path, rates: DeviceRa
 
     device = RateDevice(rates, time.monotonic())
     lock = threading.Lock()
-    fd = os.open(store, os.O_RDWR | os.O_CREAT, 0o600)
+    # A new file, never one that is there already (a link or a file someone else put in the shared /dev/shm).
+    fd = os.open(store, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     os.ftruncate(fd, size)
     done = threading.Event()
 

@@ -152,7 +152,7 @@ class Lab:
         if self.store is None:
             return ""
         if self.store.parent == fusedev.SHM:
-            return "; the device's data in memory (/dev/shm)"
+            return f"; the device's data in memory ({fusedev.SHM})"
         return (f"; the device's data on disk ({self.store}): its writeback shares the dirty limits (see "
                 "tuning.lab.fusedev)")
 
