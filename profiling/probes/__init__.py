@@ -21,11 +21,11 @@ from typing import Any, Protocol
 
 from profiling.probes import ebpf, interpose
 from profiling.probes.callstats import merge_results
+from profiling.probes.disk import disk_of, whole_disk
 from profiling.probes.interpose import preload_env
-from profiling.probes.procfs import SYS_DEV_BLOCK, BlockDevice, DeviceError, device_of
+from profiling.probes.procfs import BlockDevice
 
-__all__ = ["CallProbe", "Warn", "call_probes_for", "disk_of", "merge_results", "preload_env", "start_command_probe",
-           "whole_disk"]
+__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe"]
 
 Warn = Callable[[str], None]
 
@@ -90,28 +90,6 @@ def call_probes_for(scratch_dir: Path | None, *, warn: Warn = _warn) -> list[Cal
     if scratch_dir is not None and interpose.library_path() is not None:
         probes.append(interpose.InterposeProbe(interpose.record_dir(scratch_dir)))
     return probes
-
-
-def whole_disk(path: Path, sys_dev_block: Path = SYS_DEV_BLOCK) -> tuple[int, int] | None:
-    """(major, minor) of the disk holding `path`: a partition's disk, as block requests name it; None when no
-    block device backs `path` (overlay, tmpfs) or it cannot be told."""
-    try:
-        device, _ = device_of(path, sys_dev_block)
-    except (DeviceError, OSError):
-        return None
-    return None if device is None else disk_of(device, sys_dev_block)
-
-
-def disk_of(device: BlockDevice, sys_dev_block: Path = SYS_DEV_BLOCK) -> tuple[int, int] | None:
-    """(major, minor) of `device`'s whole disk: itself, or a partition's parent (its sysfs directory's)."""
-    node = sys_dev_block / device.dev
-    try:
-        if (node / "partition").exists():
-            major, minor = (node.resolve().parent / "dev").read_text(encoding="ascii").strip().split(":")
-            return int(major), int(minor)
-    except (OSError, ValueError):
-        return None
-    return device.major, device.minor
 
 
 def _dynamically_linked(program: str) -> bool:

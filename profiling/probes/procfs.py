@@ -116,9 +116,23 @@ def parse_stat_start_time(text: str) -> int:
     return int(rest[19])
 
 
+def parse_mounts(text: str) -> dict[str, str]:
+    """{mount point: file system type} (second and third fields) of /proc/<pid>/mounts, as the kernel writes
+    them (octal escapes kept)."""
+    return {parts[1]: parts[2] for parts in (line.split() for line in text.splitlines()) if len(parts) > 2}
+
+
 def parse_mount_points(text: str) -> set[str]:
-    """The mount points (second field) of /proc/<pid>/mounts, as the kernel writes them (octal escapes kept)."""
-    return {parts[1] for parts in (line.split() for line in text.splitlines()) if len(parts) > 1}
+    """The mount points of /proc/<pid>/mounts (parse_mounts)."""
+    return set(parse_mounts(text))
+
+
+def parse_mem_available(text: str) -> int | None:
+    """MemAvailable of /proc/meminfo in bytes, None when the line is not there."""
+    for line in text.splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return None
 
 
 @dataclass(frozen=True)
@@ -412,9 +426,23 @@ def read_start_time(pid: int, proc: Path = PROC) -> int | None:
         return None
 
 
+def read_mounts(proc: Path = PROC) -> dict[str, str] | None:
+    """{mount point: file system type} this process sees, or None if /proc/self/mounts is unreadable."""
+    try:
+        return parse_mounts((proc / "self" / "mounts").read_text())
+    except OSError:
+        return None
+
+
 def read_mount_points(proc: Path = PROC) -> set[str] | None:
     """The mount points this process sees, or None if /proc/self/mounts is unreadable."""
+    mounts = read_mounts(proc)
+    return None if mounts is None else set(mounts)
+
+
+def read_mem_available(proc: Path = PROC) -> int | None:
+    """The memory available for new work (MemAvailable), or None if /proc/meminfo says nothing of it."""
     try:
-        return parse_mount_points((proc / "self" / "mounts").read_text())
-    except OSError:
+        return parse_mem_available((proc / "meminfo").read_text(encoding="ascii"))
+    except (OSError, ValueError, IndexError):
         return None

@@ -5,8 +5,6 @@ and another disk's requests are not counted. What AWS's HDD accounting charges (
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ import pytest
 from profiling.finish import finish_stage
 from profiling.metrics import StageProfile
 from profiling.probes import ebpf
+from tests.support.loopdev import loop_device as attached_loop
 from tests.support.probed import run_probed
 
 pytestmark = pytest.mark.root
@@ -39,20 +38,8 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
     reason = ebpf.available()
     if reason is not None:
         pytest.skip(reason)
-    backing = tmp_path / "disk.img"
-    with backing.open("wb") as f:
-        f.truncate(128 << 20)
-    done = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"no loop device: {done.stderr.strip()}")
-    try:
-        # udev's probe of the new device (blkid reads it) must be over before a probe window opens: the
-        # counts are the whole disk's.
-        if shutil.which("udevadm"):
-            subprocess.run(["udevadm", "settle", "--timeout=10"], check=False)
-        yield done.stdout.strip()
-    finally:
-        subprocess.run(["losetup", "-d", done.stdout.strip()], check=False)
+    with attached_loop(tmp_path) as device:  # the counts are the whole disk's: nothing else on it
+        yield device
 
 
 def _requests(device: str, unit: int, offsets: list[int], disk: tuple[int, int] | None = None) -> dict:

@@ -9,14 +9,13 @@ The device's two settings are read first and restored on every path, and the dev
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from profiling.probes import ebpf
+from tests.support.loopdev import loop_device
 from tests.support.probed import run_probed
 from tests.support.writebench import writebench
 
@@ -30,16 +29,7 @@ def throttled_device(tmp_path: Path) -> Iterator[str]:
     reason = ebpf.available()
     if reason is not None:
         pytest.skip(reason)
-    if shutil.which("losetup") is None:
-        pytest.skip("losetup not installed")
-    backing = tmp_path / "disk.img"
-    with backing.open("wb") as f:
-        f.truncate(128 << 20)
-    done = subprocess.run(["losetup", "--find", "--show", str(backing)], capture_output=True, text=True)
-    if done.returncode != 0:
-        pytest.skip(f"no loop device: {done.stderr.strip()}")
-    device = done.stdout.strip()
-    try:
+    with loop_device(tmp_path) as device:
         rdev = os.stat(device).st_rdev
         bdi = Path(f"/sys/class/bdi/{os.major(rdev)}:{os.minor(rdev)}")
         if not (bdi / "max_bytes").exists():
@@ -53,8 +43,6 @@ def throttled_device(tmp_path: Path) -> Iterator[str]:
         finally:
             for name, value in saved.items():
                 (bdi / name).write_text(value)
-    finally:
-        subprocess.run(["losetup", "-d", device], check=False)
 
 
 def writes_to(target: str) -> dict:

@@ -170,12 +170,17 @@ def test_parse_stat_state_and_start_time_after_the_command_name() -> None:
 def test_parse_mount_points_takes_the_second_field() -> None:
     text = "sysfs /sys sysfs rw 0 0\n/dev/loop3 /srv/lab/mnt xfs rw,noatime 0 0\n\n"
     assert parse_mount_points(text) == {"/sys", "/srv/lab/mnt"}
+    from profiling.probes.procfs import parse_mem_available, parse_mounts
+
+    assert parse_mounts(text) == {"/sys": "sysfs", "/srv/lab/mnt": "xfs"}
+    assert parse_mem_available("MemTotal: 10 kB\nMemAvailable:  2048 kB\n") == 2048 * 1024
+    assert parse_mem_available("MemTotal: 10 kB\n") is None
 
 
 def test_whole_disk_is_a_partitions_disk_as_block_requests_name_it(tmp_path: Path) -> None:
     import os
 
-    from profiling.probes import whole_disk
+    from profiling.probes.disk import whole_disk
 
     st = os.stat(tmp_path)
     here = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"

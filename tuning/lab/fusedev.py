@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from profiling.probes.procfs import read_start_time
+from profiling.probes.procfs import PROC, read_mem_available, read_mounts, read_start_time
 from tuning.accounting import HddAccountant
 from tuning.ebs import HDD_IO_UNIT, MIB, Volume
 from tuning.lab.config import LabError
@@ -56,21 +56,18 @@ STORE_NAME = "device.store"  # the store's name in the lab directory when it is 
 STORE_MARGIN = 2 << 30  # memory left to everything else when the store is in memory
 
 
-def store_path(lab_dir: Path, size: int, *, shm: Path = SHM, proc: Path = Path("/proc")) -> Path:
+def store_path(lab_dir: Path, size: int, *, shm: Path = SHM, proc: Path = PROC) -> Path:
     """Where the device keeps its data: on `shm` when it is a tmpfs with room for `size` bytes and the
     machine has that much memory available besides STORE_MARGIN, else in `lab_dir` (on a disk, whose own
     dirty pages and writeout then share the kernel's dirty limits with the volume: see the module's note)."""
     in_memory = shm / f"iobatch-lab-{os.getpid()}.store"
+    mounts, available = read_mounts(proc), read_mem_available(proc)
     try:
-        tmpfs = any(line.split()[1:3] == [str(shm), "tmpfs"]
-                    for line in (proc / "self" / "mounts").read_text(encoding="utf-8").splitlines())
         room = os.statvfs(shm)
-        available = next(int(line.split()[1]) * 1024 for line in
-                         (proc / "meminfo").read_text(encoding="ascii").splitlines()
-                         if line.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
+    except OSError:
         return lab_dir / STORE_NAME
-    if tmpfs and room.f_bavail * room.f_frsize >= size and available >= size + STORE_MARGIN:
+    if (mounts is not None and mounts.get(str(shm)) == "tmpfs" and available is not None
+            and room.f_bavail * room.f_frsize >= size and available >= size + STORE_MARGIN):
         return in_memory
     return lab_dir / STORE_NAME
 
