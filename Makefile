@@ -7,7 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .tools
 VERSITYGW_VERSION := v1.8.0
-SYSTEM_PACKAGES := podman buildah debootstrap clang libbpf-dev bpftool chromium strace xfsprogs faketime fuse3 runc
+SYSTEM_PACKAGES := podman buildah debootstrap clang libbpf-dev bpftool chromium strace xfsprogs faketime fuse3 runc \
+  qemu-system-x86 qemu-utils busybox-static crun kmod
+# The cgroup v2 guest's kernel (tuning/guest): Debian 12's generic 6.1 kernel, this ABI first.
+GUEST_KERNEL_ABI := 6.1.0-56
 export CDK_DISABLE_VERSION_CHECK := 1
 export CDK_DISABLE_CLI_TELEMETRY := 1
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
@@ -19,7 +22,7 @@ DEMO_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m unit"`.
 PYTEST_ARGS ?=
 
-.PHONY: setup bpf demo test test-shifted-clock lint synth bench clean help
+.PHONY: setup bpf guest demo test test-shifted-clock lint synth bench clean help
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
@@ -28,7 +31,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 
-setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer bpf
+setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer bpf guest
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -68,6 +71,15 @@ bpf: $(TOOLS)/.system-packages
 	@if command -v clang >/dev/null && command -v bpftool >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] \
 	    && [ -r /sys/kernel/btf/vmlinux ]; then $(MAKE) --no-print-directory -C profiling/bpf; \
 	else echo "note: not building the eBPF probe (needs clang, bpftool, libbpf-dev and /sys/kernel/btf/vmlinux)"; fi
+
+# The cgroup v2 guest (tuning/guest): its kernel unpacked under .tools/guest and an initramfs the project builds.
+# As root only (qemu and busybox come from Debian's packages above); without them the guest tier skips.
+guest: $(TOOLS)/.system-packages $(VENV)/.installed
+	@if [ "$$(id -u)" = 0 ] && command -v qemu-system-x86_64 >/dev/null && [ -x /bin/busybox ]; then \
+	  tuning/guest/fetch-kernel.sh $(TOOLS)/guest $(GUEST_KERNEL_ABI) && \
+	  { [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/initramfs-init.sh ] && [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/assets.py ] \
+	    || $(PY) -m tuning.guest.assets $(TOOLS)/guest; }; \
+	else echo "note: not preparing the cgroup v2 guest (needs root, qemu-system-x86 and busybox-static)"; fi
 
 demo: setup
 	$(PY) -m pipeline.cli demo $(DEMO_ARGS)

@@ -1,0 +1,147 @@
+"""Boot a guest, run one command in it, get its output and files back, and always end QEMU.
+
+    with Guest(vcpus=2, memory_mib=2048, scratch=ScratchDisk(image, scratch_throttle(Volume("st1", 500)))) as g:
+        result = g.run("cat /sys/fs/cgroup/cgroup.controllers", timeout=300)
+
+Each `run` is one boot: QEMU starts, the guest's stage 2 runs the command in the share (a host folder that is
+the same path inside the guest, read-write), writes its stdout, stderr and exit code there, and powers off.
+QEMU is killed when the timeout passes, when the caller is interrupted, and (PR_SET_PDEATHSIG) when the
+process that started it dies: no QEMU outlives a run.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuning.guest.assets import STAGE2_SCRIPT, GuestAssets
+from tuning.guest.qemu import MachineSpec, ScratchDisk, qemu_argv
+
+QEMU = "qemu-system-x86_64"
+_PR_SET_PDEATHSIG = 1
+_CONTROL = ".guest"
+# Booting a stock kernel needs real KVM: a paravirtual one (some cloud VMs) fails at once (an MSR it does not
+# emulate) or minutes later, so the probe boots to a first command and gives up quickly.
+_KVM_PROBE_SECONDS = 60
+
+
+class GuestError(RuntimeError):
+    """The guest did not run the command: QEMU failed, the boot failed or the timeout passed."""
+
+
+@dataclass(frozen=True)
+class GuestResult:
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float  # QEMU start to QEMU exit
+    boot_seconds: float | None  # QEMU start to the guest's stage 2 (None when it was not reached)
+    console: str  # the guest's serial console (the kernel log, the init's lines)
+
+
+def unavailable() -> str | None:
+    """Why no guest can boot here (one line), or None when it can."""
+    if shutil.which(QEMU) is None:
+        return f"{QEMU} is not installed (make setup installs qemu-system-x86 as root)"
+    try:
+        GuestAssets.find()
+    except RuntimeError as exc:
+        return str(exc)
+    if os.geteuid() != 0:
+        return "the guest's 9p root shares / with the owners kept (security_model=passthrough): needs root"
+    return None
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class Guest:
+    """A cgroup v2 host in QEMU; see the module docstring. Nothing runs until `run`."""
+
+    def __init__(self, *, vcpus: int = 2, memory_mib: int = 2048, scratch: ScratchDisk | None = None,
+                 share: Path | None = None, assets: GuestAssets | None = None, accel: str | None = None) -> None:
+        self.assets = assets or GuestAssets.find()
+        self._own_share = share is None
+        self.share = Path(tempfile.mkdtemp(prefix="iobatch-guest-")) if share is None else share.resolve()
+        self.spec = MachineSpec(kernel=self.assets.kernel, initramfs=self.assets.initramfs, vcpus=vcpus,
+                                memory_mib=memory_mib, share=self.share, stage2=STAGE2_SCRIPT,
+                                modules=self.assets.modules, scratch=scratch, accel=accel or accelerator())
+        self.spec.validate()
+
+    def __enter__(self) -> Guest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._own_share:
+            shutil.rmtree(self.share, ignore_errors=True)
+
+    def run(self, command: str, *, timeout: float, env: Mapping[str, str] | None = None) -> GuestResult:
+        """Boot, run `command` (bash) as root in the share, power off. GuestError if it did not run to its end."""
+        control = self.share / _CONTROL
+        shutil.rmtree(control, ignore_errors=True)
+        control.mkdir(parents=True)
+        (control / "command").write_text(command + "\n")
+        (control / "env").write_text("".join(f"{k}={shlex.quote(v)}\n" for k, v in (env or {}).items()))
+        console = control / "console"
+        argv = qemu_argv(self.spec, binary=shutil.which(QEMU) or QEMU, console=console)
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                preexec_fn=_die_with_parent)
+        try:
+            qemu_out, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise GuestError(f"the guest did not finish within {timeout:.0f} s (QEMU killed); console tail:\n"
+                             + _tail(console)) from None
+        finally:
+            if proc.poll() is None:  # interrupted: never leave a QEMU behind
+                proc.kill()
+                proc.wait()
+        seconds = time.monotonic() - start
+        booted = control / "booted"
+        boot_seconds = booted.stat().st_mtime - (time.time() - (time.monotonic() - start)) \
+            if booted.is_file() else None
+        rc_file = control / "rc"
+        if proc.returncode != 0 or not rc_file.is_file():
+            raise GuestError(f"the guest did not run the command (QEMU exit {proc.returncode}): "
+                             + (qemu_out.decode(errors="replace").strip()[-500:] or "") + "\nconsole tail:\n"
+                             + _tail(console))
+        return GuestResult(returncode=int(rc_file.read_text().strip()), stdout=_read(control / "stdout"),
+                           stderr=_read(control / "stderr"), seconds=seconds, boot_seconds=boot_seconds,
+                           console=_read(console))
+
+
+def _read(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def _tail(path: Path, lines: int = 25) -> str:
+    return "\n".join(_read(path).splitlines()[-lines:])
+
+
+@functools.cache
+def accelerator() -> str:
+    """'kvm' where /dev/kvm boots a stock kernel to a first command, 'tcg' otherwise (IOBATCH_GUEST_ACCEL forces)."""
+    forced = os.environ.get("IOBATCH_GUEST_ACCEL")
+    if forced in ("kvm", "tcg"):
+        return forced
+    if not os.access("/dev/kvm", os.R_OK | os.W_OK):
+        return "tcg"
+    try:
+        with Guest(vcpus=1, memory_mib=512, accel="kvm") as probe:
+            return "kvm" if probe.run("true", timeout=_KVM_PROBE_SECONDS).returncode == 0 else "tcg"
+    except GuestError:
+        return "tcg"
