@@ -27,6 +27,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "synth": ("synth",),
     "e2e": ("e2e",),
     "faults": ("faults", "e2e"),
+    "guest": ("guest",),
 }
 
 

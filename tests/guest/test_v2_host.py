@@ -1,0 +1,113 @@
+"""The guest tier: a Batch host in a box (tuning/guest), Debian 12's 6.1 kernel with cgroup v2 under QEMU.
+
+Each test is one boot (7-15 s to the first command under TCG on two idle cores, more on busy ones). They check
+the guest itself (kernel line, controllers, BTF, no QEMU left behind, even on a timeout), the scratch disk
+throttled like an st1 volume at baseline, and two Batch children at once in containers on that disk, each
+profiled by the real sidecar from its own cgroup v2 files. Skips with one line where the guest cannot boot.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.interface import JOB_CONTAINER, PROFILER_CONTAINER
+from tests.support.guest import children_script, job_memory, stage_profiles, template_user_data
+from tests.support.synth import synthesize
+from tuning.ebs import MIB, Volume
+from tuning.guest.machine import Guest, GuestError, unavailable
+from tuning.guest.qemu import ScratchDisk, scratch_throttle
+
+if reason := unavailable():
+    pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)
+
+BOOT_TIMEOUT = 420  # a boot and a short command on two busy cores under TCG
+ST1 = Volume("st1", 500)
+
+
+def qemu_running(share: Path) -> bool:
+    return subprocess.run(["pgrep", "-f", f"qemu-system.*{share}"], capture_output=True).returncode == 0
+
+
+def scratch_image(tmp_path: Path, gib: int = 1) -> Path:
+    image = tmp_path / "scratch.img"
+    with image.open("wb") as stream:
+        stream.truncate(gib << 30)  # sparse
+    return image
+
+
+def test_guest_runs_a_cgroup_v2_kernel_of_the_al2023_line_and_leaves_no_qemu(tmp_path: Path) -> None:
+    with Guest(vcpus=2, memory_mib=1024, share=tmp_path) as guest:
+        result = guest.run("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux "
+                           "&& echo btf; echo made-in-guest > handed-back", timeout=BOOT_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    release, controllers, btf = result.stdout.split("\n")[:3]
+    assert release.startswith("6.1."), release
+    assert {"io", "memory", "cpu", "pids"} <= set(controllers.split()), controllers
+    assert btf == "btf"
+    assert (tmp_path / "handed-back").read_text() == "made-in-guest\n"
+    assert not qemu_running(tmp_path)
+
+
+def test_a_guest_past_its_timeout_is_killed(tmp_path: Path) -> None:
+    with Guest(vcpus=1, memory_mib=512, share=tmp_path) as guest:
+        start = time.monotonic()
+        with pytest.raises(GuestError, match="did not finish within"):
+            guest.run("sleep 3600", timeout=60)
+    assert time.monotonic() - start < 90
+    assert not qemu_running(tmp_path)
+
+
+def test_the_scratch_disk_runs_at_the_volume_baseline_and_charges_small_io_as_1_mib(tmp_path: Path) -> None:
+    """st1 500 GiB past its cliff: ~19.5 MiB/s for large I/O, and ~19.5 small random I/Os a second (EBS counts
+    each as 1 MiB), measured with O_DIRECT so the guest's page cache does not hide the disk."""
+    throttle = scratch_throttle(ST1, credits_mib=0)
+    disk = ScratchDisk(scratch_image(tmp_path), throttle)
+    command = ("dd if=/dev/zero of=/dev/xvdb bs=1M count=40 oflag=direct 2>&1 | tail -1; "
+               "start=$(date +%s.%N); for i in $(seq 40); do "
+               "dd if=/dev/zero of=/dev/xvdb bs=4k count=1 seek=$((i * 7919)) oflag=direct status=none; done; "
+               "echo small $(echo \"$(date +%s.%N) - $start\" | bc)")
+    with Guest(vcpus=1, memory_mib=512, share=tmp_path, scratch=disk) as guest:
+        result = guest.run(command, timeout=BOOT_TIMEOUT)
+    assert result.returncode == 0, result.stderr
+    large = re.search(r"copied, ([\d.]+) s", result.stdout)
+    assert large, result.stdout
+    mibps = 40 / float(large[1])
+    assert abs(mibps - ST1.baseline_mibps) / ST1.baseline_mibps < 0.10, (mibps, ST1.baseline_mibps)
+    small = re.search(r"small ([\d.]+)", result.stdout)
+    assert small, result.stdout
+    ios_per_s = 40 / float(small[1])
+    assert ios_per_s < ST1.baseline_mibps * 1.2, f"{ios_per_s:.1f} small I/Os a second: not charged as 1 MiB each"
+
+
+def test_two_children_in_containers_get_their_own_cgroup_figures(tmp_path: Path) -> None:
+    """Two children at once on one throttled scratch volume prepared by the template's user data, each a job
+    container with the job definition's memory limit and the real sidecar beside it: each child's device bytes,
+    io stall and dirty pages come from its own cgroup v2, never the other's."""
+    template = synthesize().template
+    user_data = tmp_path / "user-data.sh"
+    user_data.write_text(template_user_data(template))
+    memory = job_memory(template)
+    written = {"child-a": 24, "child-b": 72}  # MiB, with fsync inside the stage
+    script = children_script(work=tmp_path, user_data=user_data, python=sys.executable,
+                             iobatch=str(Path(sys.executable).with_name("iobatch")), children=written,
+                             job_memory_mib=min(memory[JOB_CONTAINER], 768),
+                             profiler_memory_mib=memory[PROFILER_CONTAINER])
+    disk = ScratchDisk(scratch_image(tmp_path), scratch_throttle(ST1, credits_mib=0))
+    with Guest(vcpus=2, memory_mib=2048, share=tmp_path, scratch=disk) as guest:
+        result = guest.run(script, timeout=BOOT_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for child, mib in written.items():
+        [stage] = stage_profiles(tmp_path / f"{child}.jsonl")
+        assert stage["outcome"] == "ok", result.stdout
+        own = stage["own_device_write_bytes"]
+        assert own is not None, (stage.get("notices"), result.stdout)
+        assert abs(own - mib * MIB) <= 0.05 * mib * MIB, f"{child}: own device writes {own / MIB:.1f} MiB of {mib}"
+        assert stage["own_io_stall_ms"] > 0, f"{child}: no io stall under a throttled volume"
+        assert 0 < stage["own_peak_dirty_bytes"] <= mib * MIB * 1.05, f"{child}: dirty pages not its own"
+        assert stage["own_peak_writeback_bytes"] > 0

@@ -1,0 +1,104 @@
+"""What the guest tier runs inside the cgroup v2 guest (tuning/guest): a host prepared by the template's user data,
+and Batch children as ECS starts them, a job container and the profiler container beside it.
+
+In the guest each child is two crun containers (podman 4.3, cgroupfs manager): the job with the job definition's
+memory limit and vCPUs, and the real `iobatch sidecar` sharing its pid namespace (pidMode task) with the host's
+cgroup tree mounted read-only where the job definition mounts it. The containers' root is the guest's own (the
+host's `/` with the project's virtualenv) rather than the job image, so no image has to be copied into the guest:
+what is checked here is the kernel's side, a container's own cgroup, which the image does not change. podman masks
+/sys/dev/block by default where Docker (the ECS agent's runtime) does not: it is unmasked, as on a Batch host.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from pipeline.interface import HOST_CGROUP_MOUNT, PROFILER_CONTAINER, SCRATCH_MOUNT
+
+CONTAINERS_CONF = """[engine]
+runtime = "crun"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+[containers]
+default_ulimits = ["nofile=20000:20000"]
+"""
+
+# A job that announces one stage to its profiler and writes MiB with fsync inside it: every byte reaches the
+# device within the stage, so the child's own device bytes are known exactly.
+CHILD_JOB = """
+import subprocess, sys
+from pathlib import Path
+from profiling.protocol import StageReporter
+sock, target, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+reporter = StageReporter(Path(sock), connect_timeout_s=120, ack_timeout_s=120)
+with reporter.stage("download"):
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", "conv=fsync"], check=True,
+                   capture_output=True)
+reporter.close()
+"""
+
+
+def template_user_data(template: dict[str, Any]) -> str:
+    """The shell script of the launch template's user data (the MIME part CDK base64-encodes)."""
+    [launch] = [r for r in template["Resources"].values() if r["Type"] == "AWS::EC2::LaunchTemplate"]
+
+    def scripts(node: Any) -> list[str]:
+        if isinstance(node, dict):
+            inner = node.get("Fn::Base64")
+            if isinstance(inner, str) and inner.startswith("#!"):
+                return [inner]
+            return [s for v in node.values() for s in scripts(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in scripts(v)]
+        return []
+
+    [script] = scripts(launch["Properties"]["LaunchTemplateData"]["UserData"])
+    return script
+
+
+def job_memory(template: dict[str, Any]) -> dict[str, int]:
+    """MEMORY (MiB) of each container of the job definition."""
+    [definition] = [r["Properties"] for r in template["Resources"].values()
+                    if r["Type"] == "AWS::Batch::JobDefinition"]
+    [task] = definition["EcsProperties"]["TaskProperties"]
+    return {c["Name"]: int(next(r["Value"] for r in c["ResourceRequirements"] if r["Type"] == "MEMORY"))
+            for c in task["Containers"]}
+
+
+def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, children: dict[str, int],
+                    job_memory_mib: int, profiler_memory_mib: int) -> str:
+    """A bash script for the guest: prepare scratch with the user data, run each child (name -> MiB it writes) as
+    a job container plus its profiler at once, wait for them all, and print what podman said."""
+    q = shlex.quote
+    conf = work / "containers.conf"
+    conf.write_text(CONTAINERS_CONF)
+    (work / "child_job.py").write_text(CHILD_JOB)
+    lines = ["set -u", f"export CONTAINERS_CONF={q(str(conf))}",
+             f"bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
+             "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
+    common = ["--network", "host", "--security-opt", "unmask=/sys/dev/block",
+              "--volume", f"{SCRATCH_MOUNT}:{SCRATCH_MOUNT}", "--volume", f"{work}:{work}"]
+    for name, mib in children.items():
+        task = f"{SCRATCH_MOUNT}/task-{name}"
+        sock = f"{task}/profiler.sock"
+        job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{job_memory_mib}m",
+               "--cpus", "1", *common, "--env", f"PYTHONPATH={Path(__file__).resolve().parents[2]}", "--rootfs", "/run/rootfs",
+               python, str(work / "child_job.py"), sock, f"{task}/data", str(mib)]
+        profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
+                    "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
+                    "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
+                    iobatch, "sidecar", "--socket", sock, "--scratch-dir", task, "--interval", "0.2",
+                    "--no-call-probes", "--emf", str(work / f"{name}.emf"), "--profile-out",
+                    str(work / f"{name}.jsonl")]
+        lines += [f"mkdir -p {task}", " ".join(map(q, job)), " ".join(map(q, profiler))]
+    names = [f"{n}-job" for n in children] + [f"{n}-{PROFILER_CONTAINER}" for n in children]
+    lines += [f"podman wait {' '.join(names)}"] + [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
+    return "\n".join(lines) + "\n"
+
+
+def stage_profiles(path: Path) -> list[dict[str, Any]]:
+    """The profiles a sidecar wrote (one JSON object per line)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
