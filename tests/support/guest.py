@@ -18,6 +18,7 @@ from typing import Any
 
 from pipeline.interface import HOST_CGROUP_MOUNT, PROFILER_CONTAINER, SCRATCH_MOUNT
 
+REPO = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = """[engine]
 runtime = "crun"
 cgroup_manager = "cgroupfs"
@@ -85,7 +86,7 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, c
         task = f"{SCRATCH_MOUNT}/task-{name}"
         sock = f"{task}/profiler.sock"
         job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{job_memory_mib}m",
-               "--cpus", "1", *common, "--env", f"PYTHONPATH={Path(__file__).resolve().parents[2]}", "--rootfs", "/run/rootfs",
+               "--cpus", "1", *common, "--env", f"PYTHONPATH={REPO}", "--rootfs", "/run/rootfs",
                python, str(work / "child_job.py"), sock, f"{task}/data", str(mib)]
         profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
                     "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
