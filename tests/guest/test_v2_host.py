@@ -26,6 +26,7 @@ from tuning.guest.qemu import ScratchDisk, scratch_throttle
 if reason := unavailable():
     pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)
 
+REPO = Path(__file__).resolve().parents[2]
 BOOT_TIMEOUT = 420  # a boot and a short command on two busy cores under TCG
 ST1 = Volume("st1", 500)
 
@@ -41,16 +42,30 @@ def scratch_image(tmp_path: Path, gib: int = 1) -> Path:
     return image
 
 
-def test_guest_runs_a_cgroup_v2_kernel_of_the_al2023_line_and_leaves_no_qemu(tmp_path: Path) -> None:
-    with Guest(vcpus=2, memory_mib=1024, share=tmp_path) as guest:
-        result = guest.run("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux "
-                           "&& echo btf; echo made-in-guest > handed-back", timeout=BOOT_TIMEOUT)
+# The exact-count eBPF tests of this suite, run again inside the guest: CO-RE relocates the object built against
+# this machine's kernel onto 6.1's, and the counts must hold there too. Their files live on the guest's tmpfs: on the
+# 9p share the per-file records miss a file written with pwrite (9p's own write path), which no Batch host has.
+EBPF_EXACT = ("tests/functional/test_ebpf.py::test_counts_every_write_of_the_process_tree",
+              "tests/functional/test_ebpf.py::test_min_and_max_are_exact_with_one_slow_call",
+              "tests/functional/test_ebpf.py::test_a_job_in_a_pid_namespace_is_found_and_counted",
+              "tests/functional/test_ebpf_files.py::test_two_files_exact_per_file_with_their_access_pattern")
+
+
+def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_holds_there(tmp_path: Path) -> None:
+    facts = ("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux && echo btf; "
+             "echo made-in-guest > handed-back")
+    pytest_in_guest = (f"cd {REPO} && {sys.executable} -m pytest -q -p no:cacheprovider -o addopts= "
+                       "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT) + f" > {tmp_path}/ebpf.log 2>&1; echo ebpf=$?")
+    with Guest(vcpus=2, memory_mib=2048, share=tmp_path) as guest:
+        result = guest.run(f"{facts}; {pytest_in_guest}", timeout=BOOT_TIMEOUT)
     assert result.returncode == 0, result.stderr
     release, controllers, btf = result.stdout.split("\n")[:3]
     assert release.startswith("6.1."), release
     assert {"io", "memory", "cpu", "pids"} <= set(controllers.split()), controllers
     assert btf == "btf"
     assert (tmp_path / "handed-back").read_text() == "made-in-guest\n"
+    log = (tmp_path / "ebpf.log").read_text()
+    assert "ebpf=0" in result.stdout and f"{len(EBPF_EXACT)} passed" in log, log[-3000:]
     assert not qemu_running(tmp_path)
 
 
@@ -58,8 +73,8 @@ def test_a_guest_past_its_timeout_is_killed(tmp_path: Path) -> None:
     with Guest(vcpus=1, memory_mib=512, share=tmp_path) as guest:
         start = time.monotonic()
         with pytest.raises(GuestError, match="did not finish within"):
-            guest.run("sleep 3600", timeout=60)
-    assert time.monotonic() - start < 90
+            guest.run("sleep 3600", timeout=20)
+    assert time.monotonic() - start < 40
     assert not qemu_running(tmp_path)
 
 
