@@ -42,6 +42,9 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+START_TIMEOUT_S = 60.0
+
+
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -101,7 +104,9 @@ class EmbeddedS3:
             if self.log_file:
                 log.close()  # type: ignore[union-attr]
         try:
-            wait_for_port("127.0.0.1", self.port, 10.0, self._proc)
+            # A server that exits is reported at once; one that lives but is slow (under the lab guest's emulation
+            # it takes 10-30 s to listen) is given a minute.
+            wait_for_port("127.0.0.1", self.port, START_TIMEOUT_S, self._proc)
         except BaseException:
             self.stop()
             raise
