@@ -38,10 +38,9 @@ from pipeline.interface import (
     exit_code_of,
     process_argv,
 )
-from pipeline.manifest import ManifestEntry
+from pipeline.manifest import MAX_KEY_BYTES, ManifestEntry
 from profiling.protocol import MAX_SOCKET_PATH, SUBSTAGE_SOCKET_ENV
 
-MAX_KEY_BYTES = 1024  # S3's limit on an object key ("Naming Amazon S3 objects", Amazon S3 User Guide)
 STOP_WAIT_S = 5.0  # after SIGTERM, the command's group has this long before SIGKILL
 # A command that failed while the scratch volume had less than this free is taken to have filled it.
 FULL_FREE_BYTES = 16 << 20

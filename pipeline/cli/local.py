@@ -20,8 +20,10 @@ from pipeline.settings import (
     MIN_TRAIN_SIDE,
     JobSettings,
     S3Uri,
+    check_output_outside_input,
     counted,
     default_workers,
+    parse_manifest_uri,
     parse_process_command,
     parse_train_size,
 )
@@ -186,9 +188,11 @@ def run(
     from profiling import runfiles
 
     # Every flag is checked before S3 is touched or the run directory is emptied.
-    local = LocalRun(input=S3Uri.parse(input, what="--input").as_prefix(),
-                     output=S3Uri.parse(output, what="--output").as_prefix(),
-                     manifest=S3Uri.parse(manifest, what="--manifest") if manifest else None,
+    input_uri = S3Uri.parse(input, what="--input").as_prefix()
+    output_uri = S3Uri.parse(output, what="--output").as_prefix()
+    manifest_uri = parse_manifest_uri(manifest, what="--manifest") if manifest else None
+    check_output_outside_input(input_uri, output_uri, listed=manifest_uri is None)
+    local = LocalRun(input=input_uri, output=output_uri, manifest=manifest_uri,
                      endpoint=checks.endpoint_url(s3_endpoint), run_dir=checks.output_dir(run_dir, "--run-dir"),
                      images_per_child=images_per_child, workers=workers,
                      scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None, force=force,
