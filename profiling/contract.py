@@ -224,8 +224,7 @@ def load_contract(path: Path) -> Contract:
     """Read and parse a contract file (ContractError on a mistake, OSError when it cannot be read).
 
     The one reader of contract files: `profile`, `run`, `demo` and the sidecar all come here."""
-    with Path(path).open("rb") as file:
-        data = file.read(MAX_CONTRACT_BYTES + 1)
+    data = read_regular(path, MAX_CONTRACT_BYTES)  # a FIFO or a directory: refused at once, never waited on
     if len(data) > MAX_CONTRACT_BYTES:
         raise ContractError(str(path), 1, "file", f"over {MAX_CONTRACT_BYTES // 1024} KiB",
                             f"expected a contract of at most {MAX_RULES} rules")

@@ -22,6 +22,7 @@ from aws_embedded_metrics.logger.metrics_context import MetricsContext
 from aws_embedded_metrics.serializers.log_serializer import LogSerializer
 
 from profiling.contract import contract_metrics
+from profiling.files import append_line
 from profiling.metrics import (
     DEFAULT_NAMESPACE,
     METRICS,
@@ -140,8 +141,7 @@ class FileSink:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def accept(self, line: str) -> None:
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
+        append_line(self.path, line)  # whole or not at all: a full disk cuts no document in the middle
 
 
 class RecordingSink:

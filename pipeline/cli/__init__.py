@@ -15,6 +15,7 @@ The command modules import nothing from this one, so the imports run one way.
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import sys
@@ -31,7 +32,7 @@ from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpEr
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from pipeline.cli import batch, local, profiler, report, tuning
-from pipeline.errors import EXIT_CODES_HELP, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
+from pipeline.errors import EXIT_CODES_HELP, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
 from profiling.numbers import number, shown, whole_number
 
 __all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
@@ -198,6 +199,13 @@ def handles_errors(func: F) -> F:
             fail(exc.headline, exc.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", EXIT_RETRYABLE)
+        except OSError as exc:
+            # A full volume under a file the command writes (a run directory, a report): one line naming the
+            # file. Every file is written whole or not at all (profiling.files, runfiles.write_text_atomic).
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            fail(f"{exc.filename or 'a file it writes'}: no space left on its volume ({exc.strerror}); nothing "
+                 "half-written was left: free space there or write elsewhere", EXIT_PERMANENT)
 
     return wrapper  # type: ignore[return-value]
 

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pipeline.errors import UsageError
+from profiling.files import kind_of, read_regular
 
-__all__ = ["endpoint_url", "json_object", "output_dir", "output_file", "readable_file", "region"]
+__all__ = ["endpoint_url", "json_object", "not_an_input", "output_dir", "output_file", "read_file", "readable_file", "region"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -41,6 +44,18 @@ def output_file(path: Path, flag: str) -> Path:
     return path
 
 
+def not_an_input(path: Path, flag: str, inputs: Iterable[Path]) -> Path:
+    """An output path that is none of the files the command reads, nor inside a folder it reads: writing it
+    would replace the input (a run's profile overwritten by its own report)."""
+    target = path.resolve()
+    for item in inputs:
+        source = item.resolve()
+        if target == source or source in target.parents:
+            raise UsageError(f"{flag} {path} is {'inside ' if target != source else ''}{item}, which this command "
+                             "reads: writing it would replace its input; give another path")
+    return path
+
+
 def output_dir(path: Path, flag: str) -> Path:
     """A directory the command will create or fill: not a file, under a folder it may write to."""
     if path.exists() and not path.is_dir():
@@ -54,23 +69,37 @@ def output_dir(path: Path, flag: str) -> Path:
 
 
 def readable_file(path: Path, flag: str) -> Path:
-    """A file the command will read."""
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory: give a file")
-    if not path.is_file():
-        raise UsageError(f"{flag} {path} does not exist: give an existing file")
+    """A regular file the command will read (a FIFO, which would block its reader, or a device is refused)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path} does not exist: give an existing file") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{flag} {path} is {kind_of(mode)}, not a regular file: give a file")
     if not os.access(path, os.R_OK):
         raise UsageError(f"{flag} {path} is not readable: fix its mode or give another file")
     return path
 
 
-def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
-    """A JSON file holding one object (the only shape the commands read)."""
+def read_file(path: Path, flag: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file the command reads, opened without blocking (profiling.files.open_regular):
+    a FIFO or a directory, even one put there after a check, is one line."""
     readable_file(path, flag)
     try:
-        body = json.loads(path.read_bytes())
-    except OSError as exc:  # readable by its mode, yet not to read (/proc/1/mem, a FIFO's peer gone, EIO)
+        return read_regular(path, limit)
+    except OSError as exc:  # readable by its mode, yet not to read (/proc/1/mem, swapped for a FIFO, EIO)
         raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
+
+
+def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
+    """A JSON file holding one object (the only shape the commands read)."""
+    data = read_file(path, flag)
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise UsageError(f"{flag} {path} starts with a byte order mark (BOM): save it as UTF-8 without BOM")
+    try:
+        body = json.loads(data)
     except (ValueError, RecursionError) as exc:  # also bytes that are not UTF-8
         raise UsageError(f"{flag} {path} is not JSON ({str(exc)[:80]}): give {what}") from None
     if not isinstance(body, dict):

@@ -295,12 +295,16 @@ def process(
     skip = env_yes(os.environ, ENV.SKIP_BAD_IMAGES) if skip_bad_images is None else skip_bad_images
     if not input_dir.is_dir():
         raise UsageError(f"IN {input_dir} is not a folder: give the folder of images")
+    checks.output_dir(output_dir, "OUT")
+    checks.not_an_input(output_dir, "OUT", [input_dir])
     images_path = os.environ.get(PROCESS_ENV.IMAGES)
     try:
         images = read_images_file(Path(images_path)) if images_path else None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{PROCESS_ENV.IMAGES}={images_path}: cannot be read ({exc}): unset it to name "
                          "images by file name") from None
+    if images is None and not any(entry.is_file() for entry in input_dir.iterdir()):
+        raise UsageError(f"IN {input_dir} holds no files: give the folder of images (an empty shard is no shard)")
     input_uri = os.environ.get(ENV.INPUT, "")
     bucket = S3Uri.parse(input_uri, what=ENV.INPUT).bucket if input_uri else "?"
     try:

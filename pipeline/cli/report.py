@@ -12,6 +12,7 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
+from profiling import runfiles
 
 
 def _read_advice(path: Path | None) -> Any:
@@ -79,6 +80,8 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
         now = time.time()
         parsed = [parse_run_side(side, now=now) for side in sides]
         checks.output_file(out, "--out")
+        checks.not_an_input(out, "--out", [path for side in parsed if isinstance(side, Path)
+                                           for path in runfiles.read_paths(side)])
         if any(isinstance(side, CloudWatchRange) for side in parsed):
             region = checks.region(region)
             logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")
@@ -150,6 +153,8 @@ def report(
     target = out or (Path("report.html") if from_cloudwatch is not None else None)
     if target is not None:
         checks.output_file(target, "--out")
+        reads = [] if from_cloudwatch is not None else runfiles.read_paths(run_dir or Path(".iobatch/demo"))
+        checks.not_an_input(target, "--out", [*reads, *([advice] if advice else [])])
     try:
         if from_cloudwatch is not None:
             path = _cloudwatch_report(from_cloudwatch, target or Path("report.html"), since, namespace,
