@@ -183,7 +183,8 @@ def _child_index(environ: Mapping[str, str]) -> int:
         raw = environ.get(name, "").strip()
         digits = raw.removeprefix("+")
         if digits.isascii() and digits.isdigit() and (len(digits) > MAX_DIGITS or int(digits) > MAX_CHILD_INDEX):
-            raise ManifestError(f"{name}={raw[:24]}{'...' if len(raw) > 24 else ''} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
+            cut = "..." if len(raw) > 24 else ""
+            raise ManifestError(f"{name}={raw[:24]}{cut} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
         total += _int(environ, name, 0, 0, MAX_CHILD_INDEX)
     if total > MAX_CHILD_INDEX:
         raise ManifestError(f"{ENV.ARRAY_INDEX} + {ENV.ARRAY_OFFSET} = {total:,} is beyond any batch: an index is "

@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO
 
-__all__ = ["NotRegularFile", "append_line", "kind_of", "open_regular", "read_regular"]
+__all__ = ["NotRegularFile", "append_line", "kind_of", "open_regular", "program_problem", "read_regular"]
 
 
 class NotRegularFile(OSError):
@@ -76,3 +76,31 @@ def append_line(path: Path, line: str) -> None:
             raise
     finally:
         os.close(fd)
+
+
+# e_machine of the ELF header for the machines a Batch host runs ("ELF-64 Object File Format"; elf.h EM_X86_64
+# 62, EM_AARCH64 183): another machine's binary fails in execve(2) with ENOEXEC.
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+
+
+def program_problem(path: Path | str) -> str | None:
+    """Why the kernel would refuse to run the file `path` (execve(2) fails with ENOEXEC), or None: a program is
+    a script starting with '#!' or an ELF binary for this machine. Reads its first 20 bytes, without blocking."""
+    import platform
+
+    try:
+        with open_regular(path) as file:
+            head = file.read(20)
+    except NotRegularFile as exc:
+        return f"is {exc.strerror.split(',')[0]}, not a program"
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if head.startswith(b"#!"):
+        return None
+    if head.startswith(b"\x7fELF"):
+        machine = _ELF_MACHINES.get(platform.machine())
+        if machine is not None and len(head) >= 20 and int.from_bytes(head[18:20], "little") != machine:
+            return f"is a program for another machine than this {platform.machine()} (exec format error)"
+        return None
+    return "is neither a script starting with #! nor a program this machine runs (exec format error): give a " \
+           "script its #! line (e.g. #!/usr/bin/env python3), or run it with its interpreter"

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit
 from pipeline.errors import UsageError
 from profiling.files import kind_of, read_regular
 
-__all__ = ["endpoint_url", "json_object", "not_an_input", "output_dir", "output_file", "read_file", "readable_file", "region"]
+__all__ = ["endpoint_url", "json_object", "not_an_input", "output_dir", "output_file", "read_file", "readable_file",
+           "region"]
 
 
 def _nearest_existing(path: Path) -> Path:
