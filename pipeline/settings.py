@@ -207,6 +207,17 @@ def env_yes(environ: Mapping[str, str], name: str) -> bool:
     return _yes(environ, name)
 
 
+def _pipeline_name(environ: Mapping[str, str]) -> str:
+    """The Pipeline dimension of every metric: checked here, at the start, since CloudWatch would drop every
+    document of a value it cannot take (profiling.emf.dimension_value_problem)."""
+    from profiling.emf import dimension_value_problem
+
+    value = environ.get(ENV.PIPELINE) or "iobatch"
+    if problem := dimension_value_problem(value):
+        raise UsageError(f"{ENV.PIPELINE}={shown(value, 40)} {problem}: set it to the stack's pipeline name")
+    return value
+
+
 def _required(environ: Mapping[str, str], name: str) -> str:
     value = environ.get(name, "").strip()
     if not value:
@@ -261,7 +272,7 @@ class JobSettings:
             skip_bad_images=_yes(env, ENV.SKIP_BAD_IMAGES),
             s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1, MAX_S5CMD_WORKERS),
             s5cmd_retries=_optional_int(env, ENV.S5CMD_RETRIES, 0, MAX_S5CMD_RETRIES),
-            pipeline=env.get(ENV.PIPELINE) or "iobatch",
+            pipeline=_pipeline_name(env),
             profiler_socket=Path(socket_raw) if socket_raw and socket_raw != PROFILER_OFF else None,
             profiler_enabled=socket_raw != PROFILER_OFF,
             volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",

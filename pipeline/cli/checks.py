@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,8 +19,8 @@ from urllib.parse import urlsplit
 from pipeline.errors import UsageError
 from profiling.files import kind_of, read_regular
 
-__all__ = ["endpoint_url", "json_object", "not_an_input", "output_dir", "output_file", "read_file", "readable_file",
-           "region"]
+__all__ = ["emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir", "output_file",
+           "read_file", "readable_file", "region", "stack_name"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -138,3 +139,38 @@ def region(name: str | None, flag: str = "--region") -> str:
     if not region_shaped(chosen):
         raise UsageError(f"{chosen!r} is not an AWS region name: pass {flag} like us-east-1")
     return chosen
+
+
+# CloudFormation's stack names: a letter, then letters, digits and hyphens, at most 128 (CloudFormation API
+# Reference, CreateStack, StackName). Anything else reaches the API as a request it refuses as malformed.
+_STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")
+# An AWS Batch job id is a UUID; an array child's is the parent's with ":INDEX" (SubmitJob response, jobId;
+# "Array jobs", AWS Batch User Guide).
+_JOB_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(:[0-9]{1,5})?")
+
+
+def stack_name(name: str, flag: str = "--stack") -> str:
+    """A CloudFormation stack name, checked before any request."""
+    if not _STACK_NAME.fullmatch(name):
+        raise UsageError(f"{flag} {name[:60]!r} is not a stack name: a letter, then letters, digits and hyphens "
+                         "(at most 128); give the name `cdk deploy` printed (the pipelineName, default iobatch)")
+    return name
+
+
+def job_ids(ids: Iterable[str]) -> list[str]:
+    """AWS Batch job ids, checked before any request."""
+    checked = list(ids)
+    for job_id in checked:
+        if not _JOB_ID.fullmatch(job_id.strip()):
+            raise UsageError(f"JOB_ID {job_id[:60]!r} is not an AWS Batch job id (a UUID, with :N for one child): "
+                             "give the id `iobatch submit` printed")
+    return [job_id.strip() for job_id in checked]
+
+
+def emf_namespace(namespace: str, flag: str = "--namespace") -> str:
+    """A CloudWatch namespace, checked before anything runs (profiling.emf owns the rule)."""
+    from profiling.emf import namespace_problem
+
+    if problem := namespace_problem(namespace):
+        raise UsageError(f"{flag} {namespace[:40]!r} {problem}")
+    return namespace

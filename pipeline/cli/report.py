@@ -144,8 +144,9 @@ def report(
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
                              "--advice (it runs the advisor on each local run itself)")
-        _compare_report(compare, out or Path("compare.html"), namespace, region, logs_endpoint)
+        _compare_report(compare, out or Path("compare.html"), checks.emf_namespace(namespace), region, logs_endpoint)
         return
+    checks.emf_namespace(namespace)
     given = _read_advice(advice)
     if from_cloudwatch is not None and run_dir is not None:
         raise UsageError("give a run directory or --from-cloudwatch LOG_GROUP, not both")
