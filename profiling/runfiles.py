@@ -23,7 +23,7 @@ from typing import Any
 
 from profiling.emf import profiles_from_emf
 from profiling.files import open_regular
-from profiling.metrics import StageProfile, TimelinePoint
+from profiling.metrics import PROFILE_SCHEMA, StageProfile, TimelinePoint
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
@@ -33,7 +33,17 @@ REPORT = "report.html"
 
 
 class DamagedFileError(ValueError):
-    """A profile or EMF file exists but a line in it does not parse; the message names the file and line."""
+    """A profile or EMF file exists but a line in it does not parse; the message names the file and line.
+    Bad input wherever it is read: the report and the advisor both exit 65 for it (EXIT_PERMANENT)."""
+
+    #: What to do about it, after the message.
+    fix = "the file is damaged: rerun the child, or delete the file"
+
+
+class NewerSchemaError(DamagedFileError):
+    """A profile line of a newer schema than this version reads: not damaged, just newer."""
+
+    fix = f"it was written by a newer iobatch (this one reads schema {PROFILE_SCHEMA}): read it with that version"
 
 
 # ---- paths -------------------------------------------------------------------------------------------
@@ -151,6 +161,9 @@ def profile_from_line(line: str) -> StageProfile:
     """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
     timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
     body = json.loads(line)
+    schema = body.get("schema") if isinstance(body, dict) else None
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > PROFILE_SCHEMA:
+        raise NewerSchemaError(f"profile schema {schema}")
     _check_fields(body, StageProfile, "the line")
     for point in body.get("timeline") or []:
         _check_fields(point, TimelinePoint, "a timeline point")
@@ -171,6 +184,8 @@ def read_profiles(path: Path) -> Iterator[StageProfile]:
                     continue
                 try:
                     yield profile_from_line(line)
+                except NewerSchemaError as exc:
+                    raise NewerSchemaError(f"{file}:{number}: {exc}") from None
                 except (ValueError, TypeError, RecursionError) as exc:
                     raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
@@ -202,13 +217,13 @@ def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str 
 
 def read_emf_documents(path: Path) -> list[dict[str, Any]]:
     """Every JSON object in an EMF (or log) file; see emf_documents."""
-    with _text(path) as lines:
+    with _text(path, errors="replace") as lines:  # bytes that are not UTF-8 fail as JSON, naming the line
         return list(emf_documents(lines, where=str(path)))
 
 
 def read_emf(path: Path, *, namespace: str | None = None) -> list[StageProfile]:
     """The stage profiles in one EMF file; a local run's files are read whatever their namespace."""
-    with _text(path) as lines:
+    with _text(path, errors="replace") as lines:
         return profiles_from_emf_lines(lines, where=str(path), namespace=namespace)
 
 

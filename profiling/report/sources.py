@@ -223,7 +223,7 @@ def load_run_dir(run_dir: Path) -> ReportData:
     try:
         kept = runfiles.read_run_profiles(run_dir)
     except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
     pairs = kept.profiles
     if not pairs:
         raise ReportInputError(
