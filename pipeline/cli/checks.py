@@ -7,10 +7,12 @@ have lost the hour, and one that failed half-way would have left half of its out
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import stat
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -59,7 +61,11 @@ def not_an_input(path: Path, flag: str, inputs: Iterable[Path]) -> Path:
 
 
 def output_dir(path: Path, flag: str) -> Path:
-    """A directory the command will create or fill: not a file, under a folder it may write to."""
+    """A directory the command will create or fill: not a file, under a folder where files can be made. That is
+    tried (a directory made and removed at once): mode bits say nothing of root, of a read-only mount or of a
+    kernel file system such as /proc."""
+    if not str(path).isprintable():
+        raise UsageError(f"{flag} {str(path)!r} has a control character (a newline?): give the plain path")
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file: give a directory")
     existing = _nearest_existing(path)
@@ -67,6 +73,12 @@ def output_dir(path: Path, flag: str) -> Path:
         raise UsageError(f"{flag} {path}: {existing} is a file, not a directory: give another path")
     if not _writable(existing):
         raise UsageError(f"{flag} {path} is not writable: give a directory you may write to")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".iobatch-probe-", dir=existing))
+    except OSError as exc:
+        why = "fix its owner or mode, or give" if exc.errno in (errno.EACCES, errno.EPERM) else "give"
+        raise UsageError(f"{flag} {path}: no files can be made in {existing} ({exc.strerror}): {why} a directory "
+                         "on a writable disk") from None
     return path
 
 

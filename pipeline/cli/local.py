@@ -136,9 +136,15 @@ def demo(
     the local executor with a profiler beside every child; then print the per-stage table and where
     the outputs and the report are. The synthetic images are cached in $IOBATCH_CACHE (default
     .iobatch/cache) for the next run."""
-    from pipeline.local.demo import DemoOptions, demo_advice, run_demo
+    import os
+
+    from pipeline.local.demo import CACHE_ENV, DemoOptions, demo_advice, run_demo
+    from pipeline.local.s3server import versitygw_binary
 
     # Everything is checked before the server starts or anything is written.
+    checks.output_dir(Path(os.environ.get(CACHE_ENV) or ".iobatch/cache"), CACHE_ENV)
+    if s3_endpoint is None:
+        versitygw_binary()
     options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
                           run_dir=checks.output_dir(run_dir, "--run-dir"),
                           scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None,

@@ -16,9 +16,17 @@ from profiling import runfiles
 
 
 def _read_advice(path: Path | None) -> Any:
+    """The advisor's JSON. Fields the page does not know still render; findings of another shape than a list of
+    objects are refused (they would render as an advice with no findings)."""
     if path is None:
         return None
-    return checks.json_object(path, "--advice", "the JSON object `iobatch advise --json` printed")
+    what = "the JSON object `iobatch advise --json` printed"
+    body = checks.json_object(path, "--advice", what)
+    findings = body.get("findings")
+    if findings is not None and not (isinstance(findings, list) and all(isinstance(f, dict) for f in findings)):
+        raise UsageError(f"--advice {path}: findings is not a list of objects (a JSON "
+                         f"{type(findings).__name__}): give {what}")
+    return body
 
 
 def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
