@@ -155,8 +155,12 @@ def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_f
         env[SUBSTAGE_SOCKET_ENV] = (absolute if len(absolute.encode()) <= MAX_SOCKET_PATH
                                     else os.path.relpath(absolute, cwd))
     sys.stdout.flush()
-    proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+    try:
+        proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+    except OSError as exc:  # what find_command's check could not foresee (a damaged ELF: ENOEXEC)
+        raise UsageError(f"{command.where()} cannot be run ({exc.strerror}): give a program for this machine, or a "
+                         "script with its #! line") from None
     last = ""
     try:
         assert proc.stdout is not None
