@@ -92,7 +92,7 @@ def program_problem(path: Path | str) -> str | None:
         with open_regular(path) as file:
             head = file.read(20)
     except NotRegularFile as exc:
-        return f"is {exc.strerror.split(',')[0]}, not a program"
+        return f"is {(exc.strerror or 'not a regular file').split(',')[0]}, not a program"
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
     if head.startswith(b"#!"):

@@ -113,7 +113,7 @@ class IobatchCommand(TyperCommand):
         for param in self.params:
             parse = _number_parser(param)
             if parse is not None:
-                param.process_value = _checked_number(param, parse)  # type: ignore[method-assign]
+                param.process_value = _checked_number(param, parse)  # type: ignore[method-assign,assignment]
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         return [piece.replace("{", "").replace("}", "") for piece in super().collect_usage_pieces(ctx)]
