@@ -15,6 +15,7 @@ from pipeline.settings import (
     MAX_DEMO_IMAGES,
     MAX_IMAGE_MIB,
     MAX_IMAGES_PER_CHILD,
+    MAX_S5CMD_RETRIES,
     MAX_TRAIN_SIDE,
     MAX_WORKERS,
     MIN_TRAIN_SIDE,
@@ -233,7 +234,7 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
   {ENV.PROCESS_COMMAND:<26} the process stage's command line (default '{DEFAULT_PROCESS_COMMAND}')
   {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
-  {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (default 10)
+  {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (0 to {MAX_S5CMD_RETRIES}; default 10)
   {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/{SOCKET_NAME}); off: none
   {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
   {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)
