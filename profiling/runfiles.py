@@ -13,6 +13,7 @@ A run is read back from its profiles when it kept any (they carry timelines), el
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -21,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from profiling.emf import profiles_from_emf
-from profiling.metrics import StageProfile, TimelinePoint
+from profiling.files import open_regular
+from profiling.metrics import PROFILE_SCHEMA, StageProfile, TimelinePoint
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
@@ -31,7 +33,17 @@ REPORT = "report.html"
 
 
 class DamagedFileError(ValueError):
-    """A profile or EMF file exists but a line in it does not parse; the message names the file and line."""
+    """A profile or EMF file exists but a line in it does not parse; the message names the file and line.
+    Bad input wherever it is read: the report and the advisor both exit 65 for it (EXIT_PERMANENT)."""
+
+    #: What to do about it, after the message.
+    fix = "the file is damaged: rerun the child, or delete the file"
+
+
+class NewerSchemaError(DamagedFileError):
+    """A profile line of a newer schema than this version reads: not damaged, just newer."""
+
+    fix = f"it was written by a newer iobatch (this one reads schema {PROFILE_SCHEMA}): read it with that version"
 
 
 # ---- paths -------------------------------------------------------------------------------------------
@@ -67,6 +79,11 @@ def report_path(run_dir: Path) -> Path:
     return run_dir / REPORT
 
 
+def read_paths(run_dir: Path) -> list[Path]:
+    """What a reader of the run (the report, the advisor) reads in `run_dir`: an output there would replace it."""
+    return [run_file_path(run_dir), run_dir / PROFILES, run_dir / EMF, run_dir / LOGS]
+
+
 def is_run_dir(path: Path) -> bool:
     """True when `path` holds a run file: a directory a run wrote and may empty again."""
     return run_file_path(path).is_file()
@@ -96,7 +113,14 @@ def write_run(run_dir: Path, meta: Mapping[str, Any]) -> Path:
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """The run file as a dict. Raises OSError when it is missing and ValueError when it is not JSON."""
-    return dict(json.loads(run_file_path(run_dir).read_text(encoding="utf-8")))
+    with _text(run_file_path(run_dir)) as text:
+        return dict(json.loads(text.read()))
+
+
+def _text(path: Path, errors: str = "strict") -> io.TextIOWrapper:
+    """A run's file opened as UTF-8 text, which must be a regular file: a FIFO or a directory in its place is
+    an OSError at once (profiling.files.open_regular), never a read that waits for a writer."""
+    return io.TextIOWrapper(open_regular(path), encoding="utf-8", errors=errors)
 
 
 # ---- profiles and EMF --------------------------------------------------------------------------------
@@ -137,6 +161,9 @@ def profile_from_line(line: str) -> StageProfile:
     """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
     timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
     body = json.loads(line)
+    schema = body.get("schema") if isinstance(body, dict) else None
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > PROFILE_SCHEMA:
+        raise NewerSchemaError(f"profile schema {schema}")
     _check_fields(body, StageProfile, "the line")
     for point in body.get("timeline") or []:
         _check_fields(point, TimelinePoint, "a timeline point")
@@ -151,12 +178,14 @@ def read_profiles(path: Path) -> Iterator[StageProfile]:
     files = profile_files(path) if path.is_dir() else [path]
     for file in files:
         # Bytes that are not UTF-8 become U+FFFD, so such a line fails as JSON with its number.
-        with file.open(encoding="utf-8", errors="replace") as lines:
+        with _text(file, errors="replace") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
                     yield profile_from_line(line)
+                except NewerSchemaError as exc:
+                    raise NewerSchemaError(f"{file}:{number}: {exc}") from None
                 except (ValueError, TypeError, RecursionError) as exc:
                     raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
@@ -188,13 +217,13 @@ def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str 
 
 def read_emf_documents(path: Path) -> list[dict[str, Any]]:
     """Every JSON object in an EMF (or log) file; see emf_documents."""
-    with path.open(encoding="utf-8") as lines:
+    with _text(path, errors="replace") as lines:  # bytes that are not UTF-8 fail as JSON, naming the line
         return list(emf_documents(lines, where=str(path)))
 
 
 def read_emf(path: Path, *, namespace: str | None = None) -> list[StageProfile]:
     """The stage profiles in one EMF file; a local run's files are read whatever their namespace."""
-    with path.open(encoding="utf-8") as lines:
+    with _text(path, errors="replace") as lines:
         return profiles_from_emf_lines(lines, where=str(path), namespace=namespace)
 
 

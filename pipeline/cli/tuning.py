@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from pipeline.errors import UsageError
+from pipeline.errors import PermanentError, UsageError
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
 
 # The lab's own flags: each round runs two whole batches; a larger time scale leaves a credit bucket of less
@@ -64,6 +64,7 @@ def advise(
     the CDK context that applies them."""
     import json
 
+    from profiling.runfiles import DamagedFileError
     from tuning.advice_text import render
     from tuning.advise import advise as make_advice
     from tuning.advise import load_profiles
@@ -82,10 +83,13 @@ def advise(
         volumes = [parse_candidate(text) for text in candidate]
         profiles = load_profiles(list(inputs or []))
         result = make_advice(profiles, plan, volumes or None)
+    except DamagedFileError as exc:  # one rule with the report: a damaged or newer-schema file is bad input, 65
+        raise PermanentError(f"{exc}: {exc.fix}") from None
     except (AdviseError, VolumeError, HostTuningError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError(f"cannot read the profiles ({exc}): give readable run directories or files") from None
+        raise UsageError(f"cannot read the profiles ({exc.strerror or exc}): give readable run directories or "
+                         "files") from None
     if as_json:
         print(json.dumps(result.to_json(), indent=1))
     else:

@@ -26,11 +26,15 @@ REGION = "us-east-1"
 
 def versitygw_binary() -> str:
     """IOBATCH_VERSITYGW, .tools/bin/versitygw of this checkout, or versitygw on PATH."""
-    candidates = [os.environ.get(VERSITYGW_ENV, ""),
+    given = os.environ.get(VERSITYGW_ENV, "")
+    if given and not (os.path.isfile(given) and os.access(given, os.X_OK)):
+        what = "a directory" if os.path.isdir(given) else "not an executable file"
+        raise ToolMissing(f"{VERSITYGW_ENV}={given} is {what}: set it to the versitygw program, or unset it")
+    candidates = [given,
                   str(Path(__file__).resolve().parents[2] / ".tools" / "bin" / "versitygw"),
                   shutil.which("versitygw") or ""]
     for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise ToolMissing("versitygw is not installed: run `make setup` (it builds it into .tools/bin), "
                       f"or set {VERSITYGW_ENV}, or point at another S3 with --s3-endpoint")

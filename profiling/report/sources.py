@@ -18,6 +18,7 @@ from typing import Any
 
 from profiling import runfiles
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, stage_order
+from profiling.numbers import number
 
 
 class ReportInputError(ValueError):
@@ -80,16 +81,23 @@ def natural_key(text: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+# The longest CloudWatch Logs keeps an event: retention is 1 to 3653 days (CloudWatch Logs API Reference,
+# PutRetentionPolicy, retentionInDays). Longer, a start time reaches before 1970, which the API refuses
+# (FilterLogEvents, startTime: minimum 0) as a malformed request, not as no events.
+MAX_SINCE_S = 3653 * 86400
+
+
 def parse_since(text: str) -> float:
     """'90s', '30m', '1h', '2d' (or a bare number of seconds) -> seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     body = text.strip().lower()
-    try:
-        value = float(body[:-1]) * units[body[-1]] if body and body[-1] in units else float(body)
-    except ValueError:
-        value = -1.0
+    amount = number(body[:-1]) if body and body[-1] in units else number(body)
+    value = -1.0 if amount is None else amount * units.get(body[-1:], 1)
     if not math.isfinite(value) or value <= 0:
-        raise ReportInputError(f"--since {text!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
+        raise ReportInputError(f"--since {text[:40]!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
+    if value > MAX_SINCE_S:
+        raise ReportInputError(f"--since {text[:40]!r} is longer than {MAX_SINCE_S // 86400:,} days, the longest "
+                               "CloudWatch Logs keeps events: give a shorter duration")
     return value
 
 
@@ -215,7 +223,7 @@ def load_run_dir(run_dir: Path) -> ReportData:
     try:
         kept = runfiles.read_run_profiles(run_dir)
     except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
     pairs = kept.profiles
     if not pairs:
         raise ReportInputError(
