@@ -183,6 +183,11 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("OwnPeakWritebackBytes", "Bytes", "own_peak_writeback_bytes", "own peak writeback MiB", MAX, MIB,
                "MiB", "Most bytes of the child's cgroup under writeback during the stage (memory.stat "
                "file_writeback)", scope=CONTAINER),
+    MetricSpec("OwnDirtyThresholdBytes", "Bytes", "own_dirty_threshold_bytes", "own dirty limit MiB", MEDIAN, MIB,
+               "MiB", "The child's own dirty threshold (its memory cgroup's writeback domain, computed as the kernel "
+               "does from memory.max/high, memory.current and file pages, vm.dirty_*): the lowest it was in the "
+               "stage. Writers are paused by this domain or the host's, whichever is nearer its limit",
+               scope=CONTAINER),
     MetricSpec("NetworkSentBytes", "Bytes", "net_sent_bytes", "net sent MiB", SUM, MIB, "MiB",
                "Bytes the child sent over the network: its sockets (eBPF) or its own network namespace's "
                "interfaces", scope=CONTAINER),
@@ -270,6 +275,8 @@ class StageProfile:
     own_io_stall_ms: float | None = None
     own_peak_dirty_bytes: int | None = None
     own_peak_writeback_bytes: int | None = None
+    own_dirty_threshold_bytes: int | None = None
+    own_dirty_background_threshold_bytes: int | None = None
     # Bytes over the network: the child's own (eBPF sockets, or its own network namespace), else host-wide.
     net_sent_bytes: int | None = None
     net_received_bytes: int | None = None

@@ -261,6 +261,10 @@ def _own_figures(snapshots: Sequence[Snapshot]) -> dict[str, Any]:
         out["own_peak_dirty_bytes"] = max(dirty)
     if writeback:
         out["own_peak_writeback_bytes"] = max(writeback)
+    thresholds = [o.thresholds for o in samples if o.thresholds is not None]
+    if thresholds:  # the tightest the child's own limits were during the stage
+        out["own_dirty_threshold_bytes"] = min(t.dirty_bytes for t in thresholds)
+        out["own_dirty_background_threshold_bytes"] = min(t.background_bytes for t in thresholds)
     return out
 
 

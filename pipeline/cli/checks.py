@@ -66,9 +66,14 @@ def output_dir(path: Path, flag: str) -> Path:
     kernel file system such as /proc."""
     if not str(path).isprintable():
         raise UsageError(f"{flag} {str(path)!r} has a control character (a newline?): give the plain path")
-    if path.exists() and not path.is_dir():
+    try:
+        is_file = path.exists() and not path.is_dir()
+        existing = _nearest_existing(path)
+    except OSError as exc:  # a name too long for the file system, a loop of links: stat itself fails
+        shown = str(path) if len(str(path)) <= 80 else str(path)[:80] + "..."
+        raise UsageError(f"{flag} {shown} cannot be used ({exc.strerror}): give a shorter, plain path") from None
+    if is_file:
         raise UsageError(f"{flag} {path} is a file: give a directory")
-    existing = _nearest_existing(path)
     if not existing.is_dir():
         raise UsageError(f"{flag} {path}: {existing} is a file, not a directory: give another path")
     if not _writable(existing):

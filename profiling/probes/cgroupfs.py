@@ -21,13 +21,16 @@ The parsers are pure; the readers at the bottom are the only code here that touc
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.probes.cgroup import v2_mount, v2_path
 from profiling.probes.procfs import Pressure, parse_pressure
+from profiling.probes.wbdomain import Thresholds, own_thresholds
 
 MAX_SEARCH_DEPTH = 5  # /ecs/<task>/<container> on ECS hosts, system.slice/docker-<id>.scope elsewhere
+_PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class CgroupSample:
     pressure: Pressure | None
     dirty_bytes: int | None
     writeback_bytes: int | None
+    thresholds: Thresholds | None = None  # its memory cgroup's own dirty thresholds (profiling/probes/wbdomain.py)
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,7 @@ class OwnCgroup:
 
     path: Path
     disk: str | None  # "MAJ:MIN" of the whole disk behind scratch; None: no block device
+    root: Path | None = None  # the hierarchy's root it was found under: its ancestors' limits count up to there
 
     def sample(self) -> CgroupSample:
         io = None
@@ -95,11 +100,14 @@ class OwnCgroup:
             except ValueError:
                 pressure = None
         dirty = writeback = None
+        thresholds = None
         memory_text = _read(self.path / "memory.stat")
         if memory_text is not None:
             with contextlib.suppress(ValueError):  # no memory controller: no dirty figures
                 dirty, writeback = parse_memory_stat(memory_text)
-        return CgroupSample(io, pressure, dirty, writeback)
+            if dirty is not None and writeback is not None and self.root is not None:
+                thresholds = own_thresholds(self.path, self.root, memory_text, dirty + writeback, _PAGE_SIZE)
+        return CgroupSample(io, pressure, dirty, writeback, thresholds)
 
 
 def _read(path: Path) -> str | None:
@@ -168,7 +176,8 @@ def own_cgroup(pid: int, major: int | None, minor: int | None,
         return None, (f"no cgroup v2 of process {pid} is readable (cgroup v1 host, or the host's hierarchy is "
                       "not mounted): device, io stall and dirty figures are device- or host-wide only")
     disk = None if major is None or minor is None else whole_disk(major, minor)
-    cgroup = OwnCgroup(path, disk)
+    roots = [m for m in (v2_mount(), host_mount) if m is not None and (m == path or m in path.parents)]
+    cgroup = OwnCgroup(path, disk, max(roots, key=lambda m: len(m.parts)) if roots else None)
     if all(not (path / name).exists() for name in ("io.stat", "io.pressure", "memory.stat")):
         return None, (f"cgroup {path.name} has no io or memory controller files (cgroup v1 controllers on "
                       "this host): device, io stall and dirty figures are device- or host-wide only")

@@ -374,3 +374,12 @@ def test_advice_findings_of_the_wrong_shape_are_refused(stubbed: None, tmp_path:
     advice = tmp_path / "advice.json"
     advice.write_text(json.dumps({"findings": {"code": "X"}}))
     refused(["report", str(tmp_path), "--advice", str(advice)], EXIT_USAGE, "not a list of objects")
+
+
+def test_a_path_too_long_for_the_file_system_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by the fuzz (IOBATCH_CACHE of 5,000 digits): stat fails with ENAMETOOLONG, which Path.exists() raises.
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["demo", "--run-dir", "run"], env={"IOBATCH_CACHE": "9" * 5000})
+    assert result.exit_code == EXIT_USAGE, result.output
+    assert "File name too long" in result.output and "Traceback" not in result.output
+    assert len([line for line in result.output.splitlines() if line.startswith("error: ")]) == 1
