@@ -13,6 +13,7 @@ A run is read back from its profiles when it kept any (they carry timelines), el
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from collections.abc import Iterable, Iterator, Mapping
@@ -112,25 +113,51 @@ def _allowed(annotation: str) -> tuple[set[str], bool]:
 _KIND_TYPES: dict[str, tuple[type, ...]] = {"number": (int, float), "str": (str,), "dict": (dict,), "list": (list,)}
 
 
+@functools.cache
+def _field_checks(cls: type) -> tuple[tuple[str, bool, tuple[type, ...], str, bool], ...]:
+    """Per field of a dataclass: (name, required, the Python types JSON gives it, their names, None allowed)."""
+    checks = []
+    for spec in dataclasses.fields(cls):
+        kinds, optional = _allowed(str(spec.type))
+        required = spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING
+        types = tuple(t for kind in sorted(kinds) for t in _KIND_TYPES[kind])
+        checks.append((spec.name, required, types, " or ".join(sorted(kinds)), optional))
+    return tuple(checks)
+
+
 def _check_fields(body: Any, cls: type, what: str) -> None:
     """Each known field of `body` has its dataclass's type; numbers are finite and not negative (a profile
     holds times, durations, bytes, counts and rates only). Raises ValueError naming the field."""
     if not isinstance(body, dict):
         raise ValueError(f"{what} is a JSON {type(body).__name__}, not an object")
     where = "" if what == "the line" else f"{what}: "
-    for spec in dataclasses.fields(cls):
-        if spec.name not in body:
-            if spec.default is dataclasses.MISSING and spec.default_factory is dataclasses.MISSING:
-                raise ValueError(f"{what} has no {spec.name!r}")
+    for name, required, types, kinds, optional in _field_checks(cls):
+        if name not in body:
+            if required:
+                raise ValueError(f"{what} has no {name!r}")
             continue
-        value = body[spec.name]
-        kinds, optional = _allowed(str(spec.type))
+        value = body[name]
         if value is None and optional:
             continue
-        if isinstance(value, bool) or not any(isinstance(value, _KIND_TYPES[kind]) for kind in kinds):
-            raise ValueError(f"{where}{spec.name} is {json.dumps(value)[:40]}, not a {' or '.join(sorted(kinds))}")
-        if isinstance(value, (int, float)) and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{where}{spec.name} is {value}: a profile holds finite figures of 0 or more")
+        if isinstance(value, bool) or not isinstance(value, types):
+            raise ValueError(f"{where}{name} is {json.dumps(value)[:40]}, not a {kinds}")
+        if isinstance(value, int | float) and not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{where}{name} is {value}: a profile holds finite figures of 0 or more")
+
+
+def _properties(body: dict[str, Any]) -> None:
+    """The per-job properties as text: a number (an ArrayIndex written as 7) is read as its text ('7'); any
+    other kind (a list, an object, true, null) raises ValueError naming the property."""
+    props = body.get("properties")
+    if not props:
+        return
+    for key, value in props.items():
+        if isinstance(value, str):
+            continue
+        if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+            props[key] = str(int(value)) if float(value).is_integer() else str(value)
+            continue
+        raise ValueError(f"properties.{key} is {json.dumps(value)[:40]}, not a string or number")
 
 
 def profile_from_line(line: str) -> StageProfile:
@@ -138,6 +165,7 @@ def profile_from_line(line: str) -> StageProfile:
     timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
     body = json.loads(line)
     _check_fields(body, StageProfile, "the line")
+    _properties(body)
     for point in body.get("timeline") or []:
         _check_fields(point, TimelinePoint, "a timeline point")
     return StageProfile.from_dict(body)
