@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -37,6 +38,23 @@ def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
     return client
 
 
+class Progress:
+    """One line on stderr every PROGRESS_EVERY_S seconds once a read has taken that long: a small run's
+    report prints nothing but its path; a fleet's says how far it is."""
+
+    PROGRESS_EVERY_S = 5.0
+
+    def __init__(self, line: Callable[[int, int], str]) -> None:
+        self._line = line
+        self._last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.PROGRESS_EVERY_S:
+            self._last = now
+            print(f"report: {self._line(done, total)}", file=sys.stderr, flush=True)
+
+
 def _from_logs(log_group: str, read: Callable[[], Any]) -> Any:
     """`read()` with CloudWatch Logs' errors as the pipeline's (pipeline.aws.logs_error)."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -55,8 +73,10 @@ def _cloudwatch_report(log_group: str, out: Path, since: str, namespace: str, re
     from profiling.report import parse_since, write_report_from_cloudwatch
 
     since_s = parse_since(since)
+    progress = Progress(lambda pages, events: f"read {pages:,} pages of {log_group}, {events:,} log events")
     return _from_logs(log_group, lambda: write_report_from_cloudwatch(
-        _logs_client(region, logs_endpoint), log_group, out, since_s=since_s, namespace=namespace, advice=advice))
+        _logs_client(region, logs_endpoint), log_group, out, since_s=since_s, namespace=namespace, advice=advice,
+        progress=progress))
 
 
 def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: str | None,
@@ -156,7 +176,8 @@ def report(
                                       checks.region(region), checks.endpoint_url(logs_endpoint, "--logs-endpoint"),
                                       given)
         else:
-            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given)
+            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given,
+                                progress=Progress(lambda done, files: f"read {done:,} of {files:,} profile files"))
     except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None
     except ReportInputError as exc:

@@ -10,7 +10,7 @@ Entry points: `write_report(run_dir, out, advice=...)` for a local run and
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -303,14 +303,15 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
     return page(title, f"generated {generated}", nav, "".join(body))
 
 
-def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None) -> Path:
+def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Path:
     """Write the HTML report of a local run directory and return its path.
 
     `out` defaults to <run_dir>/report.html. `advice` is the advisor's recommendation (a mapping, a
     dataclass or an object with to_dict(), e.g. from tuning.advise); it is rendered as given, and the
     report says so when there is none. Raises ReportInputError when the run directory is unusable.
     """
-    data = load_run_dir(Path(run_dir))
+    data = load_run_dir(Path(run_dir), progress=progress)
     target = Path(out) if out is not None else runfiles.report_path(Path(run_dir))
     return runfiles.write_text_atomic(target, render_html(data, advice=advice))
 
@@ -323,10 +324,12 @@ def write_report_from_cloudwatch(
     since_s: float,
     namespace: str = DEFAULT_NAMESPACE,
     advice: Mapping[str, Any] | Any | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write the report of the EMF documents a CloudWatch Logs group received in the last `since_s` s.
 
-    `client` is a boto3 'logs' client. There are no timelines in EMF; the report says so.
+    `client` is a boto3 'logs' client; `progress(pages, events)` is called after each page read. There are
+    no timelines in EMF; the report says so.
     """
-    data = load_cloudwatch(client, log_group, since_s=since_s, namespace=namespace)
+    data = load_cloudwatch(client, log_group, since_s=since_s, namespace=namespace, progress=progress)
     return runfiles.write_text_atomic(Path(out), render_html(data, advice=advice))
