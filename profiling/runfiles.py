@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from profiling.emf import profiles_from_emf
 from profiling.metrics import StageProfile, TimelinePoint
 
@@ -160,14 +162,38 @@ def _properties(body: dict[str, Any]) -> None:
         raise ValueError(f"properties.{key} is {json.dumps(value)[:40]}, not a string or number")
 
 
+def _check_points(points: list[Any]) -> None:
+    """_check_fields on every timeline point, a field at a time over all the points (a profile line holds
+    hundreds of them: point by point was most of the cost of reading a run); on a failure, point by point for
+    the exact message."""
+    for point in points:
+        if type(point) is not dict:
+            _check_fields(point, TimelinePoint, "a timeline point")
+    for name, required, _, _, optional in _field_checks(TimelinePoint):
+        if required and any(name not in point for point in points):
+            break
+        present = [v for point in points if (v := point.get(name)) is not None]
+        if not optional and len(present) != sum(1 for point in points if name in point):
+            break
+        if present and (not {type(v) for v in present} <= _NUMBER_TYPES or not all(map(math.isfinite, present))
+                        or min(present) < 0):
+            break
+    else:
+        return
+    for point in points:
+        _check_fields(point, TimelinePoint, "a timeline point")
+
+
+_NUMBER_TYPES = {int, float}
+
+
 def profile_from_line(line: str) -> StageProfile:
     """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
     timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
-    body = json.loads(line)
+    body = orjson.loads(line)
     _check_fields(body, StageProfile, "the line")
     _properties(body)
-    for point in body.get("timeline") or []:
-        _check_fields(point, TimelinePoint, "a timeline point")
+    _check_points(body.get("timeline") or [])
     return StageProfile.from_dict(body)
 
 
