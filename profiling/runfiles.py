@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import json
 import math
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,18 +186,41 @@ def _check_points(points: list[Any]) -> None:
 _NUMBER_TYPES = {int, float}
 
 
-def profile_from_line(line: str) -> StageProfile:
+def profile_from_line(line: str, *, timeline: bool = True) -> StageProfile:
     """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
-    timeline point against TimelinePoint) before it is built. Raises ValueError naming the field."""
+    timeline point against TimelinePoint) before it is built. Raises ValueError naming the field.
+
+    `timeline=False` leaves the timeline out unread (a third of the time a line takes) and shares the strings
+    and source maps that repeat from child to child: a profile then weighs about 1.5 KiB instead of 10, for
+    readers of 100,000 children that need only the per-stage figures (the advisor)."""
     body = orjson.loads(line)
     _check_fields(body, StageProfile, "the line")
     _properties(body)
-    _check_points(body.get("timeline") or [])
+    if timeline:
+        _check_points(body.get("timeline") or [])
+    else:
+        body["timeline"] = []
+        body["properties"] = {sys.intern(k): sys.intern(v) for k, v in (body.get("properties") or {}).items()}
+        body["sources"] = _shared(body.get("sources") or {})
     return StageProfile.from_dict(body)
 
 
-def read_profiles(path: Path) -> Iterator[StageProfile]:
-    """Profiles from a .jsonl file, or from every .jsonl file under a run directory.
+@functools.lru_cache(maxsize=256)
+def _shared_sources(items: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    return dict(items)
+
+
+def _shared(sources: dict[str, Any]) -> dict[str, Any]:
+    """One dict for every profile with the same sources (they are not changed after reading)."""
+    try:
+        return _shared_sources(tuple(sources.items()))
+    except TypeError:  # a value that is not hashable: leave it as it is
+        return sources
+
+
+def read_profiles(path: Path, *, timeline: bool = True) -> Iterator[StageProfile]:
+    """Profiles from a .jsonl file, or from every .jsonl file under a run directory (`timeline`: see
+    profile_from_line).
 
     Raises DamagedFileError naming the file and line of the first line that is not a profile.
     """
@@ -208,7 +232,7 @@ def read_profiles(path: Path) -> Iterator[StageProfile]:
                 if not line.strip():
                     continue
                 try:
-                    yield profile_from_line(line)
+                    yield profile_from_line(line, timeline=timeline)
                 except (ValueError, TypeError, RecursionError) as exc:
                     raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
@@ -263,12 +287,13 @@ class RunProfiles:
         return EMF if self.from_emf else PROFILES
 
 
-def read_run_profiles(run_dir: Path) -> RunProfiles:
+def read_run_profiles(run_dir: Path, *, timeline: bool = True) -> RunProfiles:
     """The profiles of a run directory: its profile files when they hold any, else its EMF files.
 
-    The result is empty when the run kept neither; damaged files raise DamagedFileError.
+    The result is empty when the run kept neither; damaged files raise DamagedFileError. `timeline`: see
+    profile_from_line.
     """
-    pairs = [(p, file.stem) for file in profile_files(run_dir) for p in read_profiles(file)]
+    pairs = [(p, file.stem) for file in profile_files(run_dir) for p in read_profiles(file, timeline=timeline)]
     if pairs:
         return RunProfiles(pairs, from_emf=False)
     pairs = [(p, file.stem) for file in emf_files(run_dir) for p in read_emf(file)]
