@@ -45,8 +45,9 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, int]:
-    """(wall s, peak RSS MiB, exit code) of one command in a fresh process."""
+def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MiB, exit code) of one command in a fresh process. On a shared machine the
+    CPU time is the steadier figure: the wall time includes waiting for a core."""
     began = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(command, env=_env(), stdout=out, stderr=subprocess.PIPE)
@@ -57,7 +58,7 @@ def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, in
     wall = time.monotonic() - began
     if proc.returncode != 0:
         sys.stderr.write(err.decode(errors="replace")[-2000:])
-    return wall, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
 
 
 def demo_run(keep: Path) -> Path:
@@ -141,16 +142,17 @@ def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, 
     made = time.monotonic() - began
     size = sum(f.stat().st_size for f in (run / "profiles").iterdir())
     page = run / "report.html"
-    wall, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(page)])
+    wall, cpu, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(page)])
     text = page.read_text(encoding="utf-8") if code == 0 else ""
     found = re.search(rf"data-stage='download' data-scope='child' data-name='child {slow}'", text) is not None
     blank = work / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body></body></html>\n", encoding="utf-8")
     opened = chromium_open(page, blank) if code == 0 else None
-    a_wall, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS])
-    return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_mib": rss,
-            "report_exit": code, "page_mb": page.stat().st_size / 1e6 if code == 0 else None, "open_s": opened,
-            "straggler": found, "advise_s": a_wall, "advise_mib": a_rss, "advise_exit": a_code}
+    a_wall, a_cpu, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS])
+    return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_cpu": cpu,
+            "report_mib": rss, "report_exit": code, "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
+            "open_s": opened,
+            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_rss, "advise_exit": a_code}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -181,19 +183,23 @@ def main(argv: list[str] | None = None) -> int:
         for n in sizes:
             results.append(one_size(base, n, args.concurrency, work))
             r = results[-1]
-            print(f"{n} children: report {r['report_s']:.1f} s, {r['report_mib']:.0f} MiB; advise "
-                  f"{r['advise_s']:.1f} s, {r['advise_mib']:.0f} MiB", flush=True)
+            print(f"{n} children: report {r['report_s']:.1f} s ({r['report_cpu']:.1f} s CPU), "
+                  f"{r['report_mib']:.0f} MiB; advise {r['advise_s']:.1f} s ({r['advise_cpu']:.1f} s CPU), "
+                  f"{r['advise_mib']:.0f} MiB", flush=True)
             if args.keep is None:
                 shutil.rmtree(work / f"fleet-{n}", ignore_errors=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
-    print("\n| children | profiles MB | report s | report peak MiB | page MB | Chromium open s (beyond a blank "
-          "page) | straggler named | advise s | advise peak MiB |")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("\n| children | profiles MB | report s (CPU s) | report peak MiB | page MB | Chromium open s (beyond a "
+          "blank page) | straggler named | advise s (CPU s) | advise peak MiB |")
     print("|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
     for r in results:
-        report = _fmt(r["report_s"]) if r["report_exit"] == 0 else f"exit {r['report_exit']}"
-        advise = _fmt(r["advise_s"]) if r["advise_exit"] == 0 else f"exit {r['advise_exit']}"
+        report = f"{_fmt(r['report_s'])} ({_fmt(r['report_cpu'])})" if r["report_exit"] == 0 \
+            else f"exit {r['report_exit']}"
+        advise = f"{_fmt(r['advise_s'])} ({_fmt(r['advise_cpu'])})" if r["advise_exit"] == 0 \
+            else f"exit {r['advise_exit']}"
         print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} | "
               f"{_fmt(r['page_mb'], 2)} | {_fmt(r['open_s'])} | {_fmt(r['straggler'])} | {advise} | "
               f"{_fmt(r['advise_mib'], 0)} |")

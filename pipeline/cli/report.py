@@ -84,6 +84,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
     """Two runs side by side, each a run directory (with the advisor's findings for this machine, as the
     demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
     from pipeline.local.demo import demo_advice
+    from profiling import runfiles
     from profiling.report import (
         CloudWatchRange,
         DamagedInputError,
@@ -114,7 +115,10 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                 continue
             data = load_run_dir(side)
             workers = int((data.run or {}).get("workers") or 2)
-            advice.append(demo_advice([x.profile for x in data.entries], workers, say=lambda _: None))
+            # A large run keeps no whole profiles (profiling.report.fleet): the advisor reads them without timelines.
+            profiles = [x.profile for x in data.entries] if data.complete else \
+                [p for p, _ in runfiles.read_run_profiles(side, timeline=False).profiles]
+            advice.append(demo_advice(profiles, workers, say=lambda _: None))
             runs.append(data)
         names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
         path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
