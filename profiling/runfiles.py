@@ -164,25 +164,27 @@ def _properties(body: dict[str, Any]) -> None:
 
 
 def _check_points(points: list[Any]) -> None:
-    """_check_fields on every timeline point, a field at a time over all the points (a profile line holds
-    hundreds of them: point by point was most of the cost of reading a run); on a failure, point by point for
-    the exact message."""
+    """_check_fields on every timeline point, all the points at once (a profile line holds dozens to hundreds:
+    point by point was most of the cost of reading a fleet); when anything looks wrong, point by point for the
+    exact message."""
     checks = _field_checks(TimelinePoint)
     names = {check[0] for check in checks}
-    # The sidecar writes every field of every point: then no field is missing, and only the values are checked.
+    required = [check[0] for check in checks if not check[4]]
+    # The sidecar writes every field of every point, each a number (None where it could not be read, for the
+    # optional ones): then one pass over all the values says they are finite figures of 0 or more. A sum that
+    # overflows only sends a good line to the exact check.
     if all(type(point) is dict and point.keys() == names for point in points):
-        for name, _, _, _, optional in checks:
-            values = [point[name] for point in points]
-            present = [v for v in values if v is not None] if optional else values
-            if present and (not {type(v) for v in present} <= _NUMBER_TYPES or not all(map(math.isfinite, present))
-                            or min(present) < 0):
-                break
-        else:
+        values = [v for point in points for v in point.values()]
+        numbers = [v for v in values if v is not None]
+        if (set(map(type, values)) <= _POINT_TYPES
+                and all(point[n] is not None for point in points for n in required)
+                and (not numbers or (min(numbers) >= 0 and math.isfinite(sum(numbers))))):
             return
     for point in points:
         _check_fields(point, TimelinePoint, "a timeline point")
 
 
+_POINT_TYPES = {int, float, type(None)}
 _NUMBER_TYPES = {int, float}
 
 
@@ -205,6 +207,19 @@ def profile_from_line(line: str, *, timeline: bool = True) -> StageProfile:
     return StageProfile.from_dict(body)
 
 
+def profile_and_points(line: str) -> tuple[StageProfile, list[dict[str, Any]]]:
+    """profile_from_line, everything checked alike, but the timeline's points handed back as they were read
+    (dicts with TimelinePoint's fields) and the profile built without them: for a reader of a whole fleet that
+    sums the points and keeps no profile (profiling.report.fleet)."""
+    body = orjson.loads(line)
+    _check_fields(body, StageProfile, "the line")
+    _properties(body)
+    points = body.get("timeline") or []
+    _check_points(points)
+    body["timeline"] = []
+    return StageProfile.from_dict(body), points
+
+
 @functools.lru_cache(maxsize=256)
 def _shared_sources(items: tuple[tuple[str, str], ...]) -> dict[str, str]:
     return dict(items)
@@ -216,6 +231,18 @@ def _shared(sources: dict[str, Any]) -> dict[str, Any]:
         return _shared_sources(tuple(sources.items()))
     except TypeError:  # a value that is not hashable: leave it as it is
         return sources
+
+
+def read_profile_points(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
+    """profile_and_points of every line of one .jsonl file; DamagedFileError as read_profiles."""
+    with file.open(encoding="utf-8", errors="replace") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                yield profile_and_points(line)
+            except (ValueError, TypeError, RecursionError) as exc:
+                raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
 
 def read_profiles(path: Path, *, timeline: bool = True) -> Iterator[StageProfile]:

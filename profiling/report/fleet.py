@@ -101,9 +101,11 @@ class Fleet:
 
     # ---- filling -------------------------------------------------------------------------------------
 
-    def add(self, profile: StageProfile, name: str, source: Path | None = None) -> None:
+    def add(self, profile: StageProfile, name: str, source: Path | None = None,
+            points: Sequence[Mapping[str, Any]] | None = None) -> None:
         """One stage of one child: `name` is shown when the profile has no ArrayIndex (its file's name);
-        `source` is the file it came from, read again for its timeline."""
+        `source` is the file it came from, read again for its timeline. `points` are its timeline's points as
+        read (profiling.runfiles.profile_and_points), when the profile was built without them."""
         rows = self.stages.setdefault(profile.stage, StageRows())
         props = profile.properties
         index = props.get("ArrayIndex") or None
@@ -124,23 +126,26 @@ class Fleet:
         for spec in METRICS:
             value = getattr(profile, spec.field)
             rows.values[spec.name].append(NAN if value is None else float(value))
-        self._add_traffic(profile)
+        if points is None:
+            self._add_traffic(profile.started_at, ((q.t, q.read_bps, q.write_bps) for q in profile.timeline))
+        else:
+            self._add_traffic(profile.started_at, ((q["t"], q.get("read_bps"), q.get("write_bps")) for q in points))
         for number, item in enumerate(profile.contract):
             if isinstance(item, Mapping):
                 self._add_contract(profile.stage, row, number, item)
         self.profiles += 1
 
-    def _add_traffic(self, profile: StageProfile) -> None:
+    def _add_traffic(self, started: float, points: Iterable[tuple[float, float | None, float | None]]) -> None:
         previous = 0.0
-        for point in profile.timeline:
-            span = point.t - previous
-            previous = point.t
+        for t, read, written in points:
+            span = t - previous
+            previous = t
             if span <= 0:
                 continue
             self.timeline_points += 1
-            cell = self.traffic.setdefault(int(profile.started_at + point.t), [0.0, 0.0])
-            cell[0] += (point.read_bps or 0.0) * span
-            cell[1] += (point.write_bps or 0.0) * span
+            cell = self.traffic.setdefault(int(started + t), [0.0, 0.0])
+            cell[0] += (read or 0.0) * span
+            cell[1] += (written or 0.0) * span
 
     def _add_contract(self, stage: str, row: int, number: int, item: Mapping[str, Any]) -> None:
         group = self.contract_groups.setdefault((stage, str(item.get("label", "-"))), ContractGroup())

@@ -11,14 +11,14 @@ import math
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
 from profiling.emf import profiles_from_emf, stage_key
-from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, stage_order
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
 
 # EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
@@ -218,10 +218,13 @@ class _Reader:
         self.kept: list[tuple[StageProfile, str]] | None = []
         self._children: set[tuple[str, str | None, str | None]] = set()
 
-    def add(self, profile: StageProfile, name: str, source: Path | None = None) -> None:
-        self.fleet.add(profile, name, source)
+    def add(self, profile: StageProfile, name: str, source: Path | None = None,
+            points: list[dict[str, Any]] | None = None) -> None:
+        self.fleet.add(profile, name, source, points)
         if self.kept is None:
             return
+        if points is not None:  # kept whole: its timeline built
+            profile = replace(profile, timeline=[TimelinePoint(**q) for q in points])
         rows = self.fleet.stages[profile.stage]
         self._children.add(rows.names[-1])
         if len(self._children) > PER_CHILD_LIMIT:
@@ -250,6 +253,13 @@ def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
         raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
 
 
+def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
+    try:
+        yield from runfiles.read_profile_points(file)
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+
+
 def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
     try:
         for profile in runfiles.read_emf(file):
@@ -265,15 +275,20 @@ def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None =
         raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
     from_emf = False
     reader = _Reader()
-    for files, read in ((runfiles.profile_files(run_dir), _profiles_in), (runfiles.emf_files(run_dir), _emf_in)):
+    files = runfiles.profile_files(run_dir)
+    for number, file in enumerate(files, 1):
+        for profile, points in _points_in(file):
+            reader.add(profile, file.stem, file, points)
+        if progress is not None:
+            progress(number, len(files))
+    if not reader.fleet.profiles:
+        from_emf = True
+        files = runfiles.emf_files(run_dir)
         for number, file in enumerate(files, 1):
-            for profile, name in read(file):
+            for profile, name in _emf_in(file):
                 reader.add(profile, name, file)
             if progress is not None:
                 progress(number, len(files))
-        if reader.fleet.profiles:
-            break
-        from_emf = True
     count = reader.fleet.profiles
     if not count:
         raise ReportInputError(

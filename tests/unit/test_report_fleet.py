@@ -4,9 +4,11 @@ that stays light, and odd property types read or refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from pipeline.cli import app
@@ -127,3 +129,23 @@ def test_other_property_kinds_are_refused_in_one_line(tmp_path: Path) -> None:
         assert result.output == (f"error: {file}:1: not a profile (properties.ArrayIndex is {shown}, not a string "
                                  "or number): the file is damaged; rerun the child or delete the file\n")
         assert not (run / "r.html").exists()
+
+
+def test_a_damaged_timeline_point_among_many_is_named() -> None:
+    good = download(3, 100.0, 0.0).to_dict()
+    for field, value, message in (("read_bps", -1.0, "read_bps is -1.0: a profile holds finite figures"),
+                                  ("write_bps", True, "write_bps is true, not a number"),
+                                  ("t", None, "t is null, not a number"),
+                                  ("dirty_bytes", 1e308, None)):
+        body = json.loads(json.dumps(good))
+        body["timeline"][2][field] = value
+        if field == "dirty_bytes":  # two huge finite figures: the one-pass sum overflows, the exact check passes
+            body["timeline"][3][field] = 1e308
+            assert runfiles.profile_from_line(json.dumps(body)).timeline[2].dirty_bytes == 1e308
+            continue
+        with pytest.raises(ValueError, match=f"^a timeline point: {re.escape(str(message))}"):
+            runfiles.profile_from_line(json.dumps(body))
+    body = json.loads(json.dumps(good))
+    del body["timeline"][1]["t"]
+    with pytest.raises(ValueError, match=r"^a timeline point has no 't'$"):
+        runfiles.profile_from_line(json.dumps(body))
