@@ -134,11 +134,6 @@ def verify_content(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
     check_md5(entry.key, path.read_bytes(), entry.etag, bucket=bucket)
 
 
-def _s5cmd_retries() -> int | None:
-    raw = os.environ.get(ENV.S5CMD_RETRIES, "").strip()
-    return int(raw) if raw.isdigit() else None
-
-
 def local_name(key: str, position: int) -> str:
     """A flat, unique file name on scratch for an object key."""
     return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
@@ -191,7 +186,7 @@ def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command) -> C
             try:
                 results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
                                      endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
-                                     retries=_s5cmd_retries())
+                                     retries=settings.s5cmd_retries)
             except ScratchError:
                 raise scratch.full_error("downloading", at_least=needed) from None
             for i, entry in enumerate(entries):

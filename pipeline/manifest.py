@@ -33,6 +33,11 @@ import orjson
 from pipeline.errors import ManifestError, UsageError
 
 MAX_ARRAY_SIZE = 10_000  # AWS Batch's limit on children of one array job
+MAX_KEY_BYTES = 1024  # S3's limit on an object key, UTF-8 ("Naming Amazon S3 objects", Amazon S3 User Guide)
+# A manifest line holds one key (at most 1,024 bytes, up to 6 bytes each when JSON escapes them), a uri, a size
+# and an ETag: a longer line is not a manifest line, and is refused before it is parsed or even joined whole.
+MAX_LINE_BYTES = 64 * 1024
+_BOM = "\ufeff"
 OFFSET = struct.Struct(">Q")
 FROZEN_MANIFEST = "_batch/manifest.jsonl"
 FROZEN_INDEX = "_batch/manifest.idx"
@@ -76,13 +81,65 @@ def key_problem(key: str, prefix: str) -> str | None:
     return None
 
 
+def _key_bytes_problem(key: str) -> str | None:
+    """Why S3 cannot hold `key` as a name (over 1,024 bytes of UTF-8, or not UTF-8 at all), or None."""
+    try:
+        size = len(key.encode("utf-8"))
+    except UnicodeEncodeError:  # a lone surrogate, from a JSON escape such as \ud800
+        return f"key {key[:40]!r} is not valid Unicode (a lone surrogate): give the object's key"
+    if size > MAX_KEY_BYTES:
+        return f"key {_shown(key[:40])}... is {size:,} bytes of UTF-8: S3 keys are at most {MAX_KEY_BYTES:,}"
+    return None
+
+
+def manifest_lines(chunks: Iterable[bytes], *, source: str) -> Iterator[bytes]:
+    """The lines (with their ends) of a manifest read as `chunks` of bytes, each at most MAX_LINE_BYTES: a longer
+    one raises ManifestError naming its line once that many bytes of it have arrived, so a file that is not a
+    manifest (one 10 MB line) costs a read of its first 64 KiB, not a quadratic join of its chunks."""
+    pending = bytearray()
+    number = 0
+    for chunk in chunks:
+        pending += chunk
+        start = 0
+        while (end := pending.find(b"\n", start)) >= 0:
+            number += 1
+            if end + 1 - start > MAX_LINE_BYTES + 2:  # the line end (\r\n) is not part of the line
+                raise _too_long(source, number)
+            yield bytes(pending[start:end + 1])
+            start = end + 1
+        del pending[:start]
+        if len(pending) > MAX_LINE_BYTES + 2:
+            raise _too_long(source, number + 1)
+    if pending:
+        yield bytes(pending)
+
+
+def _too_long(source: str, number: int) -> ManifestError:
+    return ManifestError(f"{source} line {number} is longer than {MAX_LINE_BYTES:,} bytes: a manifest line holds "
+                         f"one key of at most {MAX_KEY_BYTES:,} bytes; is this file a manifest?")
+
+
 def parse_line(line: str | bytes, *, bucket: str, where: str, prefix: str | None = None) -> ManifestEntry | None:
     """One manifest line -> entry (None for a blank line). `where` names the file and line for errors.
 
     `prefix` is the input prefix a user's line must lie under (`key_problem`); None for a frozen manifest's
-    line, checked when the batch was frozen."""
-    text = line.decode("utf-8", errors="replace") if isinstance(line, bytes) else line
+    line, checked when the batch was frozen. Its cost is linear in the line and bounded: a line over
+    MAX_LINE_BYTES is refused before it is decoded."""
+    if len(line) > MAX_LINE_BYTES:  # characters are at least a byte each: a str this long is too long too
+        raise ManifestError(f"{where} is {len(line):,} {'bytes' if isinstance(line, bytes) else 'characters'} "
+                            f"long: a manifest line is at most {MAX_LINE_BYTES:,} bytes (one key of at most "
+                            f"{MAX_KEY_BYTES:,}); is this file a manifest?")
+    if isinstance(line, bytes):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ManifestError(f"{where} is not UTF-8 text (byte {exc.start + 1} is {line[exc.start]:#04x}): save "
+                                "the manifest as UTF-8") from None
+    else:
+        text = line
     text = text.strip()
+    if text.startswith(_BOM):
+        raise ManifestError(f"{where} starts with a byte order mark (BOM): save the manifest as UTF-8 without BOM")
     if not text:
         return None
     try:
@@ -105,6 +162,8 @@ def parse_line(line: str | bytes, *, bucket: str, where: str, prefix: str | None
             )
     if not isinstance(key, str) or not key or key.endswith("/"):
         raise ManifestError(f"{where} names no object: give \"key\" (in bucket {bucket}) or \"uri\"")
+    if problem := _key_bytes_problem(key):
+        raise ManifestError(f"{where}: {problem}")
     if prefix is not None and (problem := key_problem(key, prefix)):
         raise ManifestError(f"{where}: {problem}")
     size = body.get("size")

@@ -35,13 +35,12 @@ from pipeline.interface import (
     EXIT_RETRYABLE,
     PROCESS_ENV,
     SUCCESS_MARKER,
-    exit_code_of,
     process_argv,
 )
-from pipeline.manifest import ManifestEntry
+from pipeline.manifest import MAX_KEY_BYTES, ManifestEntry
+from profiling.files import program_problem
 from profiling.protocol import MAX_SOCKET_PATH, SUBSTAGE_SOCKET_ENV
 
-MAX_KEY_BYTES = 1024  # S3's limit on an object key ("Naming Amazon S3 objects", Amazon S3 User Guide)
 STOP_WAIT_S = 5.0  # after SIGTERM, the command's group has this long before SIGKILL
 # A command that failed while the scratch volume had less than this free is taken to have filled it.
 FULL_FREE_BYTES = 16 << 20
@@ -83,17 +82,23 @@ def find_command(text: str, child: str, *, path: str | None = None, what: str = 
                                          (os.environ.get("PATH") if path is None else path)) if p)
     where = f"{what or f'child {child}: process command'} {text[:120]!r}"
     if os.sep in program:
-        if not Path(program).is_file():
+        if Path(program).is_dir():
+            raise UsageError(f"{where}: {program} is a directory: give the program in it")
+        if not Path(program).exists():
             raise UsageError(f"{where}: {program} does not exist: add it to the image (FROM the project's image) "
                              "or fix the path")
         if not os.access(program, os.X_OK):
             raise UsageError(f"{where}: {program} is not executable: chmod +x it in the image, or run it with its "
                              "interpreter (python3 SCRIPT {input} {output})")
-        return Command(text, child, str(Path(program).absolute()))
-    found = shutil.which(program, path=search)
+        found: str | None = str(Path(program).absolute())
+    else:
+        found = shutil.which(program, path=search)
     if found is None:
         raise UsageError(f"{where}: {program} is not on PATH: install it in the image (FROM the project's image) "
                          "or give its full path")
+    # Checked here, before anything runs (exit 64), not by execve after the download.
+    if problem := program_problem(found):
+        raise UsageError(f"{where}: {program} {problem}")
     return Command(text, child, found)
 
 
@@ -129,7 +134,8 @@ def check_md5(key: str, data: bytes, etag: str | None, *, bucket: str) -> None:
 
 def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_file: Path,
                 socket_path: Path | None, cwd: Path, environ: Mapping[str, str] | None = None) -> tuple[int, str]:
-    """Run the command to its end; return its exit code as a shell reports it (128 + N for signal N) and its
+    """Run the command to its end; return its raw return code (-N for a kill by signal N: `failure` says
+    which, and pipeline.interface.exit_code_of gives the shell's 128 + N) and its
     last line on stderr (without an `error: ` prefix), which a failure's headline quotes.
 
     Its stdout and stderr go on to the job's stderr (the child's log; the job's stdout carries its own JSON
@@ -149,8 +155,12 @@ def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_f
         env[SUBSTAGE_SOCKET_ENV] = (absolute if len(absolute.encode()) <= MAX_SOCKET_PATH
                                     else os.path.relpath(absolute, cwd))
     sys.stdout.flush()
-    proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+    try:
+        proc = subprocess.Popen(command.argv(input_dir, output_dir), env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+    except OSError as exc:  # what find_command's check could not foresee (a damaged ELF: ENOEXEC)
+        raise UsageError(f"{command.where()} cannot be run ({exc.strerror}): give a program for this machine, or a "
+                         "script with its #! line") from None
     last = ""
     try:
         assert proc.stdout is not None
@@ -159,7 +169,7 @@ def run_command(command: Command, input_dir: Path, output_dir: Path, *, images_f
             sys.stderr.flush()
             if text := raw.decode("utf-8", errors="replace").strip():
                 last = text
-        code = exit_code_of(proc.wait())
+        code = proc.wait()
     except BaseException:
         stop_group(proc)
         raise
@@ -191,7 +201,9 @@ def failure(command: Command, code: int, last_line: str) -> IobatchError:
         return PermanentError(f"{where} exited {code}, bad input, not retried{said}")
     if code == EXIT_RETRYABLE:
         return RetryableError(f"{where} exited {code}, a transient fault: the child is retried{said}")
-    how = f"was killed by signal {code - 128}" if code > 128 else f"exited {code}"
+    # `code` is the raw return code: Python gives -N for a kill by signal N, where a shell says 128 + N; a
+    # command that exited 255 itself was not killed.
+    how = f"was killed by signal {-code}" if code < 0 else f"exited {code}"
     return ProcessCommandBug(f"{where} {how}, a bug in the command (it should exit 65 for bad input, 75 for a "
                              f"transient fault): fix it; not retried{said}")
 

@@ -39,6 +39,7 @@ from pipeline.manifest import (
     index_range,
     is_image_key,
     key_problem,
+    manifest_lines,
     parse_index_range,
     parse_line,
     parse_manifest,
@@ -153,7 +154,9 @@ def read_manifest(s3: Any, uri: S3Uri, *, bucket: str, prefix: str = "") -> Iter
         body = s3.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
     except (ClientError, BotoCoreError) as exc:
         raise s3_error(exc, what=str(uri)) from None
-    yield from parse_manifest(body.iter_lines(keepends=True), bucket=bucket, source=str(uri), prefix=prefix)
+    # Not botocore's iter_lines: it joins its 1 KiB chunks anew for every chunk of a line (quadratic in a long one).
+    lines = manifest_lines(body.iter_chunks(1 << 20), source=str(uri))
+    yield from parse_manifest(lines, bucket=bucket, source=str(uri), prefix=prefix)
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,9 @@ class Scratch:
         if not self.root.is_dir():
             if self.require_prepared:
                 raise self._unprepared("does not exist")
+            if self.root.exists():
+                raise ScratchError(f"scratch directory {self.root} is a file, not a directory: set {ENV.SCRATCH} to "
+                                   "the scratch volume's directory")
             raise ScratchError(f"scratch directory {self.root} does not exist: mount the scratch volume or set "
                                f"{ENV.SCRATCH}")
         if self.require_prepared and not (self.root / SCRATCH_READY_MARKER).is_file():
@@ -152,8 +155,11 @@ class Scratch:
             self.release()
             if exc.errno == errno.ENOSPC:  # before this attempt wrote a byte: the neighbours filled the volume
                 raise self.full_error("starting") from None
-            raise ScratchError(f"scratch directory {self.work_dir} is not writable ({exc.strerror}): fix the "
-                               f"owner or mode of {self.root}, or set {ENV.SCRATCH}") from None
+            if exc.errno in (errno.EACCES, errno.EPERM):
+                raise ScratchError(f"scratch directory {self.work_dir} is not writable ({exc.strerror}): fix the "
+                                   f"owner or mode of {self.root}, or set {ENV.SCRATCH}") from None
+            raise ScratchError(f"scratch directory {self.root} cannot hold files ({exc.strerror}): set "
+                               f"{ENV.SCRATCH} to a directory on a writable disk volume") from None
         return swept
 
     def release(self) -> None:

@@ -23,7 +23,9 @@ from pipeline.interface import (
     process_command_problem,
     task_dir_name,
 )
+from pipeline.manifest import MAX_KEY_BYTES
 from profiling.identity import TASK_ID, JobEnv, resolve_task_id, safe_task_id
+from profiling.numbers import MAX_DIGITS, shown, whole_number
 from profiling.protocol import SOCKET_NAME
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ MIN_TRAIN_SIDE = 8
 MAX_TRAIN_SIDE = 4096  # pixels; the process stage holds a 4096x4096 image as float32 (192 MiB) at a time
 MAX_IMAGES_PER_CHILD = 100_000
 MAX_S5CMD_WORKERS = 1024
+# s5cmd backs off exponentially between retries (its default is 10): past 100 a child waits for hours on an
+# endpoint that is down instead of failing for Batch to retry it.
+MAX_S5CMD_RETRIES = 100
 MAX_WORKERS = 256  # children at once on one machine
 # The demo's synthetic batch: generating one image holds about 30 bytes a pixel (pipeline/local/dataset.py),
 # so 256 MiB images (~117 Mpixel) need about 3.5 GiB per generating process.
@@ -48,7 +53,7 @@ MAX_IMAGE_MIB = 256.0
 # against the frozen manifest (pipeline/job.py), this bound only stops a typo from naming a child.
 MAX_CHILD_INDEX = 10**9
 MAX_TIMEOUT_S = 14 * 24 * 3600  # the stack's longest jobTimeoutMinutes; beyond it a typo, not a timeout
-_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$")
+_S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9])(?:/(?P<key>.*))?$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -65,7 +70,13 @@ class S3Uri:
                 raise UsageError(f"{what} {text!r}: bucket name {bucket!r} is not valid (3-63 lowercase letters, "
                                  "digits, dots and hyphens)")
             raise UsageError(f"{what} {text!r} is not an S3 URI: write it as s3://bucket/prefix/")
-        return cls(match["bucket"], match["key"] or "")
+        key = match["key"] or ""
+        if len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise UsageError(f"{what} {shown(text, 60)}: the key is over {MAX_KEY_BYTES:,} bytes, S3's limit: "
+                             "give a shorter prefix")
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in key):
+            raise UsageError(f"{what} {text!r} has a control character (a newline?) in its key: give the plain URI")
+        return cls(match["bucket"], key)
 
     def as_prefix(self) -> S3Uri:
         """The same location as a folder: key empty or ending in '/'."""
@@ -78,6 +89,27 @@ class S3Uri:
 
     def __str__(self) -> str:
         return f"s3://{self.bucket}/{self.key}"
+
+
+def parse_manifest_uri(text: str, *, what: str) -> S3Uri:
+    """The S3 URI of a manifest object: a key is needed (s3://bucket alone names no object, and would reach
+    S3 as a request botocore refuses)."""
+    uri = S3Uri.parse(text, what=what)
+    if not uri.key or uri.key.endswith("/"):
+        raise UsageError(f"{what} {text} names a folder, not a manifest: give the manifest object, "
+                         "e.g. s3://bucket/batches/2026-11-22.jsonl")
+    return uri
+
+
+def check_output_outside_input(input: S3Uri, output: S3Uri, *, listed: bool, what: str = "--output") -> None:
+    """The one rule for where a batch may write: never inside (or at) the input prefix. Its frozen manifest,
+    index and shards would land among the user's images, and a listing of the input would take them for
+    images. With a manifest (`listed` False) whose input is a whole bucket (`submit --local --manifest`:
+    the bucket its keys live in), the rest of that bucket is free."""
+    inside = output.bucket == input.bucket and output.as_prefix().key.startswith(input.as_prefix().key)
+    if inside and (listed or input.key):
+        raise UsageError(f"output {output} is inside the input prefix {input}: the batch's files would land among "
+                         f"the images (and be listed as images next time); give {what} elsewhere")
 
 
 def default_workers() -> int:
@@ -112,21 +144,33 @@ def parse_process_command(text: str, *, what: str = ENV.PROCESS_COMMAND) -> str:
     return text.strip()
 
 
+def parse_int(raw: str, *, what: str, minimum: int, maximum: int) -> int:
+    """A whole number from a variable or flag (profiling.numbers.whole_number: ASCII digits, bounded length)
+    within [minimum, maximum]; anything else is a usage error naming `what`."""
+    value = whole_number(raw)
+    if value is None:
+        body = raw.strip()
+        if body.lstrip("+-").isascii() and body.lstrip("+-").isdigit():
+            raise UsageError(f"{what}={shown(body)} is out of range: give {minimum} to {maximum}")
+        raise UsageError(f"{what}={shown(raw)} is not a whole number: give one from {minimum} to {maximum} "
+                         "(ASCII digits)")
+    if not minimum <= value <= maximum:
+        raise UsageError(f"{what}={value} is out of range: give {minimum} to {maximum}")
+    return value
+
+
 def _int(environ: Mapping[str, str], name: str, default: int | None, minimum: int, maximum: int) -> int:
     raw = environ.get(name)
     if raw is None or raw.strip() == "":
         if default is None:
             raise UsageError(f"{name} is not set: the job needs it (see `iobatch job --help`)")
         return default
-    try:
-        value = int(raw.strip()) if len(raw) <= 20 else None
-    except ValueError:
-        value = None
-    if value is None:
-        raise UsageError(f"{name}={raw[:40]!r} is not a whole number: give one from {minimum} to {maximum}")
-    if not minimum <= value <= maximum:
-        raise UsageError(f"{name}={value} is out of range: give {minimum} to {maximum}")
-    return value
+    return parse_int(raw, what=name, minimum=minimum, maximum=maximum)
+
+
+def _optional_int(environ: Mapping[str, str], name: str, minimum: int, maximum: int) -> int | None:
+    raw = environ.get(name, "")
+    return None if raw.strip() == "" else parse_int(raw, what=name, minimum=minimum, maximum=maximum)
 
 
 def _child_index(environ: Mapping[str, str]) -> int:
@@ -137,8 +181,10 @@ def _child_index(environ: Mapping[str, str]) -> int:
     total = 0
     for name in (ENV.ARRAY_INDEX, ENV.ARRAY_OFFSET):
         raw = environ.get(name, "").strip()
-        if raw.isdigit() and int(raw) > MAX_CHILD_INDEX:
-            raise ManifestError(f"{name}={raw[:24]} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
+        digits = raw.removeprefix("+")
+        if digits.isascii() and digits.isdigit() and (len(digits) > MAX_DIGITS or int(digits) > MAX_CHILD_INDEX):
+            cut = "..." if len(raw) > 24 else ""
+            raise ManifestError(f"{name}={raw[:24]}{cut} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
         total += _int(environ, name, 0, 0, MAX_CHILD_INDEX)
     if total > MAX_CHILD_INDEX:
         raise ManifestError(f"{ENV.ARRAY_INDEX} + {ENV.ARRAY_OFFSET} = {total:,} is beyond any batch: an index is "
@@ -159,6 +205,17 @@ def _yes(environ: Mapping[str, str], name: str) -> bool:
 def env_yes(environ: Mapping[str, str], name: str) -> bool:
     """A yes/no variable (1, true, yes; 0, false, no or unset); anything else is a usage error naming it."""
     return _yes(environ, name)
+
+
+def _pipeline_name(environ: Mapping[str, str]) -> str:
+    """The Pipeline dimension of every metric: checked here, at the start, since CloudWatch would drop every
+    document of a value it cannot take (profiling.emf.dimension_value_problem)."""
+    from profiling.emf import dimension_value_problem
+
+    value = environ.get(ENV.PIPELINE) or "iobatch"
+    if problem := dimension_value_problem(value):
+        raise UsageError(f"{ENV.PIPELINE}={shown(value, 40)} {problem}: set it to the stack's pipeline name")
+    return value
 
 
 def _required(environ: Mapping[str, str], name: str) -> str:
@@ -183,6 +240,7 @@ class JobSettings:
     train_size: tuple[int, int] = DEFAULT_TRAIN_SIZE
     skip_bad_images: bool = False
     s5cmd_workers: int = DEFAULT_S5CMD_WORKERS
+    s5cmd_retries: int | None = None  # s5cmd --retry-count; None: s5cmd's own default
     pipeline: str = "iobatch"
     profiler_socket: Path | None = None
     profiler_enabled: bool = True  # False when IOBATCH_PROFILER_SOCKET=off: stages are not announced
@@ -198,10 +256,14 @@ class JobSettings:
         env = os.environ if environ is None else environ
         manifest_raw = env.get(ENV.MANIFEST, "").strip()
         socket_raw = env.get(ENV.PROFILER_SOCKET, "").strip()
+        input_uri = S3Uri.parse(_required(env, ENV.INPUT), what=ENV.INPUT).as_prefix()
+        output_uri = S3Uri.parse(_required(env, ENV.OUTPUT), what=ENV.OUTPUT).as_prefix()
+        manifest = parse_manifest_uri(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None
+        check_output_outside_input(input_uri, output_uri, listed=manifest is None, what=ENV.OUTPUT)
         return cls(
-            input=S3Uri.parse(_required(env, ENV.INPUT), what=ENV.INPUT).as_prefix(),
-            output=S3Uri.parse(_required(env, ENV.OUTPUT), what=ENV.OUTPUT).as_prefix(),
-            manifest=S3Uri.parse(manifest_raw, what=ENV.MANIFEST) if manifest_raw else None,
+            input=input_uri,
+            output=output_uri,
+            manifest=manifest,
             scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
             images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1, MAX_IMAGES_PER_CHILD),
             job_id=env.get(ENV.JOB_ID) or "local",
@@ -209,7 +271,8 @@ class JobSettings:
             train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,
             skip_bad_images=_yes(env, ENV.SKIP_BAD_IMAGES),
             s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1, MAX_S5CMD_WORKERS),
-            pipeline=env.get(ENV.PIPELINE) or "iobatch",
+            s5cmd_retries=_optional_int(env, ENV.S5CMD_RETRIES, 0, MAX_S5CMD_RETRIES),
+            pipeline=_pipeline_name(env),
             profiler_socket=Path(socket_raw) if socket_raw and socket_raw != PROFILER_OFF else None,
             profiler_enabled=socket_raw != PROFILER_OFF,
             volume_type=env.get(ENV.VOLUME_TYPE) or "unknown",
@@ -261,6 +324,8 @@ class JobSettings:
             ENV.VOLUME_TYPE: self.volume_type,
             ENV.TASK_ID: self.attempt,
         }
+        if self.s5cmd_retries is not None:
+            env[ENV.S5CMD_RETRIES] = str(self.s5cmd_retries)
         if self.timeout_s:
             env[ENV.TIMEOUT_S] = str(self.timeout_s)
         if self.require_prepared_scratch:

@@ -36,6 +36,7 @@ from typing import Any
 
 from aws_embedded_metrics.constants import MAX_DATAPOINTS_PER_METRIC, MAX_DIMENSION_NAME_LENGTH, MAX_METRICS_PER_EVENT
 
+from profiling.files import read_regular
 from profiling.metrics import EMF_BODY_KEYS, METRICS_BY_NAME, StageProfile
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, cells_from_list
 
@@ -224,8 +225,7 @@ def load_contract(path: Path) -> Contract:
     """Read and parse a contract file (ContractError on a mistake, OSError when it cannot be read).
 
     The one reader of contract files: `profile`, `run`, `demo` and the sidecar all come here."""
-    with Path(path).open("rb") as file:
-        data = file.read(MAX_CONTRACT_BYTES + 1)
+    data = read_regular(path, MAX_CONTRACT_BYTES)  # a FIFO or a directory: refused at once, never waited on
     if len(data) > MAX_CONTRACT_BYTES:
         raise ContractError(str(path), 1, "file", f"over {MAX_CONTRACT_BYTES // 1024} KiB",
                             f"expected a contract of at most {MAX_RULES} rules")

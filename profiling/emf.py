@@ -18,10 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from aws_embedded_metrics.constants import MAX_DIMENSION_VALUE_LENGTH, MAX_NAMESPACE_LENGTH
+from aws_embedded_metrics.exceptions import InvalidDimensionError, InvalidNamespaceError
 from aws_embedded_metrics.logger.metrics_context import MetricsContext
 from aws_embedded_metrics.serializers.log_serializer import LogSerializer
+from aws_embedded_metrics.validator import validate_dimension_set, validate_namespace
 
 from profiling.contract import contract_metrics
+from profiling.files import append_line
 from profiling.metrics import (
     DEFAULT_NAMESPACE,
     METRICS,
@@ -40,6 +44,30 @@ from profiling.metrics import (
 MAX_EVENT_BYTES = 262_144 - 26
 CONTRACT_ROWS_CUT = ("contract rows: {kept} of {total} in the EMF document (a CloudWatch event holds at most "
                      "256 KiB); every rule's value per frame is in the metrics, and every row in the profile")
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why CloudWatch would not take `namespace` for the metrics, or None: the EMF library's own rule (1-256
+    of A-Z a-z 0-9 . _ # : / -), checked before a stage is measured rather than on every document."""
+    try:
+        validate_namespace(namespace)
+    except InvalidNamespaceError:
+        return (f"is not a CloudWatch namespace: 1 to {MAX_NAMESPACE_LENGTH} letters, digits or . _ # : / - "
+                f"({len(namespace):,} characters given)")
+    return None
+
+
+def dimension_value_problem(value: str) -> str | None:
+    """Why `value` cannot be a dimension value of every document (the Pipeline dimension), or None: the EMF
+    library's rule (1-1024 ASCII characters, not only blanks), and no control character (a newline splits the
+    log line CloudWatch Logs reads the document from)."""
+    try:
+        validate_dimension_set({"Pipeline": value})
+    except InvalidDimensionError:
+        return f"is not a CloudWatch dimension value: 1 to {MAX_DIMENSION_VALUE_LENGTH} ASCII characters"
+    if not value.isprintable():
+        return "has a control character (a newline?): CloudWatch Logs would split the document there"
+    return None
 
 
 def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE,
@@ -140,8 +168,7 @@ class FileSink:
         path.parent.mkdir(parents=True, exist_ok=True)
 
     def accept(self, line: str) -> None:
-        with self.path.open("a", encoding="utf-8") as out:
-            out.write(line + "\n")
+        append_line(self.path, line)  # whole or not at all: a full disk cuts no document in the middle
 
 
 class RecordingSink:

@@ -42,7 +42,9 @@ def load_rules(path: Path | None, loader: RulesLoader = contract_rules) -> Evalu
         return None
     try:
         return loader(path)
-    except (ValueError, OSError) as exc:
+    except OSError as exc:  # missing, unreadable, or not a regular file (profiling.files.open_regular)
+        raise ValueError(f"contract {path}: {exc.strerror or exc}: give a contract file") from None
+    except ValueError as exc:
         raise ValueError(f"contract {path}: {exc}") from None
 
 

@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from profiling.numbers import whole_number
 from profiling.protocol import SOCKET_NAME
 
 IMDS_URL = "http://169.254.169.254/latest"
@@ -77,7 +78,7 @@ class JobIdentity:
             # AWS Batch User Guide). Where this container has neither, the job's own stage_start names
             # them (protocol.IDENTITY_KEYS) and the profiles carry the job's.
             head, _, tail = (environ.get(names.job_id) or "").rpartition(":")
-            raw_index = tail if head and tail.isdigit() else None
+            raw_index = tail if head and whole_number(tail) is not None else None
         index = _whole(raw_index)
         offset = _whole(environ.get(names.array_offset))
         array_index = index + offset if index is not None and offset is not None else 0
@@ -104,11 +105,8 @@ def _whole(raw: str | None) -> int | None:
     """A whole number >= 0 (unset or empty: 0), or None when `raw` is not one."""
     if raw is None or raw == "":
         return 0
-    try:
-        value = int(raw)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
+    value = whole_number(raw)  # ASCII digits of a bounded length: '²' or 5,000 digits are not one
+    return value if value is not None and value >= 0 else None
 
 
 def safe_task_id(text: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
 import math
 import sys
@@ -25,7 +26,8 @@ from typing import Any
 import orjson
 
 from profiling.emf import profiles_from_emf
-from profiling.metrics import StageProfile, TimelinePoint
+from profiling.files import open_regular
+from profiling.metrics import PROFILE_SCHEMA, StageProfile, TimelinePoint
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
@@ -35,7 +37,17 @@ REPORT = "report.html"
 
 
 class DamagedFileError(ValueError):
-    """A profile or EMF file exists but a line in it does not parse; the message names the file and line."""
+    """A profile or EMF file exists but a line in it does not parse; the message names the file and line.
+    Bad input wherever it is read: the report and the advisor both exit 65 for it (EXIT_PERMANENT)."""
+
+    #: What to do about it, after the message.
+    fix = "the file is damaged: rerun the child, or delete the file"
+
+
+class NewerSchemaError(DamagedFileError):
+    """A profile line of a newer schema than this version reads: not damaged, just newer."""
+
+    fix = f"it was written by a newer iobatch (this one reads schema {PROFILE_SCHEMA}): read it with that version"
 
 
 # ---- paths -------------------------------------------------------------------------------------------
@@ -71,6 +83,11 @@ def report_path(run_dir: Path) -> Path:
     return run_dir / REPORT
 
 
+def read_paths(run_dir: Path) -> list[Path]:
+    """What a reader of the run (the report, the advisor) reads in `run_dir`: an output there would replace it."""
+    return [run_file_path(run_dir), run_dir / PROFILES, run_dir / EMF, run_dir / LOGS]
+
+
 def is_run_dir(path: Path) -> bool:
     """True when `path` holds a run file: a directory a run wrote and may empty again."""
     return run_file_path(path).is_file()
@@ -100,7 +117,14 @@ def write_run(run_dir: Path, meta: Mapping[str, Any]) -> Path:
 
 def read_run(run_dir: Path) -> dict[str, Any]:
     """The run file as a dict. Raises OSError when it is missing and ValueError when it is not JSON."""
-    return dict(json.loads(run_file_path(run_dir).read_text(encoding="utf-8")))
+    with _text(run_file_path(run_dir)) as text:
+        return dict(json.loads(text.read()))
+
+
+def _text(path: Path, errors: str = "strict") -> io.TextIOWrapper:
+    """A run's file opened as UTF-8 text, which must be a regular file: a FIFO or a directory in its place is
+    an OSError at once (profiling.files.open_regular), never a read that waits for a writer."""
+    return io.TextIOWrapper(open_regular(path), encoding="utf-8", errors=errors)
 
 
 # ---- profiles and EMF --------------------------------------------------------------------------------
@@ -188,6 +212,18 @@ _POINT_TYPES = {int, float, type(None)}
 _NUMBER_TYPES = {int, float}
 
 
+def _decoded(line: str) -> dict[str, Any]:
+    """A profile line decoded and checked against StageProfile (its properties read as text, see _properties);
+    a line of a newer schema than PROFILE_SCHEMA raises NewerSchemaError before any field is checked."""
+    body = orjson.loads(line)
+    schema = body.get("schema") if isinstance(body, dict) else None
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > PROFILE_SCHEMA:
+        raise NewerSchemaError(f"profile schema {schema}")
+    _check_fields(body, StageProfile, "the line")
+    _properties(body)
+    return body
+
+
 def profile_from_line(line: str, *, timeline: bool = True) -> StageProfile:
     """One profile line as the sidecar writes it, checked field by field against StageProfile (and each
     timeline point against TimelinePoint) before it is built. Raises ValueError naming the field.
@@ -195,9 +231,7 @@ def profile_from_line(line: str, *, timeline: bool = True) -> StageProfile:
     `timeline=False` leaves the timeline out unread (a third of the time a line takes) and shares the strings
     and source maps that repeat from child to child: a profile then weighs about 1.5 KiB instead of 10, for
     readers of 100,000 children that need only the per-stage figures (the advisor)."""
-    body = orjson.loads(line)
-    _check_fields(body, StageProfile, "the line")
-    _properties(body)
+    body = _decoded(line)
     if timeline:
         _check_points(body.get("timeline") or [])
     else:
@@ -211,9 +245,7 @@ def profile_and_points(line: str) -> tuple[StageProfile, list[dict[str, Any]]]:
     """profile_from_line, everything checked alike, but the timeline's points handed back as they were read
     (dicts with TimelinePoint's fields) and the profile built without them: for a reader of a whole fleet that
     sums the points and keeps no profile (profiling.report.fleet)."""
-    body = orjson.loads(line)
-    _check_fields(body, StageProfile, "the line")
-    _properties(body)
+    body = _decoded(line)
     points = body.get("timeline") or []
     _check_points(points)
     body["timeline"] = []
@@ -235,12 +267,14 @@ def _shared(sources: dict[str, Any]) -> dict[str, Any]:
 
 def read_profile_points(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
     """profile_and_points of every line of one .jsonl file; DamagedFileError as read_profiles."""
-    with file.open(encoding="utf-8", errors="replace") as lines:
+    with _text(file, errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 yield profile_and_points(line)
+            except NewerSchemaError as exc:
+                raise NewerSchemaError(f"{file}:{number}: {exc}") from None
             except (ValueError, TypeError, RecursionError) as exc:
                 raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
@@ -254,12 +288,14 @@ def read_profiles(path: Path, *, timeline: bool = True) -> Iterator[StageProfile
     files = profile_files(path) if path.is_dir() else [path]
     for file in files:
         # Bytes that are not UTF-8 become U+FFFD, so such a line fails as JSON with its number.
-        with file.open(encoding="utf-8", errors="replace") as lines:
+        with _text(file, errors="replace") as lines:
             for number, line in enumerate(lines, 1):
                 if not line.strip():
                     continue
                 try:
                     yield profile_from_line(line, timeline=timeline)
+                except NewerSchemaError as exc:
+                    raise NewerSchemaError(f"{file}:{number}: {exc}") from None
                 except (ValueError, TypeError, RecursionError) as exc:
                     raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
 
@@ -291,13 +327,13 @@ def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str 
 
 def read_emf_documents(path: Path) -> list[dict[str, Any]]:
     """Every JSON object in an EMF (or log) file; see emf_documents."""
-    with path.open(encoding="utf-8") as lines:
+    with _text(path, errors="replace") as lines:  # bytes that are not UTF-8 fail as JSON, naming the line
         return list(emf_documents(lines, where=str(path)))
 
 
 def read_emf(path: Path, *, namespace: str | None = None) -> list[StageProfile]:
     """The stage profiles in one EMF file; a local run's files are read whatever their namespace."""
-    with path.open(encoding="utf-8") as lines:
+    with _text(path, errors="replace") as lines:
         return profiles_from_emf_lines(lines, where=str(path), namespace=namespace)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 from profiling import protocol
 from profiling.emf import EmfSink, emit_profile
+from profiling.files import append_line
 from profiling.finish import RulesLoader, contract_rules, finish_stage, load_rules
 from profiling.metrics import StageProfile
 from profiling.probes import CallProbe, Warn, call_probes_for
@@ -102,10 +103,9 @@ class SidecarConfig:
 
 
 def write_profile_line(path: Path, profile: StageProfile) -> None:
-    """Append one profile JSON object (schema 1) as a line."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a", encoding="utf-8") as out:
-        out.write(json.dumps(profile.to_dict(), separators=(",", ":")) + "\n")
+    """Append one profile JSON object (schema 1) as a line, whole or not at all (a full disk leaves no line
+    cut in the middle: profiling.files.append_line)."""
+    append_line(path, json.dumps(profile.to_dict(), separators=(",", ":")))
 
 
 class Sidecar:

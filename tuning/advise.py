@@ -346,7 +346,9 @@ def _read_profiles(path: Path) -> list[StageProfile]:
         if path.suffix == ".jsonl":
             return list(runfiles.read_profiles(path, timeline=False))
         docs = runfiles.read_emf_documents(path)
-    except ValueError as exc:  # DamagedFileError, or bytes that are not UTF-8
+    except runfiles.DamagedFileError:
+        raise  # bad input, as the report says too (the CLI's exit 65)
+    except ValueError as exc:  # bytes that are not UTF-8
         raise AdviseError(str(exc)) from None
     profiles = profiles_from_emf(docs)
     if not profiles and docs:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from profiling.metrics import STAGES, StageProfile, median
+from profiling.numbers import number, whole_number
 from tuning.ebs import GIB, MIB, Volume, VolumeError
 from tuning.host import HostTuning
 from tuning.simulator import StageLoad
@@ -179,19 +180,20 @@ def parse_candidate(text: str) -> Volume:
     parts = [p.strip() for p in text.split(":")]
     if len(parts) < 2:
         raise AdviseError(f"candidate {text!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500")
-    try:
-        size = int(parts[1])
-    except ValueError:
-        raise AdviseError(f"candidate {text!r}: size {parts[1]!r} is not a whole number of GiB") from None
+    size = whole_number(parts[1])
+    if size is None:
+        raise AdviseError(f"candidate {text[:80]!r}: size {parts[1][:24]!r} is not a whole number of GiB")
     extra: dict[str, float] = {}
     for part in parts[2:]:
         key, _, value = part.partition("=")
         if key not in ("iops", "throughput") or not value:
-            raise AdviseError(f"candidate {text!r}: {part!r} is not iops=N or throughput=MIBPS")
-        try:
-            extra[key] = float(value)
-        except ValueError:
-            raise AdviseError(f"candidate {text!r}: {part!r} is not a number") from None
+            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not iops=N or throughput=MIBPS")
+        if key in extra:  # which one would count? neither: say so
+            raise AdviseError(f"candidate {text[:80]!r} gives {key} twice: give it once")
+        amount = number(value)
+        if amount is None or not math.isfinite(amount):
+            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not a number")
+        extra[key] = amount
     try:
         return Volume(parts[0], size,
                       iops=int(extra["iops"]) if "iops" in extra else None,

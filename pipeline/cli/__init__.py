@@ -15,21 +15,25 @@ The command modules import nothing from this one, so the imports run one way.
 
 from __future__ import annotations
 
+import errno
 import math
 import signal
 import sys
+import types
+import typing
 from collections.abc import Callable, Sequence
 from functools import wraps
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn, TypeVar, Union
 
 import typer
 from typer._click.core import Context, HelpFormatter
-from typer._click.exceptions import ClickException, NoArgsIsHelpError
+from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from pipeline.cli import batch, local, profiler, report, tuning
-from pipeline.errors import EXIT_CODES_HELP, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
+from pipeline.errors import EXIT_CODES_HELP, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
+from profiling.numbers import number, shown, whole_number
 
 __all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
 
@@ -46,7 +50,7 @@ def usage_headline(exc: typer.TyperException, given: Sequence[str] = ()) -> str:
     param = getattr(exc, "param", None)
     value = _option_value(param, given)
     if param is not None and value is not None and _not_finite(value):
-        message = f"Invalid value for '{param.opts[0]}': {value!r} is not a finite number"
+        message = f"Invalid value for '{param.opts[0]}': {shown(value)} is not a finite number"
     return f"{message}: see `{command} --help`"
 
 
@@ -65,10 +69,8 @@ def _option_value(param: Any, given: Sequence[str]) -> str | None:
 
 
 def _not_finite(text: str) -> bool:
-    try:
-        return not math.isfinite(float(text))
-    except ValueError:
-        return False
+    value = number(text)
+    return value is not None and not math.isfinite(value)
 
 
 class IobatchGroup(TyperGroup):
@@ -102,7 +104,16 @@ class IobatchGroup(TyperGroup):
 
 class IobatchCommand(TyperCommand):
     """A command whose help names an argument by its metavar alone, as it does an option: `COMMAND...`, where
-    typer would print `{COMMAND}...` in the usage line and `COMMAND <list[str]>` under Arguments."""
+    typer would print `{COMMAND}...` in the usage line and `COMMAND <list[str]>` under Arguments. Its number
+    options read their text with the one number parser of the project (profiling.numbers), as environment
+    variables are read: ASCII digits of a bounded length, so '1_000' or '١٢' is refused, not read as a number."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            parse = _number_parser(param)
+            if parse is not None:
+                param.process_value = _checked_number(param, parse)  # type: ignore[method-assign,assignment]
 
     def collect_usage_pieces(self, ctx: Context) -> list[str]:
         return [piece.replace("{", "").replace("}", "") for piece in super().collect_usage_pieces(ctx)]
@@ -122,6 +133,29 @@ class IobatchCommand(TyperCommand):
             if rows:
                 with formatter.section(title):
                     formatter.write_dl(rows)
+
+
+def _number_parser(param: Any) -> Callable[[str], Any] | None:
+    """The parser for `param`'s text when it takes a number (int or float, optional or not), else None."""
+    descriptor = getattr(param, "type_descriptor", None)
+    annotation = getattr(descriptor, "annotation", None)
+    kinds = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (Union, types.UnionType) \
+        else {annotation}
+    if kinds & {int} and annotation is not bool:
+        return whole_number
+    return number if kinds & {float} else None
+
+
+def _checked_number(param: Any, parse: Callable[[str], Any]) -> Callable[[Context, Any], Any]:
+    original = param.process_value
+    what = "a whole number" if parse is whole_number else "a number"
+
+    def process_value(ctx: Context, value: Any) -> Any:
+        if isinstance(value, str) and parse(value) is None:
+            raise BadParameter(f"{shown(value)} is not {what} (ASCII digits)", ctx=ctx, param=param)
+        return original(ctx, value)
+
+    return process_value
 
 
 app = typer.Typer(
@@ -165,6 +199,13 @@ def handles_errors(func: F) -> F:
             fail(exc.headline, exc.exit_code)
         except KeyboardInterrupt:
             fail("interrupted", EXIT_RETRYABLE)
+        except OSError as exc:
+            # A full volume under a file the command writes (a run directory, a report): one line naming the
+            # file. Every file is written whole or not at all (profiling.files, runfiles.write_text_atomic).
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            fail(f"{exc.filename or 'a file it writes'}: no space left on its volume ({exc.strerror}); nothing "
+                 "half-written was left: free space there or write elsewhere", EXIT_PERMANENT)
 
     return wrapper  # type: ignore[return-value]
 

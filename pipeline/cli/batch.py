@@ -76,7 +76,7 @@ def submit(
                                   output=output, force=force, s3_endpoint=checks.endpoint_url(s3_endpoint),
                                   dry_run=dry_run, process_command=process_command)
     if stack is not None:
-        result = submission.submit_to_stack(stack=stack, session=_session(region), **common)
+        result = submission.submit_to_stack(stack=checks.stack_name(stack), session=_session(region), **common)
         if as_json:
             _print_json(result.to_json())
         else:
@@ -113,6 +113,7 @@ def status(
     """
     from pipeline import submit as submission
 
+    job_ids = checks.job_ids(job_ids)
     session = _session(region)
     submission.require_credentials(session)
     _, batch = submission.aws_clients(session)

@@ -7,15 +7,22 @@ have lost the hour, and one that failed half-way would have left half of its out
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from pipeline.errors import UsageError
+from profiling.files import kind_of, read_regular
 
-__all__ = ["endpoint_url", "json_object", "output_dir", "output_file", "readable_file", "region"]
+__all__ = ["emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir", "output_file",
+           "read_file", "readable_file", "region", "stack_name"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -41,8 +48,24 @@ def output_file(path: Path, flag: str) -> Path:
     return path
 
 
+def not_an_input(path: Path, flag: str, inputs: Iterable[Path]) -> Path:
+    """An output path that is none of the files the command reads, nor inside a folder it reads: writing it
+    would replace the input (a run's profile overwritten by its own report)."""
+    target = path.resolve()
+    for item in inputs:
+        source = item.resolve()
+        if target == source or source in target.parents:
+            raise UsageError(f"{flag} {path} is {'inside ' if target != source else ''}{item}, which this command "
+                             "reads: writing it would replace its input; give another path")
+    return path
+
+
 def output_dir(path: Path, flag: str) -> Path:
-    """A directory the command will create or fill: not a file, under a folder it may write to."""
+    """A directory the command will create or fill: not a file, under a folder where files can be made. That is
+    tried (a directory made and removed at once): mode bits say nothing of root, of a read-only mount or of a
+    kernel file system such as /proc."""
+    if not str(path).isprintable():
+        raise UsageError(f"{flag} {str(path)!r} has a control character (a newline?): give the plain path")
     if path.exists() and not path.is_dir():
         raise UsageError(f"{flag} {path} is a file: give a directory")
     existing = _nearest_existing(path)
@@ -50,27 +73,47 @@ def output_dir(path: Path, flag: str) -> Path:
         raise UsageError(f"{flag} {path}: {existing} is a file, not a directory: give another path")
     if not _writable(existing):
         raise UsageError(f"{flag} {path} is not writable: give a directory you may write to")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".iobatch-probe-", dir=existing))
+    except OSError as exc:
+        why = "fix its owner or mode, or give" if exc.errno in (errno.EACCES, errno.EPERM) else "give"
+        raise UsageError(f"{flag} {path}: no files can be made in {existing} ({exc.strerror}): {why} a directory "
+                         "on a writable disk") from None
     return path
 
 
 def readable_file(path: Path, flag: str) -> Path:
-    """A file the command will read."""
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory: give a file")
-    if not path.is_file():
-        raise UsageError(f"{flag} {path} does not exist: give an existing file")
+    """A regular file the command will read (a FIFO, which would block its reader, or a device is refused)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(f"{flag} {path} does not exist: give an existing file") from None
+    except OSError as exc:
+        raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
+    if not stat.S_ISREG(mode):
+        raise UsageError(f"{flag} {path} is {kind_of(mode)}, not a regular file: give a file")
     if not os.access(path, os.R_OK):
         raise UsageError(f"{flag} {path} is not readable: fix its mode or give another file")
     return path
 
 
-def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
-    """A JSON file holding one object (the only shape the commands read)."""
+def read_file(path: Path, flag: str, limit: int | None = None) -> bytes:
+    """The bytes of a regular file the command reads, opened without blocking (profiling.files.open_regular):
+    a FIFO or a directory, even one put there after a check, is one line."""
     readable_file(path, flag)
     try:
-        body = json.loads(path.read_bytes())
-    except OSError as exc:  # readable by its mode, yet not to read (/proc/1/mem, a FIFO's peer gone, EIO)
+        return read_regular(path, limit)
+    except OSError as exc:  # readable by its mode, yet not to read (/proc/1/mem, swapped for a FIFO, EIO)
         raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
+
+
+def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
+    """A JSON file holding one object (the only shape the commands read)."""
+    data = read_file(path, flag)
+    if data.startswith(b"\xef\xbb\xbf"):
+        raise UsageError(f"{flag} {path} starts with a byte order mark (BOM): save it as UTF-8 without BOM")
+    try:
+        body = json.loads(data)
     except (ValueError, RecursionError) as exc:  # also bytes that are not UTF-8
         raise UsageError(f"{flag} {path} is not JSON ({str(exc)[:80]}): give {what}") from None
     if not isinstance(body, dict):
@@ -108,3 +151,38 @@ def region(name: str | None, flag: str = "--region") -> str:
     if not region_shaped(chosen):
         raise UsageError(f"{chosen!r} is not an AWS region name: pass {flag} like us-east-1")
     return chosen
+
+
+# CloudFormation's stack names: a letter, then letters, digits and hyphens, at most 128 (CloudFormation API
+# Reference, CreateStack, StackName). Anything else reaches the API as a request it refuses as malformed.
+_STACK_NAME = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,127}")
+# An AWS Batch job id is a UUID; an array child's is the parent's with ":INDEX" (SubmitJob response, jobId;
+# "Array jobs", AWS Batch User Guide).
+_JOB_ID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}(:[0-9]{1,5})?")
+
+
+def stack_name(name: str, flag: str = "--stack") -> str:
+    """A CloudFormation stack name, checked before any request."""
+    if not _STACK_NAME.fullmatch(name):
+        raise UsageError(f"{flag} {name[:60]!r} is not a stack name: a letter, then letters, digits and hyphens "
+                         "(at most 128); give the name `cdk deploy` printed (the pipelineName, default iobatch)")
+    return name
+
+
+def job_ids(ids: Iterable[str]) -> list[str]:
+    """AWS Batch job ids, checked before any request."""
+    checked = list(ids)
+    for job_id in checked:
+        if not _JOB_ID.fullmatch(job_id.strip()):
+            raise UsageError(f"JOB_ID {job_id[:60]!r} is not an AWS Batch job id (a UUID, with :N for one child): "
+                             "give the id `iobatch submit` printed")
+    return [job_id.strip() for job_id in checked]
+
+
+def emf_namespace(namespace: str, flag: str = "--namespace") -> str:
+    """A CloudWatch namespace, checked before anything runs (profiling.emf owns the rule)."""
+    from profiling.emf import namespace_problem
+
+    if problem := namespace_problem(namespace):
+        raise UsageError(f"{flag} {namespace[:40]!r} {problem}")
+    return namespace

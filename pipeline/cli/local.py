@@ -15,13 +15,16 @@ from pipeline.settings import (
     MAX_DEMO_IMAGES,
     MAX_IMAGE_MIB,
     MAX_IMAGES_PER_CHILD,
+    MAX_S5CMD_RETRIES,
     MAX_TRAIN_SIDE,
     MAX_WORKERS,
     MIN_TRAIN_SIDE,
     JobSettings,
     S3Uri,
+    check_output_outside_input,
     counted,
     default_workers,
+    parse_manifest_uri,
     parse_process_command,
     parse_train_size,
 )
@@ -134,9 +137,15 @@ def demo(
     the local executor with a profiler beside every child; then print the per-stage table and where
     the outputs and the report are. The synthetic images are cached in $IOBATCH_CACHE (default
     .iobatch/cache) for the next run."""
-    from pipeline.local.demo import DemoOptions, demo_advice, run_demo
+    import os
+
+    from pipeline.local.demo import CACHE_ENV, DemoOptions, demo_advice, run_demo
+    from pipeline.local.s3server import versitygw_binary
 
     # Everything is checked before the server starts or anything is written.
+    checks.output_dir(Path(os.environ.get(CACHE_ENV) or ".iobatch/cache"), CACHE_ENV)
+    if s3_endpoint is None:
+        versitygw_binary()
     options = DemoOptions(images=images, image_mib=image_mib, images_per_child=images_per_child, workers=workers,
                           run_dir=checks.output_dir(run_dir, "--run-dir"),
                           scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None,
@@ -186,9 +195,11 @@ def run(
     from profiling import runfiles
 
     # Every flag is checked before S3 is touched or the run directory is emptied.
-    local = LocalRun(input=S3Uri.parse(input, what="--input").as_prefix(),
-                     output=S3Uri.parse(output, what="--output").as_prefix(),
-                     manifest=S3Uri.parse(manifest, what="--manifest") if manifest else None,
+    input_uri = S3Uri.parse(input, what="--input").as_prefix()
+    output_uri = S3Uri.parse(output, what="--output").as_prefix()
+    manifest_uri = parse_manifest_uri(manifest, what="--manifest") if manifest else None
+    check_output_outside_input(input_uri, output_uri, listed=manifest_uri is None)
+    local = LocalRun(input=input_uri, output=output_uri, manifest=manifest_uri,
                      endpoint=checks.endpoint_url(s3_endpoint), run_dir=checks.output_dir(run_dir, "--run-dir"),
                      images_per_child=images_per_child, workers=workers,
                      scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None, force=force,
@@ -223,7 +234,7 @@ All settings come from the environment, as AWS Batch and the local executor set 
   {ENV.FORCE:<26} 1: redo the child even if its _SUCCESS marker exists
   {ENV.PROCESS_COMMAND:<26} the process stage's command line (default '{DEFAULT_PROCESS_COMMAND}')
   {ENV.S5CMD_WORKERS:<26} s5cmd --numworkers for the download (default 16)
-  {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (default 10)
+  {ENV.S5CMD_RETRIES:<26} s5cmd --retry-count for throttling and network errors (0 to {MAX_S5CMD_RETRIES}; default 10)
   {ENV.PROFILER_SOCKET:<26} the sidecar's socket (default <child scratch>/{SOCKET_NAME}); off: none
   {ENV.PIPELINE:<26} the Pipeline dimension of the metrics (default iobatch)
   {ENV.VOLUME_TYPE:<26} reported with the metrics (st1, gp3, ...)
@@ -291,12 +302,16 @@ def process(
     skip = env_yes(os.environ, ENV.SKIP_BAD_IMAGES) if skip_bad_images is None else skip_bad_images
     if not input_dir.is_dir():
         raise UsageError(f"IN {input_dir} is not a folder: give the folder of images")
+    checks.output_dir(output_dir, "OUT")
+    checks.not_an_input(output_dir, "OUT", [input_dir])
     images_path = os.environ.get(PROCESS_ENV.IMAGES)
     try:
         images = read_images_file(Path(images_path)) if images_path else None
     except (OSError, ValueError) as exc:
         raise UsageError(f"{PROCESS_ENV.IMAGES}={images_path}: cannot be read ({exc}): unset it to name "
                          "images by file name") from None
+    if images is None and not any(entry.is_file() for entry in input_dir.iterdir()):
+        raise UsageError(f"IN {input_dir} holds no files: give the folder of images (an empty shard is no shard)")
     input_uri = os.environ.get(ENV.INPUT, "")
     bucket = S3Uri.parse(input_uri, what=ENV.INPUT).bucket if input_uri else "?"
     try:

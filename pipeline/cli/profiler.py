@@ -72,14 +72,18 @@ def sidecar(
 
     from pipeline.interface import AWS_ENV, HOST_CGROUP_MOUNT
     from pipeline.settings import job_identity
-    from profiling.emf import sink_for
+    from profiling.emf import dimension_value_problem, sink_for
     from profiling.metrics import DEFAULT_NAMESPACE
     from profiling.sidecar import Sidecar, SidecarConfig
 
     for path, flag in ((profile_out, "--profile-out"), (None if emf == "-" else Path(emf), "--emf")):
         if path is not None:
             checks.output_file(path, flag)
+    chosen = namespace or os.environ.get(AWS_ENV.EMF_NAMESPACE) or DEFAULT_NAMESPACE
+    checks.emf_namespace(chosen, "--namespace" if namespace else AWS_ENV.EMF_NAMESPACE)
     identity = job_identity(dict(os.environ))
+    if problem := dimension_value_problem(identity.pipeline):
+        raise UsageError(f"{ENV.PIPELINE}={identity.pipeline[:40]!r} {problem}: set it to the stack's pipeline name")
     target = socket_path or identity.socket_path
     if target is None:
         raise UsageError(f"no socket: give --socket PATH or set {ENV.PROFILER_SOCKET}")
@@ -96,7 +100,7 @@ def sidecar(
         interval_s=_interval(interval),
         device=_device(device, scratch),
         scratch_dir=scratch,
-        namespace=namespace or os.environ.get(AWS_ENV.EMF_NAMESPACE) or DEFAULT_NAMESPACE,
+        namespace=chosen,
         properties=identity.properties,
         contract_path=contract,
         call_probes=call_probes,

@@ -13,12 +13,21 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
+from profiling import runfiles
 
 
 def _read_advice(path: Path | None) -> Any:
+    """The advisor's JSON. Fields the page does not know still render; findings of another shape than a list of
+    objects are refused (they would render as an advice with no findings)."""
     if path is None:
         return None
-    return checks.json_object(path, "--advice", "the JSON object `iobatch advise --json` printed")
+    what = "the JSON object `iobatch advise --json` printed"
+    body = checks.json_object(path, "--advice", what)
+    findings = body.get("findings")
+    if findings is not None and not (isinstance(findings, list) and all(isinstance(f, dict) for f in findings)):
+        raise UsageError(f"--advice {path}: findings is not a list of objects (a JSON "
+                         f"{type(findings).__name__}): give {what}")
+    return body
 
 
 def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
@@ -100,6 +109,8 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
         now = time.time()
         parsed = [parse_run_side(side, now=now) for side in sides]
         checks.output_file(out, "--out")
+        checks.not_an_input(out, "--out", [path for side in parsed if isinstance(side, Path)
+                                           for path in runfiles.read_paths(side)])
         if any(isinstance(side, CloudWatchRange) for side in parsed):
             region = checks.region(region)
             logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")
@@ -165,8 +176,9 @@ def report(
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
                              "--advice (it runs the advisor on each local run itself)")
-        _compare_report(compare, out or Path("compare.html"), namespace, region, logs_endpoint)
+        _compare_report(compare, out or Path("compare.html"), checks.emf_namespace(namespace), region, logs_endpoint)
         return
+    checks.emf_namespace(namespace)
     given = _read_advice(advice)
     if from_cloudwatch is not None and run_dir is not None:
         raise UsageError("give a run directory or --from-cloudwatch LOG_GROUP, not both")
@@ -174,6 +186,8 @@ def report(
     target = out or (Path("report.html") if from_cloudwatch is not None else None)
     if target is not None:
         checks.output_file(target, "--out")
+        reads = [] if from_cloudwatch is not None else runfiles.read_paths(run_dir or Path(".iobatch/demo"))
+        checks.not_an_input(target, "--out", [*reads, *([advice] if advice else [])])
     try:
         if from_cloudwatch is not None:
             path = _cloudwatch_report(from_cloudwatch, target or Path("report.html"), since, namespace,

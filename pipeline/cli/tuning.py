@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from pipeline.errors import UsageError
+from pipeline.errors import PermanentError, UsageError
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
 
 # The lab's own flags: each round runs two whole batches; a larger time scale leaves a credit bucket of less
@@ -19,6 +19,7 @@ LAB_MAX_ROUNDS = 20
 LAB_MAX_TIME_SCALE = 1e6
 LAB_MAX_LOOP_MIB = 1 << 20
 LAB_MAX_MEMORY_GIB = 4096.0
+LAB_GUEST_TIMEOUT_S = 6 * 3600  # a lab in the guest that has not ended by then is stopped (QEMU killed)
 
 
 def _need(value: Any, flag: str, example: str) -> Any:
@@ -63,6 +64,7 @@ def advise(
     the CDK context that applies them."""
     import json
 
+    from profiling.runfiles import DamagedFileError
     from tuning.advice_text import render
     from tuning.advise import advise as make_advice
     from tuning.advise import load_profiles
@@ -81,10 +83,13 @@ def advise(
         volumes = [parse_candidate(text) for text in candidate]
         profiles = load_profiles(list(inputs or []))
         result = make_advice(profiles, plan, volumes or None)
+    except DamagedFileError as exc:  # one rule with the report: a damaged or newer-schema file is bad input, 65
+        raise PermanentError(f"{exc}: {exc.fix}") from None
     except (AdviseError, VolumeError, HostTuningError) as exc:
         raise UsageError(str(exc)) from None
     except OSError as exc:
-        raise UsageError(f"cannot read the profiles ({exc}): give readable run directories or files") from None
+        raise UsageError(f"cannot read the profiles ({exc.strerror or exc}): give readable run directories or "
+                         "files") from None
     if as_json:
         print(json.dumps(result.to_json(), indent=1))
     else:
@@ -121,9 +126,13 @@ def lab(
                                      "runs at baseline, as after the credit cliff under sustained load."),
     loop_size_mib: int = typer.Option(4096, max=LAB_MAX_LOOP_MIB, metavar="MIB", help="Size of the lab file system "
                                       "(sparse; at least 300 for XFS)."),
-    throttle: str = typer.Option("fuse", metavar="METHOD", help="fuse (a fixed-rate FUSE device under the loop device: "
-                                 "any kernel, cgroup v1 or v2, AWS's HDD accounting) or blkio (root blkio cgroup, v1 "
-                                 "only)."),
+    throttle: str = typer.Option("fuse", metavar="METHOD", help="With --where host: fuse (a fixed-rate FUSE device "
+                                 "under the loop device: any kernel, cgroup v1 or v2, AWS's HDD accounting), blkio "
+                                 "(root blkio cgroup, v1 only) or hypervisor (inside the guest: its throttled disk)."),
+    where: str = typer.Option("auto", metavar="WHERE", help="guest (the cgroup v2 guest under QEMU: no root, nothing "
+                              "on this machine changes), host (this machine, as root: its sysctls, a loop device "
+                              "and a throttle, restored on exit) or auto (guest where make setup prepared it, else "
+                              "host)."),
     lab_dir: Path = typer.Option(Path("/var/tmp/iobatch-lab"), metavar="DIR", help="Backing file and mount point."),
     run_dir: Path = typer.Option(Path(".iobatch/lab"), metavar="DIR", help="Run directories (S3 data, profiles) per "
                                  "run; not on the lab volume."),
@@ -133,9 +142,12 @@ def lab(
                                      "defaults, advise from its profiles, run it under the advised cache, and "
                                      "print the predicted and measured download stage of each run."),
 ) -> None:
-    """Emulate an st1 volume here (loop device + XFS over a fixed-rate FUSE device with a credit bucket) and
-    run a batch on it under the kernel's default and the tuned write cache. Root only; every setting it
-    changes is restored on exit, Ctrl-C, SIGTERM, or by the next run after a crash."""
+    """Emulate an st1 volume and run a batch on it under the kernel's default and the tuned write cache.
+
+    By default in the cgroup v2 guest (a QEMU machine whose disk the hypervisor throttles like the volume): no
+    root, and nothing on this machine changes. With --where host, on this machine as root (loop device + XFS
+    over a fixed-rate FUSE device with a credit bucket); every setting it changes is restored on exit, Ctrl-C,
+    SIGTERM, or by the next run after a crash."""
     import dataclasses
     import json
 
@@ -170,6 +182,8 @@ def lab(
         raise UsageError(str(exc)) from None
     plan = ComparePlan(tuned=tuned, memory_gib=memory_gib, rounds=rounds, workers=workers, images=images,
                        image_mib=image_mib, images_per_child=images_per_child)
+    if _lab_where(where) == "guest":
+        raise typer.Exit(_lab_in_guest(config, plan, run_dir, pipeline_batch=workload == "pipeline"))
     # With --json, stdout carries only the JSON: the lab's lines and the children's go to stderr.
     lines = sys.stderr if as_json else sys.stdout
 
@@ -194,6 +208,39 @@ def lab(
         print(render_comparison(runs))
     if run_batch is not None:
         _write_lab_comparison(run_dir, [r.setting for r in runs], lines)
+
+
+def _lab_where(where: str) -> str:
+    """guest or host: auto is the guest where it can boot."""
+    from tuning.guest.machine import unavailable
+
+    if where not in ("auto", "guest", "host"):
+        raise UsageError(f"--where {where!r} is not guest, host or auto")
+    if where == "host":
+        return where
+    reason = unavailable()
+    if reason is None:
+        return "guest"
+    if where == "guest":
+        raise UsageError(f"--where guest: {reason}")
+    print(f"lab: on this machine (--where host), since the guest cannot boot: {reason}", file=sys.stderr)
+    return "host"
+
+
+def _lab_in_guest(config: Any, plan: Any, run_dir: Path, *, pipeline_batch: bool) -> int:
+    """`iobatch lab` again inside the guest (tuning.lab.inguest), with the images generated here first."""
+    from pipeline.local.demo import CACHE_ENV, lab_dataset
+    from tuning.lab import LabError
+    from tuning.lab.inguest import run_in_guest
+
+    env = {CACHE_ENV: str(lab_dataset(plan))} if pipeline_batch else {}
+    argv = sys.argv[sys.argv.index("lab") + 1:] if "lab" in sys.argv else []
+    try:
+        return run_in_guest(argv, config, memory_gib=plan.memory_gib, vcpus=min(os.cpu_count() or 1, plan.workers + 1),
+                            run_dir=run_dir, iobatch=str(Path(sys.executable).with_name("iobatch")), env=env,
+                            timeout=LAB_GUEST_TIMEOUT_S)
+    except LabError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _write_lab_comparison(run_dir: Path, settings: list[str], lines: Any) -> None:

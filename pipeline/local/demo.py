@@ -205,6 +205,14 @@ def lab_run_dir(run_dir: Path, number: int, setting: str) -> Path:
     return run_dir / f"run-{number}-{setting.replace('/', '-')}"
 
 
+def lab_dataset(plan: ComparePlan, *, say: Callable[[str], None] = print) -> Path:
+    """Generate the lab batch's images here, before a guest boots, and return the cache root ($IOBATCH_CACHE) the
+    guest reads them from through its root: generating them under emulation would take minutes."""
+    spec = DatasetSpec(plan.images, plan.image_mib, DemoOptions.seed)
+    _generate_with_progress(spec, dataset_cache(spec), None, say)
+    return dataset_cache(spec).parent.resolve()
+
+
 def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None) -> RunBatch:
     """The lab's batch (tuning.lab.RunBatch): the demo's synthetic batch of `plan`'s shape on the lab volume.
 

@@ -7,6 +7,8 @@ children with the local executor against any S3 endpoint, recording the run in t
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -54,27 +56,61 @@ RUN_ENTRIES = (runfiles.RUN_FILE, runfiles.PROFILES, runfiles.EMF, runfiles.LOGS
                "s3server.log", "scratch", "upload-dataset.cmds")
 
 
+# A run holds a lock on its run directory itself (flock(2) on the directory's descriptor: no file of its own
+# left there) for as long as its process lives; the kernel releases it however the process ends, SIGKILL
+# included, so a stale lock cannot outlive its run.
+_held: dict[Path, int] = {}  # run directories this process has locked: their descriptors
+
+
+def lock_run_dir(run_dir: Path) -> None:
+    """Hold `run_dir`'s lock for the rest of this process: a second run into the same directory (another
+    `demo` at the same time) is told it is busy before it removes or writes anything there."""
+    key = run_dir.resolve()
+    if key in _held:
+        return
+    fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise UsageError(f"run directory {run_dir} is busy: another run is writing there now; wait for it to end "
+                         "or give another --run-dir") from None
+    _held[key] = fd
+
+
+def _release_run_dir(run_dir: Path) -> None:
+    fd = _held.pop(run_dir.resolve(), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _holds_files(run_dir: Path) -> bool:
+    return any(run_dir.iterdir())
+
+
 def prepare_run_dir(run_dir: Path) -> None:
     """Make `run_dir` ready for a run: a new or empty directory, or an earlier run's, whose own files
     (RUN_ENTRIES) are removed. Files the user put there are left alone; a non-empty directory that holds
-    no run file is refused, since its files cannot be told from a run's."""
+    no run file is refused, since its files cannot be told from a run's. The directory is locked first
+    (`lock_run_dir`), so a run never empties a directory another run is writing."""
     if run_dir.exists() and not run_dir.is_dir():
         raise UsageError(f"run directory {run_dir} is a file: give a directory with --run-dir")
-    if run_dir.exists() and any(run_dir.iterdir()):
-        if not runfiles.is_run_dir(run_dir):
-            raise UsageError(f"run directory {run_dir} is not empty and holds no {runfiles.RUN_FILE}: "
-                             "give an empty or new directory with --run-dir")
+    if run_dir.exists() and _holds_files(run_dir) and not runfiles.is_run_dir(run_dir):
+        raise UsageError(f"run directory {run_dir} is not empty and holds no {runfiles.RUN_FILE}: "
+                         "give an empty or new directory with --run-dir")
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"run directory {run_dir} cannot be created ({exc.strerror}): give another "
+                         "--run-dir") from None
+    lock_run_dir(run_dir)
+    if _holds_files(run_dir):
         for name in RUN_ENTRIES:
             entry = run_dir / name
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
             elif entry.exists() or entry.is_symlink():
                 entry.unlink()
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(f"run directory {run_dir} cannot be created ({exc.strerror}): give another "
-                         "--run-dir") from None
 
 
 @contextlib.contextmanager
@@ -87,7 +123,8 @@ def prepared_run_dir(run_dir: Path) -> Iterator[Path]:
     try:
         yield run_dir
     except BaseException:
-        if created and run_dir.is_dir() and not any(run_dir.iterdir()):
+        if created and run_dir.is_dir() and not _holds_files(run_dir):
+            _release_run_dir(run_dir)
             run_dir.rmdir()
         raise
 

@@ -26,11 +26,15 @@ REGION = "us-east-1"
 
 def versitygw_binary() -> str:
     """IOBATCH_VERSITYGW, .tools/bin/versitygw of this checkout, or versitygw on PATH."""
-    candidates = [os.environ.get(VERSITYGW_ENV, ""),
+    given = os.environ.get(VERSITYGW_ENV, "")
+    if given and not (os.path.isfile(given) and os.access(given, os.X_OK)):
+        what = "a directory" if os.path.isdir(given) else "not an executable file"
+        raise ToolMissing(f"{VERSITYGW_ENV}={given} is {what}: set it to the versitygw program, or unset it")
+    candidates = [given,
                   str(Path(__file__).resolve().parents[2] / ".tools" / "bin" / "versitygw"),
                   shutil.which("versitygw") or ""]
     for candidate in candidates:
-        if candidate and os.access(candidate, os.X_OK):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
             return candidate
     raise ToolMissing("versitygw is not installed: run `make setup` (it builds it into .tools/bin), "
                       f"or set {VERSITYGW_ENV}, or point at another S3 with --s3-endpoint")
@@ -40,6 +44,9 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+START_TIMEOUT_S = 60.0
 
 
 def wait_for_port(host: str, port: int, timeout_s: float, proc: subprocess.Popen[bytes] | None = None) -> None:
@@ -101,7 +108,9 @@ class EmbeddedS3:
             if self.log_file:
                 log.close()  # type: ignore[union-attr]
         try:
-            wait_for_port("127.0.0.1", self.port, 10.0, self._proc)
+            # A server that exits is reported at once; one that lives but is slow (under the lab guest's emulation
+            # it takes 10-30 s to listen) is given a minute.
+            wait_for_port("127.0.0.1", self.port, START_TIMEOUT_S, self._proc)
         except BaseException:
             self.stop()
             raise

@@ -22,7 +22,7 @@ from typing import Any
 from pipeline.errors import PermanentError, UsageError
 from pipeline.interface import CONTAINERS, ENV
 from pipeline.manifest import MAX_ARRAY_SIZE, array_jobs
-from pipeline.settings import S3Uri, parse_process_command
+from pipeline.settings import S3Uri, check_output_outside_input, parse_manifest_uri, parse_process_command
 
 # Tags on each submitted job: `iobatch status` reads them back to count images without the manifest.
 TAG_BATCH = "iobatch:batch"
@@ -91,10 +91,7 @@ class SubmitRequest:
             raise UsageError("give exactly one of --manifest s3://bucket/key.jsonl or --prefix s3://bucket/images/")
         manifest_uri: S3Uri | None = None
         if manifest is not None:
-            manifest_uri = S3Uri.parse(manifest, what="--manifest")
-            if not manifest_uri.key or manifest_uri.key.endswith("/"):
-                raise UsageError(f"--manifest {manifest} names a folder: give the manifest object, "
-                                 "e.g. s3://bucket/batches/2026-11-22.jsonl")
+            manifest_uri = parse_manifest_uri(manifest, what="--manifest")
             # The manifest's keys must lie under the stack's input prefix, the only one the job may read.
             input_uri = S3Uri(input_bucket or manifest_uri.bucket, input_prefix)
             source = manifest_uri
@@ -119,10 +116,7 @@ class SubmitRequest:
                                           not output_uri.key.startswith(output_prefix)):
             raise UsageError(f"--output {output_uri} is outside s3://{output_bucket}/{output_prefix}, the only "
                              "place the job may write: leave --output out or give a folder under it")
-        if manifest_uri is None and output_uri.bucket == input_uri.bucket and \
-                output_uri.key.startswith(input_uri.key):
-            raise UsageError(f"output {output_uri} is inside the input prefix {input_uri}: a later listing would "
-                             "take the outputs as images; give --output elsewhere")
+        check_output_outside_input(input_uri, output_uri, listed=manifest_uri is None)
         return cls(input_uri, manifest_uri, output_uri, images_per_child, name, force, command)
 
     @property
@@ -137,7 +131,7 @@ def check_flags(*, manifest: str | None, prefix: str | None, images_per_child: i
     if (manifest is None) == (prefix is None):
         raise UsageError("give exactly one of --manifest s3://bucket/key.jsonl or --prefix s3://bucket/images/")
     if manifest is not None:
-        S3Uri.parse(manifest, what="--manifest")
+        parse_manifest_uri(manifest, what="--manifest")
     if prefix is not None:
         S3Uri.parse(prefix, what="--prefix")
 

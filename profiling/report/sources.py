@@ -19,6 +19,7 @@ from typing import Any
 from profiling import runfiles
 from profiling.emf import profiles_from_emf, stage_key
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
+from profiling.numbers import number
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
 
 # EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
@@ -113,16 +114,23 @@ def natural_key(text: str) -> tuple[Any, ...]:
     return tuple(parts)
 
 
+# The longest CloudWatch Logs keeps an event: retention is 1 to 3653 days (CloudWatch Logs API Reference,
+# PutRetentionPolicy, retentionInDays). Longer, a start time reaches before 1970, which the API refuses
+# (FilterLogEvents, startTime: minimum 0) as a malformed request, not as no events.
+MAX_SINCE_S = 3653 * 86400
+
+
 def parse_since(text: str) -> float:
     """'90s', '30m', '1h', '2d' (or a bare number of seconds) -> seconds."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     body = text.strip().lower()
-    try:
-        value = float(body[:-1]) * units[body[-1]] if body and body[-1] in units else float(body)
-    except ValueError:
-        value = -1.0
+    amount = number(body[:-1]) if body and body[-1] in units else number(body)
+    value = -1.0 if amount is None else amount * units.get(body[-1:], 1)
     if not math.isfinite(value) or value <= 0:
-        raise ReportInputError(f"--since {text!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
+        raise ReportInputError(f"--since {text[:40]!r} is not a duration: write e.g. 90s, 30m, 1h or 2d")
+    if value > MAX_SINCE_S:
+        raise ReportInputError(f"--since {text[:40]!r} is longer than {MAX_SINCE_S // 86400:,} days, the longest "
+                               "CloudWatch Logs keeps events: give a shorter duration")
     return value
 
 
@@ -245,19 +253,28 @@ class _Reader:
                           complete=self.kept is not None, reread=None if self.kept is not None else reread)
 
 
+def _unreadable(file: Path, exc: OSError) -> ReportInputError:
+    return ReportInputError(f"cannot read {file} ({exc.strerror}): a run directory's profile and EMF files are "
+                            "regular files the report can read; remove or fix that one")
+
+
 def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
     try:
         for profile in runfiles.read_profiles(file):
             yield profile, file.stem
     except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
 
 
 def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
     try:
         yield from runfiles.read_profile_points(file)
     except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
 
 
 def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
@@ -265,7 +282,9 @@ def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
         for profile in runfiles.read_emf(file):
             yield profile, file.stem
     except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: the file is damaged; rerun the child or delete the file") from None
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
 
 
 def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None = None) -> ReportData:
@@ -276,19 +295,19 @@ def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None =
     from_emf = False
     reader = _Reader()
     files = runfiles.profile_files(run_dir)
-    for number, file in enumerate(files, 1):
+    for done, file in enumerate(files, 1):
         for profile, points in _points_in(file):
             reader.add(profile, file.stem, file, points)
         if progress is not None:
-            progress(number, len(files))
+            progress(done, len(files))
     if not reader.fleet.profiles:
         from_emf = True
         files = runfiles.emf_files(run_dir)
-        for number, file in enumerate(files, 1):
+        for done, file in enumerate(files, 1):
             for profile, name in _emf_in(file):
                 reader.add(profile, name, file)
             if progress is not None:
-                progress(number, len(files))
+                progress(done, len(files))
     count = reader.fleet.profiles
     if not count:
         raise ReportInputError(
@@ -397,9 +416,9 @@ def _load_window(client: Any, log_group: str, start: float, end: float, namespac
     lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000),
                                progress=progress)
     reader = _Reader()
-    for number, profile in enumerate(stream_emf_profiles(lines, where=f"log group {log_group}",
+    for seen, profile in enumerate(stream_emf_profiles(lines, where=f"log group {log_group}",
                                                          namespace=namespace), 1):
-        reader.add(profile, f"document {number}")
+        reader.add(profile, f"document {seen}")
     count = reader.fleet.profiles
     if not count:
         raise ReportInputError(f"log group {log_group} has no {namespace} EMF stage documents in {window}: "

@@ -55,7 +55,8 @@ def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_hol
     facts = ("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux && echo btf; "
              "echo made-in-guest > handed-back")
     pytest_in_guest = (f"cd {REPO} && {sys.executable} -m pytest -q -p no:cacheprovider -o addopts= "
-                       "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT) + f" > {tmp_path}/ebpf.log 2>&1; echo ebpf=$?")
+                       "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT)
+                       + f" > {tmp_path}/ebpf.log 2>&1; echo ebpf=$?")
     with Guest(vcpus=2, memory_mib=2048, share=tmp_path) as guest:
         result = guest.run(f"{facts}; {pytest_in_guest}", timeout=BOOT_TIMEOUT)
     assert result.returncode == 0, result.stderr

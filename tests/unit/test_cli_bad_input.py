@@ -25,6 +25,7 @@ from profiling.metrics import TimelinePoint
 from tests.support.profiles import full_profile
 
 HEADER = "2,monitortimeframe,1s\n"
+JOB_ID = "876da822-4198-45f2-a252-6cea32512ea8"  # the shape of an AWS Batch job id
 RULE = "n{},/,write,all,count,1\n"
 
 
@@ -139,10 +140,10 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                            "0"], EXIT_USAGE, "'--workers'"),
     "submit-k-missing": lambda d: Case(["submit", "--prefix", "s3://bkt/i/", "--local"], EXIT_USAGE,
                                        "Missing option '--images-per-job'"),
-    "status-no-region": lambda d: Case(["status", "job-1"], EXIT_USAGE, "no AWS region",
+    "status-no-region": lambda d: Case(["status", JOB_ID], EXIT_USAGE, "no AWS region",
                                        {"AWS_REGION": None, "AWS_DEFAULT_REGION": None,
                                         "AWS_CONFIG_FILE": str(d / "none")}),
-    "status-bad-region": lambda d: Case(["status", "job-1", "--region", "moon-base"], EXIT_USAGE,
+    "status-bad-region": lambda d: Case(["status", JOB_ID, "--region", "moon-base"], EXIT_USAGE,
                                         "is not an AWS region name"),
     "status-interval-zero": lambda d: Case(["status", "job-1", "--interval", "0"], EXIT_USAGE, "'--interval'"),
     "status-interval-nan": lambda d: Case(["status", "job-1", "--interval=nan"], EXIT_USAGE,
@@ -173,7 +174,7 @@ CASES: dict[str, Callable[[Path], Case]] = {
     # advise
     "advise-profile-nan": lambda d: Case(["advise", str(_run_dir(d, _profile_line(duration_s=float("nan")))),
                                           "--jobs-per-instance", "4", "--memory-gib", "16", "--jobs-per-day", "500"],
-                                         EXIT_USAGE, "part-00000.jsonl:2"),
+                                         EXIT_PERMANENT, "part-00000.jsonl:2"),
     "advise-jobs-per-day-huge": lambda d: Case(["advise", str(d), "--jobs-per-day", "100000000000"], EXIT_USAGE,
                                                "'--jobs-per-day'"),
     "advise-random-pct-nan": lambda d: Case(["advise", str(d), "--random-pct", "nan"], EXIT_USAGE, "'--random-pct'"),

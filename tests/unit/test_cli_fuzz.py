@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
-from pipeline.interface import ENV
+from pipeline.interface import AWS_ENV, ENV, PROCESS_ENV
 
 DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
 
@@ -44,7 +45,10 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
 ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "99999999999999999999", "", " ", "abc",
               "1.5", "0x10", "s3://", "s3://bkt/i/", "s3://B_AD/x", "http://", "http://127.0.0.1:0",
               "ftp://x", "99999x99999", "512x384", "\x00", "é", "--", "-", "/", "/dev/null", "/proc/1/mem",
-              "/nonexistent/x", "."]
+              "/nonexistent/x", ".",
+              # the second round: Unicode digits, digit separators, a number past int()'s 4,300-digit limit,
+              # a FIFO and a directory where a file is expected (made in each example's folder), a newline
+              "²", "١٢", "1_000", "9" * 5000, "fifo", "folder", "a\nb", "s3://bkt/i/\n"]
 COMMAND_FLAGS: dict[str, list[str]] = {
     "demo": ["--images", "--image-mib", "--images-per-child", "--workers", "--run-dir", "--scratch",
              "--s3-endpoint", "--slow-child", "--seed", "--contract"],
@@ -97,9 +101,17 @@ def stubbed() -> Any:
 def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: list[str]) -> None:
     # In a folder of its own: a relative path the fuzzer gives (`--scratch-dir abc`) lands there.
     with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        _odd_files(Path(folder))
         env = {"IOBATCH_CACHE": str(Path(folder) / "cache"), "AWS_REGION": "us-east-1"}
         result = CliRunner().invoke(app, words, env=env)
     _check(words, result)
+
+
+def _odd_files(folder: Path) -> None:
+    """A FIFO (which blocks whoever opens it to read, until a writer comes: none will) and a directory, named
+    by ODD_VALUES as files."""
+    os.mkfifo(folder / "fifo")
+    (folder / "folder").mkdir()
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -111,8 +123,34 @@ def test_any_job_variables_give_a_documented_code_and_no_traceback(stubbed: Any,
     base = {ENV.INPUT: "s3://bkt/i/", ENV.OUTPUT: "s3://bkt/o/", ENV.IMAGES_PER_CHILD: "1"}
     given_env = {name: value.replace("\x00", "") for name, value in env.items()}
     with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        _odd_files(Path(folder))
         result = CliRunner().invoke(app, ["job"], env={ENV.SCRATCH: str(Path(folder) / "scratch"), **base, **given_env})
     _check(["job", *(f"{name}={value}" for name, value in given_env.items())], result)
+
+
+# The variables every other command reads, beside its flags: the profiler's (the job's identity, its namespace
+# and contract), the built-in process command's, the demo's tools and cache.
+COMMAND_VARIABLES = {
+    "sidecar": (["sidecar", "--socket", "s.sock"], [*JOB_VARIABLES, AWS_ENV.EMF_NAMESPACE]),
+    "profile": (["profile", "--", "true"], [*JOB_VARIABLES, AWS_ENV.EMF_NAMESPACE]),
+    "process": (["process", "folder", "out"], [ENV.TRAIN_SIZE, ENV.SKIP_BAD_IMAGES, ENV.INPUT, PROCESS_ENV.IMAGES,
+                                              PROCESS_ENV.CHILD]),
+    "demo": (["demo", "--run-dir", "run"], ["IOBATCH_CACHE", "IOBATCH_VERSITYGW"]),
+}
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), command=st.sampled_from(sorted(COMMAND_VARIABLES)))
+def test_any_variables_of_any_command_give_a_documented_code(stubbed: Any, data: st.DataObject,
+                                                              command: str) -> None:
+    words, names = COMMAND_VARIABLES[command]
+    env = data.draw(st.dictionaries(st.sampled_from(names), st.sampled_from(ODD_VALUES) | st.text(max_size=12),
+                                    max_size=4))
+    given_env = {name: value.replace("\x00", "") for name, value in env.items()}
+    with tempfile.TemporaryDirectory() as folder, contextlib.chdir(folder):
+        _odd_files(Path(folder))
+        result = CliRunner().invoke(app, words, env={"AWS_REGION": "us-east-1", **given_env})
+    _check([*words, *(f"{name}={value[:40]}" for name, value in given_env.items())], result)
 
 
 def _check(words: list[str], result: Any) -> None:

@@ -15,8 +15,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import IobatchError, ManifestError
-from pipeline.manifest import ManifestEntry, parse_index_range, parse_line, parse_manifest
+from pipeline.manifest import (
+    MAX_KEY_BYTES,
+    MAX_LINE_BYTES,
+    ManifestEntry,
+    parse_index_range,
+    parse_line,
+    parse_manifest,
+)
+from pipeline.manifest import manifest_lines as split_lines
 from profiling.contract import CALL_TYPES, MEASUREMENTS, Contract, ContractError, parse_contract
+from profiling.numbers import MAX_DIGITS, whole_number
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -48,6 +57,14 @@ manifest_lines = st.one_of(
     json_values.map(json.dumps),
     st.integers(min_value=1, max_value=3000).map(lambda n: "[" * n),
     st.integers(min_value=4301, max_value=6000).map(lambda n: '{"key": "a", "size": 1' + "0" * n + "}"),
+    # the second round: a byte order mark, Latin-1 bytes, keys around S3's 1,024 bytes, lines around the limit
+    line_objects.map(lambda body: "\ufeff" + json.dumps(body)),
+    st.text(alphabet="aé€", min_size=1, max_size=30).map(lambda k: json.dumps({"key": k}).encode("latin-1",
+                                                                                                "replace")),
+    st.integers(min_value=MAX_KEY_BYTES - 4, max_value=MAX_KEY_BYTES + 4).map(
+        lambda n: json.dumps({"key": "é" * (n // 2) + "a" * (n % 2)})),
+    st.integers(min_value=MAX_LINE_BYTES - 16, max_value=MAX_LINE_BYTES + 16).map(
+        lambda n: '{"key": "' + "a" * (n - 11) + '"}'),
 )
 
 
@@ -63,10 +80,42 @@ def test_any_manifest_line_parses_or_gives_one_line_manifest_error(line: str | b
         return
     if entry is not None:
         assert isinstance(entry, ManifestEntry) and isinstance(entry.key, str) and entry.key
+        assert len(entry.key.encode("utf-8")) <= MAX_KEY_BYTES and len(line) <= MAX_LINE_BYTES
         assert entry.size is None or (isinstance(entry.size, int) and entry.size >= 0)
         # What parses, survives the frozen manifest's round trip.
         again = parse_line(entry.to_line(), bucket="in", where="frozen")
         assert again == entry and again is not None and again.etag == entry.etag
+
+
+@FUZZ
+@given(st.lists(st.one_of(st.binary(max_size=60), st.sampled_from([b"\n", b"\r\n", b"", b"a" * 70_000])),
+                max_size=8), st.integers(min_value=1, max_value=100_000))
+def test_manifest_lines_are_the_files_lines_or_one_error_naming_the_long_one(parts: list[bytes], size: int) -> None:
+    data = b"".join(parts)
+    chunks = [data[i:i + size] for i in range(0, len(data), size)]
+    expected = data.splitlines(keepends=True) if b"\r" not in data else None
+    try:
+        lines = list(split_lines(chunks, source="m.jsonl"))
+    except ManifestError as exc:
+        one_line(exc.headline)
+        number = int(exc.headline.split(" line ", 1)[1].split()[0])
+        assert len(data.split(b"\n")[number - 1].rstrip(b"\r")) > MAX_LINE_BYTES, exc.headline
+        return
+    assert b"".join(lines) == data and all(len(line.rstrip(b"\r\n")) <= MAX_LINE_BYTES for line in lines)
+    if expected is not None:
+        assert lines == expected
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=30), st.from_regex(r"\s*[+-]?[0-9]{1,25}\s*", fullmatch=True),
+                 st.integers(min_value=-(10**20), max_value=10**20).map(str)))
+def test_one_number_parser_reads_ascii_digits_only(text: str) -> None:
+    value = whole_number(text)
+    if value is None:
+        return
+    body = text.strip(" \t\n\r\f\v")
+    assert body.isascii() and body.lstrip("+-").isdigit() and len(body.lstrip("+-")) <= MAX_DIGITS
+    assert value == int(body)
 
 
 # Keys people write under a prefix, with the odd segment and repeats among them.

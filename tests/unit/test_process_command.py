@@ -73,8 +73,14 @@ def test_exit_codes_map_to_the_projects() -> None:
     command = Command("s {input} {output}", "part-00002", "/bin/s")
     assert failure(command, 65, "x").exit_code == EXIT_PERMANENT
     assert failure(command, 75, "x").exit_code == EXIT_RETRYABLE
-    bug = failure(command, 137, "")
+    bug = failure(command, -9, "")  # the raw return code of a kill by SIGKILL
     assert bug.exit_code == EXIT_BUG and "killed by signal 9" in bug.headline and "printed nothing" in bug.headline
+
+
+def test_a_command_that_exits_255_was_not_killed() -> None:
+    # 255 - 128 is no signal: a command's own exit 255 (ssh's, a shell's `exit -1`) is said as it was.
+    bug = failure(Command("s {input} {output}", "part-00002", "/bin/s"), 255, "")
+    assert "exited 255" in bug.headline and "signal" not in bug.headline
 
 
 def test_outputs_are_regular_files_sorted_by_key(tmp_path: Path) -> None:

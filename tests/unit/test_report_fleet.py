@@ -4,6 +4,7 @@ that stays light, and odd property types read or refused in one line."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -127,8 +128,28 @@ def test_other_property_kinds_are_refused_in_one_line(tmp_path: Path) -> None:
         result = runner.invoke(app, ["report", str(run), "--out", str(run / "r.html")])
         assert result.exit_code == 65, result.output
         assert result.output == (f"error: {file}:1: not a profile (properties.ArrayIndex is {shown}, not a string "
-                                 "or number): the file is damaged; rerun the child or delete the file\n")
+                                 f"or number): {runfiles.DamagedFileError.fix}\n")
         assert not (run / "r.html").exists()
+
+
+def test_a_fifo_or_directory_among_a_runs_files_is_named_without_blocking(tmp_path: Path) -> None:
+    # Before: a FIFO blocked the streaming reader in open(2), then (opened without blocking) was called
+    # "cannot write the report".
+    for kind, folder, name in (("FIFO", runfiles.PROFILES, "part-00000.jsonl"), ("directory", runfiles.EMF,
+                                                                                 "part-00000.emf")):
+        run = tmp_path / kind
+        (run / folder).mkdir(parents=True)
+        path = run / folder / name
+        if kind == "FIFO":
+            os.mkfifo(path)
+        else:
+            path.mkdir()
+        started = time.monotonic()
+        result = runner.invoke(app, ["report", str(run), "--out", str(tmp_path / "r.html")])
+        assert time.monotonic() - started < 10
+        assert result.exit_code == 64, result.output
+        assert result.output.startswith(f"error: cannot read {path} ({'a ' + kind}"), result.output
+        assert not (tmp_path / "r.html").exists()
 
 
 def test_a_damaged_timeline_point_among_many_is_named() -> None:

@@ -19,8 +19,9 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,8 +58,6 @@ def unavailable() -> str | None:
         GuestAssets.find()
     except RuntimeError as exc:
         return str(exc)
-    if os.geteuid() != 0:
-        return "the guest's 9p root shares / with the owners kept (security_model=passthrough): needs root"
     return None
 
 
@@ -77,7 +76,8 @@ class Guest:
         self.share = Path(tempfile.mkdtemp(prefix="iobatch-guest-")) if share is None else share.resolve()
         self.spec = MachineSpec(kernel=self.assets.kernel, initramfs=self.assets.initramfs, vcpus=vcpus,
                                 memory_mib=memory_mib, share=self.share, stage2=STAGE2_SCRIPT,
-                                modules=self.assets.modules, scratch=scratch, accel=accel or accelerator())
+                                modules=self.assets.modules, scratch=scratch, accel=accel or accelerator(),
+                                passthrough=os.geteuid() == 0)
         self.spec.validate()
 
     def __enter__(self) -> Guest:
@@ -87,8 +87,12 @@ class Guest:
         if self._own_share:
             shutil.rmtree(self.share, ignore_errors=True)
 
-    def run(self, command: str, *, timeout: float, env: Mapping[str, str] | None = None) -> GuestResult:
-        """Boot, run `command` (bash) as root in the share, power off. GuestError if it did not run to its end."""
+    def run(self, command: str, *, timeout: float, env: Mapping[str, str] | None = None,
+            on_output: Callable[[str, str], None] | None = None) -> GuestResult:
+        """Boot, run `command` (bash) as root in the share, power off. GuestError if it did not run to its end.
+
+        `on_output(stream, text)` is handed the command's stdout and stderr as they grow ("stdout"/"stderr"), for a
+        long command's progress; the result holds them whole either way."""
         control = self.share / _CONTROL
         shutil.rmtree(control, ignore_errors=True)
         control.mkdir(parents=True)
@@ -99,6 +103,7 @@ class Guest:
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)
+        follow = _Follower(control, on_output) if on_output is not None else None
         try:
             qemu_out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -110,6 +115,8 @@ class Guest:
             if proc.poll() is None:  # interrupted: never leave a QEMU behind
                 proc.kill()
                 proc.wait()
+            if follow is not None:
+                follow.stop()
         seconds = time.monotonic() - start
         booted = control / "booted"
         boot_seconds = booted.stat().st_mtime - (time.time() - (time.monotonic() - start)) \
@@ -122,6 +129,41 @@ class Guest:
         return GuestResult(returncode=int(rc_file.read_text().strip()), stdout=_read(control / "stdout"),
                            stderr=_read(control / "stderr"), seconds=seconds, boot_seconds=boot_seconds,
                            console=_read(console))
+
+
+class _Follower:
+    """Hands on what the guest's command writes to its stdout and stderr files (the share is not cached by the
+    guest, so the host sees them grow), every half second and once more at the end."""
+
+    def __init__(self, control: Path, on_output: Callable[[str, str], None]) -> None:
+        self._paths = {name: control / name for name in ("stdout", "stderr")}
+        self._offsets = dict.fromkeys(self._paths, 0)
+        self._on_output = on_output
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(0.5):
+            self._poll()
+
+    def _poll(self) -> None:
+        for name, path in self._paths.items():
+            try:
+                with path.open("rb") as stream:
+                    stream.seek(self._offsets[name])
+                    data = stream.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # whole lines only
+            if end:
+                self._offsets[name] += end
+                self._on_output(name, data[:end].decode(errors="replace"))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._poll()
 
 
 def _read(path: Path) -> str:

@@ -103,6 +103,9 @@ class MachineSpec:
     modules: Path  # the kernel's modules, bound at /lib/modules/<release> in the guest
     scratch: ScratchDisk | None = None
     accel: str = "tcg"  # "kvm" where a probe showed it runs a stock kernel
+    # 9p's passthrough model keeps owners and modes as they are on the host and needs QEMU to run as root; as
+    # another user, "none" serves files with that user's rights (enough for a read-only root and its own share).
+    passthrough: bool = True
 
     def validate(self) -> None:
         if not 1 <= self.vcpus <= 64:
@@ -139,13 +142,14 @@ def qemu_argv(spec: MachineSpec, *, binary: str = "qemu-system-x86_64", console:
     else:
         # Multi-threaded TCG: one host thread per vCPU.
         machine = ["-machine", "q35", "-accel", "tcg,thread=multi", "-cpu", "max"]
+    model = "passthrough" if spec.passthrough else "none"
     argv = [binary, "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", *machine,
             "-smp", str(spec.vcpus), "-m", str(spec.memory_mib),
             "-kernel", str(spec.kernel), "-initrd", str(spec.initramfs),
             "-append", kernel_command_line(spec),
             "-serial", f"file:{console}",
-            "-virtfs", f"local,path=/,mount_tag={ROOT_TAG},security_model=passthrough,readonly=on,multidevs=remap",
-            "-virtfs", f"local,path={spec.share},mount_tag={SHARE_TAG},security_model=passthrough,multidevs=remap",
+            "-virtfs", f"local,path=/,mount_tag={ROOT_TAG},security_model={model},readonly=on,multidevs=remap",
+            "-virtfs", f"local,path={spec.share},mount_tag={SHARE_TAG},security_model={model},multidevs=remap",
             # No default route and no DNS in the guest: it reaches the host's loopback servers at HOST_ADDRESS only.
             "-netdev", "user,id=net0", "-device", "virtio-net-pci,netdev=net0",
             "-device", "virtio-rng-pci"]

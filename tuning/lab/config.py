@@ -15,7 +15,7 @@ from tuning.simulator import DIRTYABLE_FRACTION
 
 DEFAULT_STATE_DIR = Path("/run/iobatch-lab")
 DEFAULT_LAB_DIR = Path("/var/tmp/iobatch-lab")
-THROTTLES = ("fuse", "blkio")
+THROTTLES = ("fuse", "blkio", "hypervisor")
 
 
 class LabError(Exception):
@@ -39,8 +39,10 @@ class LabConfig:
     hold_empty: bool = False
     guard: bool = True  # start the guard process that restores after SIGKILL
     # How the volume is slowed: "fuse" (a fixed-rate FUSE device under the loop device: any kernel, cgroup v1
-    # or v2, and AWS's HDD accounting by offset) or "blkio" (the root blkio cgroup: cgroup v1 only).
+    # or v2, and AWS's HDD accounting by offset), "blkio" (the root blkio cgroup: cgroup v1 only) or
+    # "hypervisor" (inside the guest of tuning.guest: `device` is a disk QEMU already throttles like the volume).
     throttle: str = "fuse"
+    device: Path | None = None  # "hypervisor" only: the throttled disk (default tuning.host.SCRATCH_DEVICE_NAME)
 
     def validate(self, kernel_release: str | None = None) -> None:
         """Raise LabError if the lab cannot build this; the mount options are checked for `kernel_release`
@@ -57,6 +59,8 @@ class LabConfig:
                            f"{self.volume.credit_capacity:.0f} MiB for {self.volume.label}")
         if self.throttle not in THROTTLES:
             raise LabError(f"throttle {self.throttle!r} is not one of {', '.join(THROTTLES)}")
+        if self.device is not None and self.throttle != "hypervisor":
+            raise LabError(f"a device ({self.device}) is only given with the hypervisor throttle")
         if self.tuning.filesystem != "xfs":
             raise LabError("the lab builds XFS: use a tuning with filesystem xfs")
         self.tuning.validate(kernel_release if kernel_release is not None else os.uname().release)

@@ -102,14 +102,14 @@ def read_state(state_dir: Path = DEFAULT_STATE_DIR) -> dict[str, Any] | None:
         return {}
 
 
-def new_state(*, backing: Path, mount: Path) -> dict[str, Any]:
+def new_state(*, backing: Path | None, mount: Path) -> dict[str, Any]:
     """The state of a lab about to start in this process: its identity and the sysctls as they are now."""
     pid = os.getpid()
     start = read_start_time(pid)
     return {
         "pid": pid, "pid_start": None if start is None else str(start), "started": time.time(),
         "sysctls": {key: read_sysctl(key) for key in DIRTY_SYSCTLS},
-        "backing": str(backing), "mount": str(mount),
+        "backing": None if backing is None else str(backing), "mount": str(mount),
     }
 
 

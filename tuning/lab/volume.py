@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from tuning.ebs import MIB
-from tuning.host import HostTuning
+from tuning.host import SCRATCH_DEVICE_NAME, HostTuning
 from tuning.lab import fusedev
 from tuning.lab.config import LabConfig, LabError, emulated_sysctls
 from tuning.lab.credits import CreditController
@@ -92,8 +92,14 @@ class Lab:
             if _run(["sh", "-c", f"command -v {tool}"]).returncode != 0:
                 raise LabError(f"{tool} is not installed: install util-linux and xfsprogs")
         fuse = self.config.throttle == "fuse"
+        hypervisor = self.config.throttle == "hypervisor"
+        given = self.config.device or Path(SCRATCH_DEVICE_NAME)
         if fuse:
             fusedev.check_can_run()
+        elif hypervisor:
+            if not given.is_block_device():
+                raise LabError(f"{given} is not a block device: the hypervisor throttle runs inside the guest "
+                               "(iobatch lab --where guest), on the disk QEMU throttles")
         else:
             for name in THROTTLE_FILES:
                 if not (BLKIO_ROOT / name).exists():
@@ -102,7 +108,7 @@ class Lab:
         recover(self.config.state_dir, say=self.say)
         self._old_handlers = install_interrupt_handlers()
         # Record first, change second: the state names every setting before it is touched.
-        self._state = new_state(backing=self.backing, mount=self.mount)
+        self._state = new_state(backing=None if hypervisor else self.backing, mount=self.mount)
         self._save()
         if self.config.guard:
             start_guard(self.config.state_dir)
@@ -110,13 +116,10 @@ class Lab:
         self.mount.mkdir(parents=True, exist_ok=True)
         if fuse:
             self._start_fuse()
-        else:
+        elif not hypervisor:
             with open(self.backing, "wb") as image:
                 image.truncate(self.config.loop_size_mib * MIB)
-        attach = _run(["losetup", "--find", "--show", "--direct-io=on", str(self.backing)])
-        if attach.returncode != 0:
-            raise LabError(f"losetup failed: {attach.stderr.strip()}")
-        self.device = attach.stdout.strip()
+        self.device = str(given.resolve()) if hypervisor else self._attach_loop()
         rdev = os.stat(self.device).st_rdev
         self.devno = f"{os.major(rdev)}:{os.minor(rdev)}"
         self._state.update(device=self.device, devno=self.devno)
@@ -129,24 +132,32 @@ class Lab:
         if mounted.returncode != 0:
             raise LabError(f"mount -o {options} failed: {mounted.stderr.strip()}")
         os.chmod(self.mount, 0o1777)
-        if not fuse:
+        if not (fuse or hypervisor):
             # The throttle rules for this device did not exist (a fresh loop device): restore writes 0.
             self._state["throttle"] = {name: self._current_rule(name) for name in THROTTLE_FILES}
             self._save()
         volume = self.config.volume
         initial = self.config.initial_credits
-        # With the FUSE device the controller only samples the host (the device keeps its own credits).
+        # With the FUSE device the controller only samples the host (the device keeps its own credits); with the
+        # hypervisor's throttle it keeps the model's count of QEMU's bucket, which cannot be read from inside.
         self.controller = CreditController(
             volume=volume, device_name=Path(self.device).name,
-            set_limit=(lambda _: None) if fuse else self._set_limit,
+            set_limit=(lambda _: None) if fuse or hypervisor else self._set_limit,
             time_scale=self.config.time_scale, initial_credits_mib=initial, tick_s=self.config.tick_s,
             hold_empty=self.config.hold_empty or fuse)
         self.controller.start()
-        self.say(f"lab: {volume.label} on {self.device} ({self.config.loop_size_mib} MiB XFS at {self.mount}, "
+        size = "the hypervisor-throttled disk" if hypervisor else f"{self.config.loop_size_mib} MiB"
+        self.say(f"lab: {volume.label} on {self.device} ({size} XFS at {self.mount}, "
                  f"-o {options}); burst {volume.burst_mibps:.1f} MiB/s, baseline {volume.baseline_mibps:.1f} "
                  f"MiB/s, credits " + ("held empty (baseline only)" if self.config.hold_empty else
                                         f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})")
                  + self._store_note())
+
+    def _attach_loop(self) -> str:
+        attach = _run(["losetup", "--find", "--show", "--direct-io=on", str(self.backing)])
+        if attach.returncode != 0:
+            raise LabError(f"losetup failed: {attach.stderr.strip()}")
+        return attach.stdout.strip()
 
     def _store_note(self) -> str:
         if self.store is None:
