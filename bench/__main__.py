@@ -51,6 +51,7 @@ RUNS: tuple[Run, ...] = (
     Run("download_compare", "Download stage vs bare s5cmd vs `aws s3 cp`: without the eBPF probe",
         env={"IOBATCH_NO_EBPF": "1"}),
     Run("submit_bench", "Submitting a 1,000,000-key batch"),
+    Run("report_fleet", "Reports and advice at fleet size"),
     Run("sidecar_overhead", "Profiler sidecar overhead"),
     Run("sidecar_overhead", "Profiler sidecar overhead: the demo with and without the sidecar",
         args=("--workload", "demo", "--rounds", "5", "--images", "16", "--image-mib", "8", "--cpu-seconds", "20"),

@@ -221,7 +221,7 @@ def by_call(calls: Mapping[str, Any] | None) -> dict[str, Any]:
     return (calls or {}).get(BY_CALL) or {}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TimelinePoint:
     """One sampling interval of a stage: rates and levels over [t - interval, t]."""
 
@@ -237,7 +237,7 @@ class TimelinePoint:
     io_stall_some_ms: float | None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class StageProfile:
     """What one stage of one child did, measured from outside the job. Serialised as profile JSON."""
 

@@ -18,17 +18,29 @@ slower than the others (whose throughputs spread by about 30 % on a loaded machi
 unflagged. So with fewer than SMALL_SAMPLE values each value is also judged against the others alone (their
 median and MAD, when the others are not all equal), and the larger |z| counts; with many values the two agree.
 
+Fewer than SMALL_SAMPLE values are also judged by a ratio: a value at or below 1 / SMALL_SAMPLE_RATIO of the
+others' median (or at or above SMALL_SAMPLE_RATIO times it) stands out whatever its z-score. A child throttled
+to a quarter among eight, whose neighbours spread by a third on a loaded machine, scored z -2.4 against the
+-3.5 cut; three times slower than the rest is not noise at any spread a batch of a few children shows.
+
 A value must also differ from the median by a minimum share (default 50%: a slow child's stage takes
 at least twice the median's time): when the rest agree to within a fraction of a percent, a robust
 z-score calls a 2% difference an outlier, which nobody needs to look at; and the children that start a
 batch run while the S3 server and the page cache warm up, measured at 0.55-0.6 of the median throughput
 in the demo, are not what a reader should chase either.
+
+Cost: sorting, O(n log n), for the median and the MAD; the contemporaries test (`find_slow`) sorts the spans
+once and looks at each outlier's overlapping spans through a binary search, taking the median of at most
+CONTEMPORARY_SAMPLE of them (evenly spaced by start time) when more overlap: O(n log n + k * sample) for k
+outliers, never a comparison of every child with every other.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from profiling.metrics import median
 
@@ -38,6 +50,8 @@ DEFAULT_THRESHOLD = 3.5
 DEFAULT_MIN_RELATIVE = 0.5
 MIN_SAMPLES = 3
 SMALL_SAMPLE = 20  # below it, each value is also scored against the others alone
+SMALL_SAMPLE_RATIO = 3.0  # below SMALL_SAMPLE values, this far from the others' median stands out
+CONTEMPORARY_SAMPLE = 4096  # the contemporaries whose median a slow child is held against, at most
 
 
 @dataclass(frozen=True)
@@ -60,33 +74,41 @@ class Outlier:
         return self.value / self.median if self.median else None
 
 
-def median_absolute_deviation(values: list[float]) -> float:
+def median_absolute_deviation(values: Sequence[float]) -> float:
     """The median of the absolute deviations from the median."""
-    center = median(values)
-    return median([abs(v - center) for v in values])
+    numbers = np.asarray(values, dtype=np.float64)
+    return float(np.median(np.abs(numbers - np.median(numbers))))
 
 
 def robust_z_scores(values: Mapping[str, float]) -> dict[str, float]:
     """Modified z-score of every value (see the module docstring); all 0.0 when every value is equal."""
     if not values:
         return {}
-    numbers = list(values.values())
-    center = median(numbers)
-    mad = median_absolute_deviation(numbers)
+    numbers = np.fromiter(values.values(), dtype=np.float64, count=len(values))
+    center = float(np.median(numbers))
+    deviations = np.abs(numbers - center)
+    mad = float(np.median(deviations))
     if mad > 0:
-        return {k: MAD_SCALE * (v - center) / mad for k, v in values.items()}
-    mean_ad = sum(abs(v - center) for v in numbers) / len(numbers)
-    if mean_ad > 0:
-        return {k: (v - center) / (MEAN_AD_SCALE * mean_ad) for k, v in values.items()}
-    return dict.fromkeys(values, 0.0)
+        scores = MAD_SCALE * (numbers - center) / mad
+    elif (mean_ad := float(deviations.mean())) > 0:
+        scores = (numbers - center) / (MEAN_AD_SCALE * mean_ad)
+    else:
+        scores = np.zeros(len(numbers))
+    return dict(zip(values, scores.tolist(), strict=True))
 
 
-def _z_against_the_others(values: Mapping[str, float], key: str) -> float | None:
-    """The modified z-score of values[key] on the median and MAD of the other values; None when the others
-    are all equal (no scale to judge by: the usual score stands)."""
+def _against_the_others(values: Mapping[str, float], key: str) -> tuple[float | None, float]:
+    """The modified z-score of values[key] on the median and MAD of the other values (None when the others
+    are all equal: no scale to judge by), and the others' median."""
     others = [v for k, v in values.items() if k != key]
+    center = median(others)
     mad = median_absolute_deviation(others)
-    return MAD_SCALE * (values[key] - median(others)) / mad if mad > 0 else None
+    return (MAD_SCALE * (values[key] - center) / mad if mad > 0 else None), center
+
+
+def _far_from(value: float, center: float) -> bool:
+    """SMALL_SAMPLE_RATIO times below or above `center` (both positive)."""
+    return center > 0 and value >= 0 and (value * SMALL_SAMPLE_RATIO <= center or value >= center * SMALL_SAMPLE_RATIO)
 
 
 def find_outliers(
@@ -97,7 +119,8 @@ def find_outliers(
     min_samples: int = MIN_SAMPLES,
     low_only: bool = False,
 ) -> list[Outlier]:
-    """Values with |robust z| above `threshold` that also differ from the median by `min_relative`.
+    """Values with |robust z| above `threshold` (or, among fewer than SMALL_SAMPLE, SMALL_SAMPLE_RATIO times
+    off the others' median) that also differ from the median by `min_relative`.
 
     Fewer than `min_samples` values say nothing about what is normal: the result is then empty.
     `low_only` keeps only values below the median (a slow child, when the values are throughputs).
@@ -109,14 +132,16 @@ def find_outliers(
     found: list[Outlier] = []
     for key, z in robust_z_scores(values).items():
         value = values[key]
-        if len(values) < SMALL_SAMPLE:
-            alone = _z_against_the_others(values, key)
-            z = alone if alone is not None and abs(alone) > abs(z) else z
-        if abs(z) <= threshold:
+        if low_only and value >= center:
             continue
         if abs(value - center) < min_relative * abs(center):
             continue
-        if low_only and value >= center:
+        far = False
+        if len(values) < SMALL_SAMPLE:
+            alone, others = _against_the_others(values, key)
+            z = alone if alone is not None and abs(alone) > abs(z) else z
+            far = _far_from(value, others)
+        if abs(z) <= threshold and not far:
             continue
         found.append(Outlier(key=key, value=value, median=center, z=z))
     return sorted(found, key=lambda o: -abs(o.z))
@@ -133,14 +158,35 @@ def find_slow(
     `min_relative`, than the median of their contemporaries: the keys whose (start, end) span in `spans`
     overlaps theirs. A child that ran beside a slow one shares its server and cores, and one that ran while
     everything warmed up shares that with the rest of its wave; neither is slow of its own. A key with no
-    span, or no contemporaries, is judged against all the values only.
+    span, or no contemporaries, is judged against all the values only. When more than CONTEMPORARY_SAMPLE
+    spans overlap, the median is that of an evenly spaced sample of them (by start time): an approximation.
     """
+    slow = find_outliers(values, threshold=threshold, min_relative=min_relative, low_only=True)
+    timed = [k for k in values if k in (spans or {})]
+    if not slow or not timed or spans is None:
+        return slow
+    starts = np.array([spans[k][0] for k in timed], dtype=np.float64)
+    ends = np.array([spans[k][1] for k in timed], dtype=np.float64)
+    rates = np.array([values[k] for k in timed], dtype=np.float64)
+    order = np.argsort(starts, kind="stable")
+    starts, ends, rates = starts[order], ends[order], rates[order]
+    position = {timed[int(i)]: n for n, i in enumerate(order)}
+    longest = float((ends - starts).max())
     found = []
-    for o in find_outliers(values, threshold=threshold, min_relative=min_relative, low_only=True):
-        span = (spans or {}).get(o.key)
-        beside = [values[k] for k, (start, end) in (spans or {}).items()
-                  if span is not None and k != o.key and k in values and start < span[1] and end > span[0]]
-        if beside and o.value > (1 - min_relative) * median(beside):
+    for o in slow:
+        span = spans.get(o.key)
+        if span is None:
+            found.append(o)
+            continue
+        # A span overlaps [a, b) when it starts before b and ends after a; it ends at most `longest` after it
+        # starts, so it started after a - longest: one slice of the spans sorted by start holds them all.
+        lo = int(np.searchsorted(starts, span[0] - longest, side="right"))
+        hi = int(np.searchsorted(starts, span[1], side="left"))
+        picked = np.arange(lo, hi)
+        if picked.size > CONTEMPORARY_SAMPLE:
+            picked = np.unique(np.linspace(lo, hi - 1, CONTEMPORARY_SAMPLE).astype(np.int64))
+        picked = picked[(ends[picked] > span[0]) & (picked != position[o.key])]
+        if picked.size and o.value > (1 - min_relative) * float(np.median(rates[picked])):
             continue
         found.append(o)
     return found

@@ -341,9 +341,10 @@ def _read_profiles(path: Path) -> list[StageProfile]:
     """One input's profiles; a damaged file is an AdviseError naming the file and line."""
     try:
         if path.is_dir():
-            return [profile for profile, _ in runfiles.read_run_profiles(path).profiles]
+            # The advisor reads per-stage figures only: no timelines (100,000 children's would not fit).
+            return [profile for profile, _ in runfiles.read_run_profiles(path, timeline=False).profiles]
         if path.suffix == ".jsonl":
-            return list(runfiles.read_profiles(path))
+            return list(runfiles.read_profiles(path, timeline=False))
         docs = runfiles.read_emf_documents(path)
     except runfiles.DamagedFileError:
         raise  # bad input, as the report says too (the CLI's exit 65)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from functools import partial
@@ -46,6 +47,23 @@ def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
     return client
 
 
+class Progress:
+    """One line on stderr every PROGRESS_EVERY_S seconds once a read has taken that long: a small run's
+    report prints nothing but its path; a fleet's says how far it is."""
+
+    PROGRESS_EVERY_S = 5.0
+
+    def __init__(self, line: Callable[[int, int], str]) -> None:
+        self._line = line
+        self._last = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.PROGRESS_EVERY_S:
+            self._last = now
+            print(f"report: {self._line(done, total)}", file=sys.stderr, flush=True)
+
+
 def _from_logs(log_group: str, read: Callable[[], Any]) -> Any:
     """`read()` with CloudWatch Logs' errors as the pipeline's (pipeline.aws.logs_error)."""
     from botocore.exceptions import BotoCoreError, ClientError
@@ -64,8 +82,10 @@ def _cloudwatch_report(log_group: str, out: Path, since: str, namespace: str, re
     from profiling.report import parse_since, write_report_from_cloudwatch
 
     since_s = parse_since(since)
+    progress = Progress(lambda pages, events: f"read {pages:,} pages of {log_group}, {events:,} log events")
     return _from_logs(log_group, lambda: write_report_from_cloudwatch(
-        _logs_client(region, logs_endpoint), log_group, out, since_s=since_s, namespace=namespace, advice=advice))
+        _logs_client(region, logs_endpoint), log_group, out, since_s=since_s, namespace=namespace, advice=advice,
+        progress=progress))
 
 
 def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: str | None,
@@ -73,6 +93,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
     """Two runs side by side, each a run directory (with the advisor's findings for this machine, as the
     demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
     from pipeline.local.demo import demo_advice
+    from profiling import runfiles
     from profiling.report import (
         CloudWatchRange,
         DamagedInputError,
@@ -105,7 +126,10 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                 continue
             data = load_run_dir(side)
             workers = int((data.run or {}).get("workers") or 2)
-            advice.append(demo_advice([x.profile for x in data.entries], workers, say=lambda _: None))
+            # A large run keeps no whole profiles (profiling.report.fleet): the advisor reads them without timelines.
+            profiles = [x.profile for x in data.entries] if data.complete else \
+                [p for p, _ in runfiles.read_run_profiles(side, timeline=False).profiles]
+            advice.append(demo_advice(profiles, workers, say=lambda _: None))
             runs.append(data)
         names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
         path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
@@ -170,7 +194,8 @@ def report(
                                       checks.region(region), checks.endpoint_url(logs_endpoint, "--logs-endpoint"),
                                       given)
         else:
-            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given)
+            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given,
+                                progress=Progress(lambda done, files: f"read {done:,} of {files:,} profile files"))
     except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None
     except ReportInputError as exc:

@@ -1,12 +1,17 @@
-"""Following a submitted batch: counts of its children by status, images done, and the failed children.
+"""Following a submitted batch: counts of its children by status, images done, the failed children by exit
+code and the slowest running ones.
 
-`poll_status` uses ListJobs(arrayJobId, jobStatus) per status, paginated, never one DescribeJobs per
-child; every call goes through `pipeline.aws.Backoff`, which retries only throttling and 5xx answers.
+`poll_status` reads the counts from the array parents' statusSummary (one DescribeJobs per 100 parents),
+then lists at most a bounded number of failed and running children: a poll of a 20,000-child batch makes
+the same few calls as one of 8, and holds as little. Without a statusSummary it counts with ListJobs per
+status, paginated. Never one DescribeJobs per child; every call goes through `pipeline.aws.Backoff`, which
+retries only throttling and 5xx answers.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,6 +23,18 @@ from pipeline.submit.plan import TAG_IMAGES, TAG_OFFSET, TAG_PER_CHILD
 
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 FINISHED = ("SUCCEEDED", "FAILED")
+RUNNING_LISTED = 1000  # running children listed per parent and poll (one ListJobs page), for the slowest
+SLOWEST_SHOWN = 5
+FAILED_LINES = 10  # failed children shown one a line; the rest are counted by exit code
+
+
+@dataclass(frozen=True)
+class RunningChild:
+    """A running child: its global index and when it started (ms since the epoch)."""
+
+    job_id: str
+    index: int
+    started_ms: int
 
 
 @dataclass(frozen=True)
@@ -55,6 +72,8 @@ class BatchStatus:
 
     jobs: tuple[JobProgress, ...]
     failed: tuple[FailedChild, ...]
+    slowest: tuple[RunningChild, ...] = ()  # the longest-running among those listed, longest first
+    now_ms: int = 0  # when the status was read, for how long the slowest have run
 
     def count(self, *statuses: str) -> int:
         return sum(job.counts.get(s, 0) for job in self.jobs for s in statuses)
@@ -105,20 +124,37 @@ class BatchStatus:
             "finished": self.finished,
             "failedChildren": [{"jobId": f.job_id, "index": f.index, "reason": f.reason,
                                 "exitCode": f.exit_code, "logStream": f.log_stream} for f in self.failed],
+            "failedByExit": [{"exitCode": code, "reason": reason, "children": n}
+                             for (code, reason), n in self.failed_by_exit()],
+            "slowestRunning": [{"jobId": r.job_id, "index": r.index, "startedAt": r.started_ms}
+                               for r in self.slowest],
         }
 
+    def failed_by_exit(self) -> list[tuple[tuple[int | None, str], int]]:
+        """The failed children described, counted by (exit code, reason), most first."""
+        counts = Counter((f.exit_code, f.reason) for f in self.failed)
+        return sorted(counts.items(), key=lambda item: (-item[1], str(item[0])))
+
     def lines(self) -> list[str]:
-        """Plain-text rendering for logs and non-TTY output (pure)."""
+        """Plain-text rendering for logs and non-TTY output (pure): a summary whatever the batch's size, never
+        a line per child: at most FAILED_LINES failed children, the rest counted by exit code and reason."""
         counts = " ".join(f"{k} {v}" for k, v in self.summary().items())
         out = [f"children {self.children}: {counts}; images {self.images_done}/{self.images}"
                + (" (finished)" if self.finished else "")]
-        for f in self.failed:
+        for f in self.failed[:FAILED_LINES]:
             code = "-" if f.exit_code is None else str(f.exit_code)
             out.append(f"failed child {f.index} ({f.job_id}): exit {code}: {f.reason or 'no reason given'}; "
                        f"log stream {f.log_stream or '-'}")
-        hidden = self.count("FAILED") - len(self.failed)
+        hidden = self.count("FAILED") - min(len(self.failed), FAILED_LINES)
         if hidden > 0:
             out.append(f"... and {hidden} more failed children (see --json or the Batch console)")
+        if len(self.failed) > FAILED_LINES:
+            shown = ", ".join(f"exit {'-' if code is None else code} ({reason or 'no reason given'}): {n}"
+                              for (code, reason), n in self.failed_by_exit()[:5])
+            out.append(f"failed by exit code, of {len(self.failed)} described: {shown}")
+        if self.slowest:
+            out.append("slowest running: " + ", ".join(
+                f"child {r.index} for {max(0, self.now_ms - r.started_ms) / 60000:.1f} min" for r in self.slowest))
         return out
 
 
@@ -186,40 +222,72 @@ def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff |
                          "`iobatch submit` printed and AWS_REGION")
     progress: list[JobProgress] = []
     failed_summaries: list[tuple[Mapping[str, Any], int]] = []
+    running: list[RunningChild] = []
     for job_id in job_ids:
         parent = parents[job_id]
         tags = parent.get("tags") or {}
         offset = _int_tag(tags, TAG_OFFSET, 0)
         per_child = _int_tag(tags, TAG_PER_CHILD, 1)
-        size = int((parent.get("arrayProperties") or {}).get("size") or 0)
+        array = parent.get("arrayProperties") or {}
+        size = int(array.get("size") or 0)
         counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        # DescribeJobs gives an array parent "statusSummary: a summary of the number of array job children in
+        # each available job status" (AWS Batch API Reference, ArrayPropertiesDetail): the counts in one call.
+        summary = array.get("statusSummary")
+        room = None if max_failed is None else max(0, max_failed - len(failed_summaries))
         if size == 0:  # a plain job: its own status is its one child's
             size = 1
             counts[str(parent.get("status"))] = 1
             if parent.get("status") == "FAILED":
                 failed_summaries.append((parent, offset))
+        elif isinstance(summary, Mapping) and summary and all(isinstance(v, int) for v in summary.values()):
+            counts.update({str(k): int(v) for k, v in summary.items() if k in counts})
+            if counts["FAILED"] and room != 0:
+                failed_summaries += [(s, offset) for s in _list_children(batch_client, backoff, job_id, "FAILED",
+                                                                         limit=room)]
+            if counts["RUNNING"]:
+                running += _running(_list_children(batch_client, backoff, job_id, "RUNNING", limit=RUNNING_LISTED),
+                                    offset)
         else:
             for status in STATUSES:
-                for summary in _list_children(batch_client, backoff, job_id, status):
+                for child in _list_children(batch_client, backoff, job_id, status):
                     counts[status] += 1
                     if status == "FAILED":
-                        failed_summaries.append((summary, offset))
+                        failed_summaries.append((child, offset))
+                    elif status == "RUNNING" and counts[status] <= RUNNING_LISTED:
+                        running += _running([child], offset)
         images = _int_tag(tags, TAG_IMAGES, size * per_child)
         progress.append(JobProgress(job_id, str(parent.get("jobName", "")), str(parent.get("status", "")),
                                     size, offset, images, per_child, counts))
-    return BatchStatus(tuple(progress), _failed_children(batch_client, backoff, failed_summaries[:max_failed]))
+    slowest = tuple(sorted(running, key=lambda r: (r.started_ms, r.index))[:SLOWEST_SHOWN])
+    return BatchStatus(tuple(progress), _failed_children(batch_client, backoff, failed_summaries[:max_failed]),
+                       slowest, int(time.time() * 1000))
 
 
-def _list_children(batch_client: Any, backoff: Backoff, job_id: str, status: str) -> Iterable[Mapping[str, Any]]:
+def _running(summaries: Iterable[Mapping[str, Any]], offset: int) -> list[RunningChild]:
+    """The listed running children that say when they started (ListJobs' JobSummary.startedAt, ms)."""
+    return [RunningChild(str(s["jobId"]), _child_index(str(s["jobId"]), offset), int(s["startedAt"]))
+            for s in summaries if isinstance(s.get("startedAt"), int)]
+
+
+def _list_children(batch_client: Any, backoff: Backoff, job_id: str, status: str,
+                   limit: int | None = None) -> Iterable[Mapping[str, Any]]:
+    """The children of `job_id` in `status`, page by page (ListJobs: at most 1,000 a page); at most `limit`."""
     token: str | None = None
+    given = 0
     while True:
-        kwargs: dict[str, Any] = {"arrayJobId": job_id, "jobStatus": status, "maxResults": 1000}
+        kwargs: dict[str, Any] = {"arrayJobId": job_id, "jobStatus": status,
+                                  "maxResults": 1000 if limit is None else max(1, min(1000, limit - given))}
         if token:
             kwargs["nextToken"] = token
         page = backoff.call(batch_client.list_jobs, doing=f"listing {status} children of {job_id}", **kwargs)
-        yield from page.get("jobSummaryList", [])
+        for child in page.get("jobSummaryList", []):
+            if limit is not None and given >= limit:
+                return
+            given += 1
+            yield child
         token = page.get("nextToken")
-        if not token:
+        if not token or (limit is not None and given >= limit):
             return
 
 

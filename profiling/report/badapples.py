@@ -34,18 +34,19 @@ def find_bad_apples(
     and are only compared when some ran more than one child.
     """
     found: list[BadApple] = []
-    for stage in data.stages():
+    fleet = data.fleet
+    for stage in fleet.stage_names():
+        rows = fleet.stages[stage]
         by_child: dict[str, float] = {}
         spans: dict[str, tuple[float, float]] = {}
         instance_of: dict[str, str] = {}
-        for entry in data.of_stage(stage):
-            p = entry.profile
-            if p.outcome != "ok" or not p.throughput_bps:
+        for n, (child, outcome, tput) in enumerate(zip(rows.children, rows.outcome, rows.throughput, strict=True)):
+            if outcome != "ok" or not tput or tput != tput:  # tput != tput: NaN, no throughput
                 continue
-            by_child[entry.child] = float(p.throughput_bps)
-            spans[entry.child] = (p.started_at, p.started_at + p.duration_s)
-            if entry.instance:
-                instance_of[entry.child] = entry.instance
+            by_child[child] = tput
+            spans[child] = (rows.started[n], rows.started[n] + rows.duration[n])
+            if (instance := rows.instance[n]) is not None:
+                instance_of[child] = instance
         # Only the slow side: a child faster than the rest holds nobody back.
         for o in find_slow(by_child, spans, threshold=threshold, min_relative=min_relative):
             detail = f"instance {instance_of[o.key]}" if o.key in instance_of else ""

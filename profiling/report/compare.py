@@ -17,11 +17,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from profiling import runfiles
-from profiling.metrics import METRICS_BY_NAME, summarize
+from profiling.metrics import METRICS_BY_NAME
 from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.page import e, figure_html, page
 from profiling.report.sources import ReportData, load_run_dir
@@ -92,16 +93,25 @@ def _stage_figure(stage: str, runs: Sequence[ReportData], names: Sequence[str]) 
         spec = METRICS_BY_NAME[metric]
         for n, (data, name, color) in enumerate(zip(runs, names, RUN_COLORS, strict=True)):
             entries = data.of_stage(stage)
-            values = [None if (v := x.profile.value(spec)) is None else v / spec.scale for x in entries]
-            fig.add_trace(go.Box(y=values, name=name, marker_color=color, boxpoints="all", jitter=0.4,
-                                 pointpos=0, text=[x.child for x in entries], showlegend=col == 1,
-                                 legendgroup=name, offsetgroup=str(n)), row=1, col=col)
-            if metric == "PeakDirtyBytes":
+            if not data.complete:  # a large batch: its box from the quantiles, not a point per child
+                present = data.fleet.present(stage, spec.name) / spec.scale
+                if present.size:
+                    q = [float(f"{v:.5g}") for v in np.quantile(present, (0, 0.25, 0.5, 0.75, 1))]
+                    fig.add_trace(go.Box(x=[name], lowerfence=[q[0]], q1=[q[1]], median=[q[2]], q3=[q[3]],
+                                         upperfence=[q[4]], name=name, marker_color=color, showlegend=col == 1,
+                                         legendgroup=name, offsetgroup=str(n)), row=1, col=col)
+                limits = (data.fleet.present(stage, limit.name) / limit.scale).tolist() \
+                    if metric == "PeakDirtyBytes" else []
+            else:
+                values = [None if (v := x.profile.value(spec)) is None else v / spec.scale for x in entries]
+                fig.add_trace(go.Box(y=values, name=name, marker_color=color, boxpoints="all", jitter=0.4,
+                                     pointpos=0, text=[x.child for x in entries], showlegend=col == 1,
+                                     legendgroup=name, offsetgroup=str(n)), row=1, col=col)
                 limits = [v / limit.scale for x in entries if (v := x.profile.value(limit)) is not None]
-                if limits:
-                    fig.add_trace(go.Scatter(x=[name], y=[max(limits)], mode="markers", showlegend=False,
-                                             marker={"symbol": "line-ew-open", "size": 40, "color": "#555"},
-                                             name=f"{limit.label} ({name})"), row=1, col=col)
+            if metric == "PeakDirtyBytes" and limits:
+                fig.add_trace(go.Scatter(x=[name], y=[max(limits)], mode="markers", showlegend=False,
+                                         marker={"symbol": "line-ew-open", "size": 40, "color": "#555"},
+                                         name=f"{limit.label} ({name})"), row=1, col=col)
         fig.update_yaxes(rangemode="tozero", row=1, col=col)
     fig.update_layout(template="plotly_white", height=340, margin={"l": 50, "r": 20, "t": 50, "b": 40},
                       legend={"orientation": "h", "y": -0.12}, boxmode="group")
@@ -140,7 +150,7 @@ def render_comparison(a: ReportData, b: ReportData, *, names: Sequence[str] = ("
                       advice: Sequence[Any] = (None, None), title: str = "iobatch: two runs compared") -> str:
     """The comparison page of two runs (plotly.js inline, no network needed to open it)."""
     runs = (a, b)
-    summaries = [summarize([x.profile for x in r.entries]) for r in runs]
+    summaries = [r.fleet.summary() for r in runs]
     stages = [s for s in a.stages() if s in b.stages()]
     only = sorted(set(a.stages()) ^ set(b.stages()))
     body = ["<section id=compare-overview><h2>The runs</h2><dl class=kv>"]

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -60,21 +61,29 @@ Plotter = Callable[[go.Figure, Sequence[MetricSpec], StageView], None]
 
 
 def _plot_spread(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) -> None:
-    """A box of the spread, and one point per child coloured like the bars of the other plots."""
+    """A box of the spread (quartiles, median, whiskers to the extremes, drawn as shapes: the page's plotly.js
+    bundle has no box trace), and one point per child coloured like the bars of the other plots."""
     main = specs[0]
     values = view.series(main)
-    fig.add_trace(go.Box(
-        x=values, name=main.label, boxpoints=False, hoverinfo="x",
-        line={"color": "#7f7f7f"}, fillcolor="rgba(59,111,182,0.12)", orientation="h",
-    ))
+    present = sorted(v for v in values if v is not None)
+    if present:
+        q1, mid, q3 = (float(f"{v:.5g}") for v in np.quantile(present, (0.25, 0.5, 0.75)))
+        grey = {"color": "#7f7f7f", "width": 1.5}
+        fig.update_layout(shapes=[
+            {"type": "rect", "x0": q1, "x1": q3, "y0": -0.35, "y1": 0.35, "line": grey,
+             "fillcolor": "rgba(59,111,182,0.12)", "layer": "below"},
+            {"type": "line", "x0": mid, "x1": mid, "y0": -0.35, "y1": 0.35, "line": grey},
+            {"type": "line", "x0": present[0], "x1": q1, "y0": 0, "y1": 0, "line": grey},
+            {"type": "line", "x0": q3, "x1": present[-1], "y0": 0, "y1": 0, "line": grey},
+        ])
     jitter = [((i * 7919) % 11 - 5) / 25 for i in range(len(values))]  # fixed, so reports diff
     fig.add_trace(go.Scatter(
         x=values, y=jitter, mode="markers", name="children", text=view.hover, hoverinfo="x+text",
-        marker={"color": view.colors, "size": 9, "line": {"width": 1, "color": "#fff"}}, yaxis="y2",
+        marker={"color": view.colors, "size": 9, "line": {"width": 1, "color": "#fff"}},
     ))
-    fig.update_layout(showlegend=False, yaxis2={"overlaying": "y", "range": [-1, 1], "visible": False})
+    fig.update_layout(showlegend=False)
     fig.update_xaxes(title_text=main.scoped_label, rangemode="tozero")
-    fig.update_yaxes(showticklabels=False)
+    fig.update_yaxes(showticklabels=False, range=[-1, 1], showgrid=False, zeroline=False)
 
 
 def _plot_bars_with_median(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) -> None:

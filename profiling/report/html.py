@@ -10,13 +10,14 @@ Entry points: `write_report(run_dir, out, advice=...)` for a local run and
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
-from profiling.metrics import DEFAULT_NAMESPACE, METRICS, METRICS_BY_NAME, TABLE_METRICS, summarize
+from profiling.metrics import DEFAULT_NAMESPACE, METRICS, METRICS_BY_NAME, TABLE_METRICS
 from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD
+from profiling.report import fleetpage
 from profiling.report.advice import advice_section
 from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.figures import stage_figures, timeline_figure
@@ -25,6 +26,9 @@ from profiling.report.sources import Entry, ReportData, load_cloudwatch, load_ru
 
 # Per-child timelines beyond this many are left out (slow children first): the file stays small.
 MAX_TIMELINES = 48
+# A large batch's page draws the timelines of this many children: the bad apples, then the longest per stage.
+MAX_FLEET_TIMELINES = 12
+MAX_BAD_APPLE_ROWS = 100
 # run.json fields that hold a wall-clock time (seconds since the epoch).
 RUN_TIMES = ("started", "finished")
 
@@ -42,7 +46,7 @@ def _run_fields(run: Mapping[str, Any]) -> str:
 
 
 def _summary_table(data: ReportData) -> str:
-    summary = summarize([x.profile for x in data.entries])
+    summary = data.fleet.summary()
     # The network bytes are the children's own or the host's: the column no stage has is left out.
     specs = [METRICS_BY_NAME[n] for n in TABLE_METRICS
              if "Network" not in n or any(r.get(n) is not None for r in summary.values())]
@@ -54,7 +58,7 @@ def _summary_table(data: ReportData) -> str:
         row = summary.get(stage)
         if row is None:
             continue
-        children = len({x.child for x in data.of_stage(stage)})
+        children = len(set(data.fleet.stages[stage].children))
         cells = "".join(f"<td>{e(s.display(row.get(s.name)))}</td>" for s in [*specs, sharers])
         rows.append(f"<tr><td class=l><a href='#stage-{e(stage)}'>{e(stage)}</a></td><td>{children}</td>{cells}</tr>")
     return (
@@ -91,10 +95,10 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
     )
     spread = []
     for stage in data.stages():
-        values = [t for x in data.of_stage(stage) if x.profile.outcome == "ok"
-                  and (t := x.profile.throughput_bps) is not None and t > 0]
+        values = data.fleet.present(stage, "throughput", ok_only=True)
+        values = values[values > 0]
         if len(values) >= 2:
-            spread.append(f"{e(stage)} {max(values) / min(values):.1f} : 1")
+            spread.append(f"{e(stage)} {values.max() / values.min():.1f} : 1")
     if spread:
         parts.append(f"<p class=note>Spread between the fastest and the slowest child: {', '.join(spread)}.</p>")
     if not apples:
@@ -104,7 +108,11 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
             f"<th>{e(tput.label)}</th><th>stage median {e(tput.display_unit)}</th><th>vs median</th>"
             "<th>robust z</th><th class=l>where</th></tr>")
     rows = []
-    for a in apples:
+    if len(apples) > MAX_BAD_APPLE_ROWS:
+        parts.append(f"<p class=note>{len(apples):,} bad apples; the {MAX_BAD_APPLE_ROWS} with the lowest z-scores "
+                     "are listed.</p>")
+    for a in sorted(apples, key=lambda a: a.outlier.z)[:MAX_BAD_APPLE_ROWS] if len(apples) > MAX_BAD_APPLE_ROWS \
+            else apples:
         o = a.outlier
         ratio = f"{o.ratio:.2f}x" if o.ratio is not None else "-"
         rows.append(
@@ -185,18 +193,17 @@ def _contract_section(data: ReportData) -> str:
     return "".join(parts)
 
 
-def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch run report") -> str:
-    """The whole report as one HTML document (plotly.js inline, no network needed to open it)."""
-    apples = find_bad_apples(data)
+def _overview(data: ReportData, apples: Sequence[BadApple]) -> str:
     stages = data.stages()
-    body: list[str] = []
-
-    body.append("<section id=overview><h2>Overview</h2>")
-    body.append(f"<p>{e(data.source)}. Children: {len(data.children())}. Stages: {e(', '.join(stages))}.</p>")
-    failed = [x for x in data.entries if x.profile.outcome != "ok"]
+    body = ["<section id=overview><h2>Overview</h2>",
+            f"<p>{e(data.source)}. Children: {data.child_count():,}. Stages: {e(', '.join(stages))}.</p>"]
+    fleet = data.fleet
+    failed = [(fleet.stages[stage].children[n], stage, outcome) for stage in stages
+              for n, outcome in enumerate(fleet.stages[stage].outcome) if outcome != "ok"]
     if failed:
-        names = ", ".join(f"{x.child} {x.profile.stage} ({x.profile.outcome})" for x in failed[:20])
-        body.append(f"<p class=flag>Stages that did not finish: {e(names)}</p>")
+        names = ", ".join(f"{child} {stage} ({outcome})" for child, stage, outcome in failed[:20])
+        more = f" and {len(failed) - 20:,} more" if len(failed) > 20 else ""
+        body.append(f"<p class=flag>Stages that did not finish: {e(names)}{more}</p>")
     if apples:
         names = ", ".join(
             f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage}" for a in apples[:10]
@@ -208,8 +215,13 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
     if data.run:
         body.append(f"<details><summary>the run (run.json)</summary>{_run_fields(data.run)}</details>")
     body.append("</section>")
+    return "".join(body)
 
-    for stage in stages:
+
+def _stage_sections(data: ReportData, apples: Sequence[BadApple]) -> str:
+    """A small batch's stages: every plot with a bar or point per child, and every metric per child."""
+    body = []
+    for stage in data.stages():
         entries = data.of_stage(stage)
         flagged = {a.name for a in apples if a.stage == stage and a.scope == "child"}
         body.append(f"<section class=stage id='stage-{e(stage)}' data-stage='{e(stage)}'>")
@@ -220,50 +232,86 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
             body.append(f"<div class=plot data-plot='{e(stage)}/{e(plot_id)}'>{figure_html(fig, div_id)}</div>")
         body.append(f"</div><details><summary>every metric per child</summary>{_detail_table(entries)}</details>")
         body.append("</section>")
+    return "".join(body)
 
-    body.append(_bad_apple_section(data, apples))
 
-    body.append("<section id=timelines><h2>Timelines per child</h2>")
-    with_samples = [c for c in data.children() if any(x.profile.timeline for x in data.entries if x.child == c)]
+def _timelines(data: ReportData, apples: Sequence[BadApple], children: Sequence[str] | None = None) -> str:
+    """A timeline per child: every child of a small batch (bad apples first, at most MAX_TIMELINES), or the
+    `children` a large batch's page drills down to, read again from their files."""
+    body = ["<section id=timelines><h2>Timelines per child</h2>"]
+    slow = [a.name for a in apples if a.scope == "child"]
+    if children is None:
+        entries = data.entries
+        with_samples = [c for c in data.children() if any(x.profile.timeline for x in entries if x.child == c)]
+    else:
+        entries = data.reread(set(children)) if data.reread is not None and data.has_timelines else []
+        with_samples = [c for c in children if any(x.profile.timeline for x in entries if x.child == c)]
     if not data.has_timelines or not with_samples:
         body.append(
             "<p id=no-timelines class=note>No timelines: "
             + ("EMF documents carry one set of figures per stage, not the samples behind them. "
                "Run `iobatch report` on a local run directory for timelines."
                if not data.has_timelines else "the profiles carry no samples.")
-            + "</p>"
+            + "</p></section>"
         )
-    else:
-        slow = [a.name for a in apples if a.scope == "child"]
-        ordered = list(dict.fromkeys([c for c in slow if c in with_samples] + with_samples))
-        shown = ordered[:MAX_TIMELINES]
-        if len(ordered) > len(shown):
-            body.append(f"<p class=note>Showing {len(shown)} of {len(ordered)} children (bad apples first).</p>")
-        for n, child in enumerate(shown):
-            entries = [x for x in data.entries if x.child == child]
-            mark = " <span class=flag>(bad apple)</span>" if child in slow else ""
-            body.append(f"<h3>{e(child)}{mark}</h3>")
-            body.append(f"<div class='plot timeline' data-child='{e(child)}'>"
-                        f"{figure_html(timeline_figure(child, entries), f'timeline-{n}')}</div>")
+        return "".join(body)
+    ordered = list(dict.fromkeys([c for c in slow if c in with_samples] + with_samples))
+    shown = ordered[:MAX_TIMELINES]
+    if children is not None:
+        body.append(f"<p class=note>The timelines of {len(shown)} of {data.child_count():,} children: the bad "
+                    "apples, then the children that took longest in each stage.</p>")
+    elif len(ordered) > len(shown):
+        body.append(f"<p class=note>Showing {len(shown)} of {len(ordered)} children (bad apples first).</p>")
+    for n, child in enumerate(shown):
+        mine = [x for x in entries if x.child == child]
+        mark = " <span class=flag>(bad apple)</span>" if child in slow else ""
+        body.append(f"<h3 id='timeline-of-{e(child)}'>{e(child)}{mark}</h3>")
+        body.append(f"<div class='plot timeline' data-child='{e(child)}'>"
+                    f"{figure_html(timeline_figure(child, mine), f'timeline-{n}')}</div>")
     body.append("</section>")
+    return "".join(body)
 
-    body.append(_contract_section(data))
+
+def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch run report") -> str:
+    """The whole report as one HTML document (plotly.js inline, no network needed to open it).
+
+    A batch of up to PER_CHILD_LIMIT children shows every child in every plot; a larger one shows
+    distributions, one time axis for the whole batch and the top stragglers (profiling.report.fleetpage).
+    """
+    apples = find_bad_apples(data)
+    stages = data.stages()
+    body = [_overview(data, apples)]
+    if data.complete:
+        body.append(_stage_sections(data, apples))
+        body.append(_bad_apple_section(data, apples))
+        body.append(_timelines(data, apples))
+        body.append(_contract_section(data))
+        nav = [("overview", "Overview"), *((f"stage-{s}", s) for s in stages)]
+    else:
+        drilled = fleetpage.drill_down(data, apples, MAX_FLEET_TIMELINES)
+        shown = drilled if data.has_timelines else []
+        body.append(fleetpage.time_section(data, apples))
+        body += [fleetpage.stage_section(data, stage, shown) for stage in stages]
+        body.append(_bad_apple_section(data, apples))
+        body.append(_timelines(data, apples, drilled))
+        body.append(fleetpage.contract_section(data))
+        nav = [("overview", "Overview"), ("fleet-time", "Over time"), *((f"stage-{s}", s) for s in stages)]
     body.append(advice_section(advice))
-
-    nav = [("overview", "Overview"), *((f"stage-{s}", s) for s in stages), ("bad-apples", "Bad apples"),
-           ("timelines", "Timelines"), ("contract", "Contract"), ("advice", "Recommendation")]
+    nav += [("bad-apples", "Bad apples"), ("timelines", "Timelines"), ("contract", "Contract"),
+            ("advice", "Recommendation")]
     generated = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     return page(title, f"generated {generated}", nav, "".join(body))
 
 
-def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None) -> Path:
+def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Path:
     """Write the HTML report of a local run directory and return its path.
 
     `out` defaults to <run_dir>/report.html. `advice` is the advisor's recommendation (a mapping, a
     dataclass or an object with to_dict(), e.g. from tuning.advise); it is rendered as given, and the
     report says so when there is none. Raises ReportInputError when the run directory is unusable.
     """
-    data = load_run_dir(Path(run_dir))
+    data = load_run_dir(Path(run_dir), progress=progress)
     target = Path(out) if out is not None else runfiles.report_path(Path(run_dir))
     return runfiles.write_text_atomic(target, render_html(data, advice=advice))
 
@@ -276,10 +324,12 @@ def write_report_from_cloudwatch(
     since_s: float,
     namespace: str = DEFAULT_NAMESPACE,
     advice: Mapping[str, Any] | Any | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Path:
     """Write the report of the EMF documents a CloudWatch Logs group received in the last `since_s` s.
 
-    `client` is a boto3 'logs' client. There are no timelines in EMF; the report says so.
+    `client` is a boto3 'logs' client; `progress(pages, events)` is called after each page read. There are
+    no timelines in EMF; the report says so.
     """
-    data = load_cloudwatch(client, log_group, since_s=since_s, namespace=namespace)
+    data = load_cloudwatch(client, log_group, since_s=since_s, namespace=namespace, progress=progress)
     return runfiles.write_text_atomic(Path(out), render_html(data, advice=advice))

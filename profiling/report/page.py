@@ -12,7 +12,9 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import plotly.graph_objects as go
@@ -20,6 +22,13 @@ import plotly.io as pio
 import plotly.offline
 
 PLOT_CONFIG: dict[str, Any] = {"displaylogo": False, "responsive": True}
+# plotly's Python package ships only the full plotly.js bundle (package_data/plotly.min.js, 4.8 MB, every trace
+# type). A page whose figures use only the trace types of the basic partial bundle (bar, pie, scatter; npm
+# plotly.js-basic-dist-min, 1.2 MB, the same plotly.js version as the Python package's: 4.1.1, MIT, kept here
+# with its LICENSE) embeds that one instead. Layout shapes, annotations and subplots are in every bundle.
+BASIC_BUNDLE = Path(__file__).with_name("vendor") / "plotly-basic.min.js"
+BASIC_TRACES = frozenset({"bar", "pie", "scatter"})
+_TRACES = re.compile(r"data-traces='([a-z0-9 ]*)'")
 TEMPLATE = "plotly_white"
 ABSENT = "-"
 
@@ -65,27 +74,40 @@ def _script_json(value: Any) -> str:
 
 
 def figure_html(fig: go.Figure, div_id: str) -> str:
-    """One figure: a div and the script that draws it with the page's shared template."""
+    """One figure: a div (naming the trace types it draws, for `page`) and the script that draws it with the
+    page's shared template."""
     spec = fig.to_plotly_json()
     layout = dict(spec.get("layout", {}))
     layout.pop("template", None)
     height = int(layout.get("height") or 320)
+    traces = " ".join(sorted({str(t.get("type") or "scatter") for t in spec.get("data", [])}))
     return (
-        f"<div id=\"{e(div_id)}\" class=plotly-graph-div style='height:{height}px;width:100%'></div>"
+        f"<div id=\"{e(div_id)}\" class=plotly-graph-div data-traces='{e(traces)}' "
+        f"style='height:{height}px;width:100%'></div>"
         f"<script>Plotly.newPlot({json.dumps(div_id)}, {_script_json(spec.get('data', []))}, "
         f"Object.assign({{template: IOBATCH_TEMPLATE}}, {_script_json(layout)}), {json.dumps(PLOT_CONFIG)});"
         "</script>"
     )
 
 
+def plotly_js(body: str) -> str:
+    """The plotly.js bundle a page's figures need: the basic partial bundle when every figure's trace types
+    are in it (see BASIC_BUNDLE), else the full one."""
+    used = {kind for found in _TRACES.findall(body) for kind in found.split()}
+    if used <= BASIC_TRACES and BASIC_BUNDLE.is_file():
+        return BASIC_BUNDLE.read_text(encoding="utf-8")
+    return str(plotly.offline.get_plotlyjs())
+
+
 def page(title: str, subtitle: str, nav: Sequence[tuple[str, str]], body: str) -> str:
-    """A whole self-contained document: plotly.js and the shared template inline, no network needed."""
+    """A whole self-contained document: plotly.js (the smallest bundle that draws its figures) and the
+    shared template inline, no network needed."""
     links = "".join(f"<a href='#{e(anchor)}'>{e(text)}</a>" for anchor, text in nav)
     return (
         "<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
         "<meta name=viewport content='width=device-width, initial-scale=1'>"
         f"<title>{e(title)}</title><style>{CSS}</style>"
-        f"<script>{plotly.offline.get_plotlyjs()}</script>"
+        f"<script>{plotly_js(body)}</script>"
         f"<script>var IOBATCH_TEMPLATE = {_template_json()};</script></head><body>"
         f"<header><h1>{e(title)}</h1><p>{e(subtitle)}</p></header><nav>{links}</nav>"
         f"<main>{body}</main></body></html>\n"

@@ -10,15 +10,20 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
-from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, stage_order
+from profiling.emf import profiles_from_emf, stage_key
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.numbers import number
+from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
+
+# EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
+MERGE_WINDOW = 4096
 
 
 class ReportInputError(ValueError):
@@ -40,22 +45,50 @@ class Entry:
 
 @dataclass
 class ReportData:
-    """Everything a report shows, whatever it was read from."""
+    """Everything a report shows, whatever it was read from.
+
+    `fleet` holds every child's per-stage figures in columns (profiling.report.fleet); `entries` holds every
+    stage profile whole only when the batch is small (`complete`), else none: a large batch's page is drawn
+    from the columns, and the few children it shows in full are read again (`reread`).
+    """
 
     entries: list[Entry]
     source: str
     has_timelines: bool
     run: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    fleet_columns: Fleet | None = None
+    complete: bool = True
+    # Reads the named children's whole profiles again (timelines included); None when nothing can be re-read.
+    reread: Callable[[set[str]], list[Entry]] | None = None
+
+    @property
+    def fleet(self) -> Fleet:
+        """Every child's figures in columns (built from the entries when none were given)."""
+        if self.fleet_columns is None:
+            self.fleet_columns = Fleet()
+            for x in self.entries:
+                self.fleet_columns.add(x.profile, x.child)
+            self.fleet_columns.finish()
+            for rows in self.fleet_columns.stages.values():  # the entries' own names stand
+                rows.children = []
+            for x in self.entries:
+                self.fleet_columns.stages[x.profile.stage].children.append(x.child)
+        return self.fleet_columns
 
     def stages(self) -> list[str]:
-        return stage_order(e.profile.stage for e in self.entries)
+        return self.fleet.stage_names() if not self.complete else stage_order(e.profile.stage for e in self.entries)
 
     def of_stage(self, stage: str) -> list[Entry]:
         return [e for e in self.entries if e.profile.stage == stage]
 
     def children(self) -> list[str]:
+        if not self.complete:
+            return sorted({c for rows in self.fleet.stages.values() for c in rows.children}, key=natural_key)
         return sorted({e.child for e in self.entries}, key=natural_key)
+
+    def child_count(self) -> int:
+        return self.fleet.child_count() if not self.complete else len({e.child for e in self.entries})
 
 
 def natural_key(text: str) -> tuple[Any, ...]:
@@ -185,78 +218,172 @@ def profiles_from_emf_lines(
         raise DamagedInputError(str(exc)) from None
 
 
-def _child_labels(profiles: Sequence[tuple[StageProfile, str]]) -> list[str]:
-    """The name shown for each child: 'child N' from ArrayIndex (with the job id when a report spans
-    several jobs), else the name of the file the profile came from."""
-    jobs = {_parent_job(p) for p, _ in profiles}
-    labels = []
-    for profile, fallback in profiles:
-        index = profile.properties.get("ArrayIndex")
-        if index is None or index == "":
-            labels.append(fallback)
-        elif len(jobs) > 1:
-            labels.append(f"{_parent_job(profile) or '?'}[{index}]")
+class _Reader:
+    """Profiles streamed into a Fleet, the whole profiles kept while the batch is small (PER_CHILD_LIMIT)."""
+
+    def __init__(self) -> None:
+        self.fleet = Fleet()
+        self.kept: list[tuple[StageProfile, str]] | None = []
+        self._children: set[tuple[str, str | None, str | None]] = set()
+
+    def add(self, profile: StageProfile, name: str, source: Path | None = None,
+            points: list[dict[str, Any]] | None = None) -> None:
+        self.fleet.add(profile, name, source, points)
+        if self.kept is None:
+            return
+        if points is not None:  # kept whole: its timeline built
+            profile = replace(profile, timeline=[TimelinePoint(**q) for q in points])
+        rows = self.fleet.stages[profile.stage]
+        self._children.add(rows.names[-1])
+        if len(self._children) > PER_CHILD_LIMIT:
+            self.kept = None  # a large batch: its page is drawn from the columns
+            self._children.clear()
         else:
-            labels.append(f"child {index}")
-    return labels
+            self.kept.append((profile, name))
+
+    def data(self, *, source: str, has_timelines: bool, reread: Callable[[set[str]], list[Entry]] | None = None
+             ) -> ReportData:
+        fleet = self.fleet.finish()
+        entries: list[Entry] = []
+        if self.kept is not None:
+            names = {stage: iter(rows.children) for stage, rows in fleet.stages.items()}
+            entries = [Entry(child=next(names[p.stage]), profile=p, instance=p.properties.get("InstanceId") or None)
+                       for p, _ in self.kept]
+        return ReportData(entries=entries, source=source, has_timelines=has_timelines, fleet_columns=fleet,
+                          complete=self.kept is not None, reread=None if self.kept is not None else reread)
 
 
-def _parent_job(profile: StageProfile) -> str | None:
-    """The array job's id: AWS Batch gives each child '<parent id>:<index>' as its job id."""
-    job = profile.properties.get("JobId")
-    index = profile.properties.get("ArrayIndex")
-    if job and index and job.endswith(f":{index}"):
-        return job[: -len(index) - 1]
-    return job
+def _unreadable(file: Path, exc: OSError) -> ReportInputError:
+    return ReportInputError(f"cannot read {file} ({exc.strerror}): a run directory's profile and EMF files are "
+                            "regular files the report can read; remove or fix that one")
 
 
-def _entries(profiles: Sequence[tuple[StageProfile, str]]) -> list[Entry]:
-    labels = _child_labels(profiles)
-    return [Entry(child=label, profile=p, instance=p.properties.get("InstanceId") or None)
-            for (p, _), label in zip(profiles, labels, strict=True)]
-
-
-def load_run_dir(run_dir: Path) -> ReportData:
-    """Read a local run directory: profile JSON when present (with timelines), else the EMF files."""
-    if not run_dir.is_dir():
-        raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
+def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
     try:
-        kept = runfiles.read_run_profiles(run_dir)
+        for profile in runfiles.read_profiles(file):
+            yield profile, file.stem
     except runfiles.DamagedFileError as exc:
         raise DamagedInputError(f"{exc}: {exc.fix}") from None
-    pairs = kept.profiles
-    if not pairs:
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
+
+
+def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
+    try:
+        yield from runfiles.read_profile_points(file)
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
+
+
+def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
+    try:
+        for profile in runfiles.read_emf(file):
+            yield profile, file.stem
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(f"{exc}: {exc.fix}") from None
+    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
+        raise _unreadable(file, exc) from None
+
+
+def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None = None) -> ReportData:
+    """Read a local run directory one profile line at a time: profile JSON when present (with timelines),
+    else the EMF files. `progress(files read, files)` is called as the files are read."""
+    if not run_dir.is_dir():
+        raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
+    from_emf = False
+    reader = _Reader()
+    files = runfiles.profile_files(run_dir)
+    for done, file in enumerate(files, 1):
+        for profile, points in _points_in(file):
+            reader.add(profile, file.stem, file, points)
+        if progress is not None:
+            progress(done, len(files))
+    if not reader.fleet.profiles:
+        from_emf = True
+        files = runfiles.emf_files(run_dir)
+        for done, file in enumerate(files, 1):
+            for profile, name in _emf_in(file):
+                reader.add(profile, name, file)
+            if progress is not None:
+                progress(done, len(files))
+    count = reader.fleet.profiles
+    if not count:
         raise ReportInputError(
             f"{run_dir} holds no {runfiles.PROFILES}/*.jsonl or {runfiles.EMF}/*.emf files: "
             "pass the run directory of a finished run (iobatch demo --run-dir DIR)"
         )
-    if kept.from_emf:
-        source = f"local run {run_dir}: {len(pairs)} EMF documents from {runfiles.EMF}/ (no profile files)"
+    if from_emf:
+        source = f"local run {run_dir}: {count} EMF documents from {runfiles.EMF}/ (no profile files)"
     else:
-        source = f"local run {run_dir}: {len(pairs)} stage profiles from {runfiles.PROFILES}/"
+        source = f"local run {run_dir}: {count} stage profiles from {runfiles.PROFILES}/"
     run: dict[str, Any] | None = None
     if runfiles.is_run_dir(run_dir):
         try:
             run = runfiles.read_run(run_dir)
         except (ValueError, OSError):
             run = None  # the profiles make the report; a damaged run file only loses its own section
-    data = ReportData(entries=_entries(pairs), source=source, has_timelines=not kept.from_emf, run=run)
-    if not kept.from_emf and not any(e.profile.timeline for e in data.entries):
+    fleet = reader.fleet
+
+    def reread(children: set[str]) -> list[Entry]:
+        found = fleet.profiles_of(children, _emf_in if from_emf else _profiles_in)
+        return [Entry(child, p, p.properties.get("InstanceId") or None) for child, p in found]
+
+    data = reader.data(source=source, has_timelines=not from_emf, reread=reread)
+    data.run = run
+    if not from_emf and not fleet.timeline_points:
         data.notes.append("The profiles carry no timeline samples.")
     return data
 
 
-def fetch_log_messages(client: Any, log_group: str, *, start_ms: int, end_ms: int | None = None) -> Iterator[str]:
-    """Every message of a CloudWatch Logs group in [start_ms, end_ms], page by page.
+def fetch_log_messages(client: Any, log_group: str, *, start_ms: int, end_ms: int | None = None,
+                       progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
+    """Every message of a CloudWatch Logs group in [start_ms, end_ms], page by page, as they arrive.
 
-    `client` is a boto3 'logs' client; errors from it propagate to the caller.
+    FilterLogEvents returns at most 1 MB or 10,000 events a call and a nextToken while there are more
+    (CloudWatch Logs API Reference, FilterLogEvents: limit, nextToken); the paginator follows the token, and
+    nothing but the current page is held. `progress(pages, events)` is called after each page. `client` is a
+    boto3 'logs' client; errors from it propagate to the caller.
     """
     args: dict[str, Any] = {"logGroupName": log_group, "startTime": start_ms}
     if end_ms is not None:
         args["endTime"] = end_ms
-    for page in client.get_paginator("filter_log_events").paginate(**args):
+    events = 0
+    for pages, page in enumerate(client.get_paginator("filter_log_events").paginate(**args), 1):
         for event in page.get("events", []):
+            events += 1
             yield str(event.get("message", ""))
+        if progress is not None:
+            progress(pages, events)
+
+
+def stream_emf_profiles(lines: Iterable[str], *, where: str, namespace: str | None = DEFAULT_NAMESPACE,
+                        window: int = MERGE_WINDOW) -> Iterator[StageProfile]:
+    """Stage profiles from EMF text lines, one stage at a time, in the order the stages first appear.
+
+    The library splits a stage with more than 100 metrics or values into several documents, written one after
+    the other with one timestamp (profiling.emf.merge_documents joins them): the documents of the last `window`
+    stages seen are held open, and the oldest is merged and given out once more stages have begun. A line
+    that starts like JSON but does not parse is a DamagedInputError naming `where` and the line number.
+    """
+    pending: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+
+    def merged(docs: list[dict[str, Any]]) -> list[StageProfile]:
+        return profiles_from_emf(docs, namespace=namespace)
+
+    try:
+        for doc in runfiles.emf_documents(lines, where=where):
+            key = stage_key(doc)
+            if key is None:
+                continue
+            pending.setdefault(key, []).append(doc)
+            if len(pending) > window:
+                yield from merged(pending.pop(next(iter(pending))))
+    except runfiles.DamagedFileError as exc:
+        raise DamagedInputError(str(exc)) from None
+    for docs in pending.values():
+        yield from merged(docs)
 
 
 def load_cloudwatch(
@@ -266,35 +393,38 @@ def load_cloudwatch(
     since_s: float,
     namespace: str = DEFAULT_NAMESPACE,
     now: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ReportData:
     """The stage documents a batch's containers logged to CloudWatch Logs in the last `since_s` seconds."""
     end = time.time() if now is None else now
     return _load_window(client, log_group, end - since_s, end, namespace,
-                        f"the last {_duration(since_s)}", "widen --since")
+                        f"the last {_duration(since_s)}", "widen --since", progress)
 
 
-def load_cloudwatch_range(client: Any, where: CloudWatchRange, *, namespace: str = DEFAULT_NAMESPACE) -> ReportData:
+def load_cloudwatch_range(client: Any, where: CloudWatchRange, *, namespace: str = DEFAULT_NAMESPACE,
+                          progress: Callable[[int, int], None] | None = None) -> ReportData:
     """The stage documents a log group received within a range (parse_run_side)."""
     return _load_window(client, where.log_group, where.start, where.end, namespace, where.window(),
-                        f"widen the range of {where.text}")
+                        f"widen the range of {where.text}", progress)
 
 
 def _load_window(client: Any, log_group: str, start: float, end: float, namespace: str, window: str,
-                 widen: str) -> ReportData:
+                 widen: str, progress: Callable[[int, int], None] | None) -> ReportData:
     # FilterLogEvents returns the events whose timestamp is neither before startTime nor after endTime
     # (CloudWatch Logs API Reference, FilterLogEvents; milliseconds since the epoch): [start, end], whole
     # milliseconds outwards so that a document stamped on a bound is in.
-    lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000))
-    profiles = profiles_from_emf_lines(lines, where=f"log group {log_group}", namespace=namespace)
-    if not profiles:
+    lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000),
+                               progress=progress)
+    reader = _Reader()
+    for seen, profile in enumerate(stream_emf_profiles(lines, where=f"log group {log_group}",
+                                                         namespace=namespace), 1):
+        reader.add(profile, f"document {seen}")
+    count = reader.fleet.profiles
+    if not count:
         raise ReportInputError(f"log group {log_group} has no {namespace} EMF stage documents in {window}: "
                                f"{widen}, or check the log group and --namespace")
-    pairs = [(p, f"document {n}") for n, p in enumerate(profiles, 1)]
-    return ReportData(
-        entries=_entries(pairs),
-        source=f"CloudWatch Logs group {log_group}: {len(profiles)} EMF documents from {window}",
-        has_timelines=False,
-    )
+    return reader.data(source=f"CloudWatch Logs group {log_group}: {count} EMF documents from {window}",
+                       has_timelines=False)
 
 
 def _duration(seconds: float) -> str:

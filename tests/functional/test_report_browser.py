@@ -19,6 +19,7 @@ from profiling import runfiles
 from profiling.contract import evaluate_stage, load_contract
 from profiling.metrics import MIB, StageProfile, TimelinePoint
 from profiling.report import STAGE_PLOTS, write_report
+from profiling.report.fleet import PER_CHILD_LIMIT
 from tests.support.browser import chromium, opened
 from tuning.advise import advise
 from tuning.plan import Plan
@@ -168,3 +169,22 @@ def test_screenshot_is_a_png(rendered: dict[str, Any]) -> None:
     data = rendered["screenshot"].read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(data) > 20_000  # a blank page compresses to a few KiB
+
+
+def test_a_large_batch_page_draws_every_plot_without_errors(tmp_path: Path) -> None:
+    """Past PER_CHILD_LIMIT children: the batch's time axis, each stage's distributions and the drilled-down
+    timelines, all drawn by plotly.js's basic bundle, with no console error."""
+    if chromium() is None:
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    make_run(tmp_path / "run", children=PER_CHILD_LIMIT + 16)
+    report = write_report(tmp_path / "run")
+    assert "plotly.js (basic - minified)" in report.read_text(encoding="utf-8")[:4000]
+    with opened(report) as page:
+        dom = json.loads(page.evaluate(DOM_PROBE))
+        events = list(page.browser.events)
+    names = {p["name"] for p in dom["plots"]}
+    expected = {"fleet/time", *(f"{s}/{kind}" for s in dom["stages"] for kind in ("duration", "throughput"))}
+    assert expected <= names and f"timeline:child {SLOW_CHILD}" in names
+    assert [p["name"] for p in dom["plots"] if not p["drawn"] or p["traces"] == 0] == []
+    assert dom["bad"] == [["download", f"child {SLOW_CHILD}"]]
+    assert [e for e in events if e.get("method") == "Runtime.exceptionThrown"] == []

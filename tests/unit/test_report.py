@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import plotly
+import plotly.graph_objects as go
 import pytest
 from typer.testing import CliRunner
 
@@ -35,6 +36,7 @@ from profiling.report import (
     timeline_figure,
     write_report,
 )
+from profiling.report.page import BASIC_BUNDLE, figure_html, plotly_js
 from tuning.advise import advise
 from tuning.plan import Plan
 
@@ -136,11 +138,23 @@ def test_html_is_self_contained_with_one_plotly_copy(tmp_path: Path) -> None:
     out = write_report(tmp_path)
     assert out == tmp_path / runfiles.REPORT
     text = out.read_text(encoding="utf-8")
-    banner = plotly.offline.get_plotlyjs()[:200]
+    # The report draws bars and scatters only: plotly.js's basic bundle (1.2 MB), once, not the full one.
+    banner = BASIC_BUNDLE.read_text(encoding="utf-8")[:200]
+    assert "plotly.js (basic - minified) v" in banner
+    assert banner.split(" v", 1)[1].split()[0] == plotly.offline.get_plotlyjs().split(" v", 1)[1].split()[0]
     assert text.count(banner) == 1
+    assert plotly.offline.get_plotlyjs()[:200] not in text
+    assert set(re.findall(r"data-traces='([a-z ]*)'", text)) <= {"bar", "scatter", "bar scatter"}
     assert re.search(r"<script[^>]+src=", text) is None
     assert "<link" not in text
-    assert len(text) < 6_000_000  # one plotly.js (~4.8 MB) and the figures
+    assert len(text) < 2_000_000  # one basic plotly.js (~1.2 MB) and the figures
+
+
+def test_a_page_with_other_trace_types_gets_the_full_bundle() -> None:
+    fig = go.Figure(go.Box(x=[1.0, 2.0, 3.0]))
+    body = figure_html(fig, "box")
+    assert plotly_js(body) == plotly.offline.get_plotlyjs()
+    assert plotly_js(figure_html(go.Figure(go.Bar(x=[1], y=[2])), "bar")) == BASIC_BUNDLE.read_text(encoding="utf-8")
 
 
 def test_html_has_every_stage_section_plot_and_timeline(tmp_path: Path) -> None:
@@ -152,7 +166,7 @@ def test_html_has_every_stage_section_plot_and_timeline(tmp_path: Path) -> None:
             assert f'id="plot-{stage}-{plot_id}"' in text
     assert len(re.findall(r'id="timeline-\d+"', text)) == 6
     assert "data-name='child 1'" in text  # the bad-apple row
-    assert text.index("<h3>child 1 <span class=flag>(bad apple)</span>") < text.index("<h3>child 0")
+    assert text.index("'>child 1 <span class=flag>(bad apple)</span></h3>") < text.index("'>child 0</h3>")
 
 
 def test_plots_take_labels_and_scales_from_metrics() -> None:

@@ -206,3 +206,46 @@ def test_a_failed_multi_container_child_shows_the_job_containers_exit_code_reaso
     assert [(f.index, f.exit_code, f.log_stream) for f in state.failed] == [(0, 75, "job/x"), (1, 65, "job/y")]
     assert state.lines()[1] == ("failed child 0 (a:0): exit 75: Essential container in task exited; "
                                 "log stream job/x")
+
+
+class SummarizingBatch(FakeBatch):
+    """Batch as it answers for a large array: the parent's statusSummary, running children's start times."""
+
+    def describe_jobs(self, jobs: list[str]) -> Any:
+        answer = super().describe_jobs(jobs)
+        for job in answer["jobs"]:
+            if job["jobId"] in self.children:
+                job["arrayProperties"]["statusSummary"] = {
+                    s: self.children[job["jobId"]].count(s) for s in sub.STATUSES}
+        assert_shape("DescribeJobs", answer)
+        return answer
+
+    def list_jobs(self, arrayJobId: str, jobStatus: str, maxResults: int, nextToken: str | None = None) -> Any:
+        page = super().list_jobs(arrayJobId, jobStatus, maxResults, nextToken)
+        page["jobSummaryList"] = page["jobSummaryList"][:maxResults]
+        if jobStatus == "RUNNING":
+            for summary in page["jobSummaryList"]:
+                summary["startedAt"] = 1_000_000 + int(summary["jobId"].split(":")[1])
+        assert_shape("ListJobs", page)
+        return page
+
+
+def test_a_20000_child_poll_makes_a_few_calls_and_prints_a_summary() -> None:
+    statuses = (["SUCCEEDED"] * 12_000 + ["RUNNING"] * 3_000 + ["RUNNABLE"] * 4_000 + ["FAILED"] * 1_000)
+    statuses[15_000:15_010] = ["RUNNING"] * 10
+    children = {"a": statuses[:10_000], "b": statuses[10_000:]}
+    parents = {"a": _parent("a", 10_000, 0, 50, 500_000), "b": _parent("b", 10_000, 10_000, 50, 500_000)}
+    batch = SummarizingBatch(parents, children, page=1000)
+    state = sub.poll_status(batch, ["a", "b"], backoff=no_sleep())
+    assert state.summary() == {"pending": 0, "runnable": 3_990, "starting": 0, "running": 3_010,
+                               "succeeded": 12_000, "failed": 1_000}
+    # the parents, one page of running children each, 100 failed children listed and described
+    assert len(batch.calls) <= 6, batch.calls
+    assert len(state.failed) == 100
+    lines = state.lines()
+    assert len(lines) <= 14
+    assert lines[-2] == ("failed by exit code, of 100 described: exit 65 (Essential container in task exited): "
+                         "100")
+    # b (offset 10,000) runs its children 2,000-5,009; the fake starts them in index order
+    assert lines[-1].startswith("slowest running: child 12000 for ")
+    assert [r.index for r in state.slowest] == [12_000, 12_001, 12_002, 12_003, 12_004]

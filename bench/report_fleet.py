@@ -1,0 +1,211 @@
+"""`iobatch report` and `iobatch advise` at fleet size: N children's profiles made from a real demo's.
+
+A small demo runs first (`iobatch demo`, 16 images of 4 MiB, 4 children; or `--from RUN_DIR`, a finished
+run's directory); its median child (by total duration) is the template: every field, property and timeline
+sample of a real profile. For each N, child i is the template with its ArrayIndex, JobId and InstanceId (eight
+children an instance) rewritten, its stages moved to its wave (`--concurrency` children run at once, one wave
+after the other) and its durations scaled by a fixed factor between 0.85 and 1.15 (its rates and timeline
+with them): the spread of like instances, not the 2-core demo machine's, whose children are 6x apart.
+Per-call records are dropped, as CloudWatch's EMF carries none. One child two thirds into the batch
+downloads 8x slower: the report must name it.
+
+Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included) and is measured by
+os.wait4: wall time and peak RSS (ru_maxrss). The page is opened in headless Chromium (`--dump-dom`, which
+returns after the load event, when every inline plot has been drawn) beside a blank page, the bare tool:
+the difference is the page's own cost.
+
+    python -m bench.report_fleet [--children 1000,20000,100000] [--from RUN_DIR] [--keep DIR]
+
+Targets (issue: fleet-sized batches): report of 100,000 children <= 60 s, <= 1 GiB, page <= 10 MB opening in
+<= 5 s; of 20,000 children <= 15 s; advise of 100,000 profiles <= 30 s, <= 1 GiB. Prints a markdown table
+for BENCHMARKS.md ("Reports and advice at fleet size").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SLOW_FACTOR = 8.0
+CHILDREN_PER_INSTANCE = 8
+ADVISE_FLAGS = ("--jobs-per-instance", "8", "--memory-gib", "32", "--jobs-per-day", "500", "--json")
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO)}
+
+
+def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, int]:
+    """(wall s, CPU s, peak RSS MiB, exit code) of one command in a fresh process. On a shared machine the
+    CPU time is the steadier figure: the wall time includes waiting for a core."""
+    began = time.monotonic()
+    out = subprocess.DEVNULL if quiet else None
+    proc = subprocess.Popen(command, env=_env(), stdout=out, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    err = proc.stderr.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - began
+    if proc.returncode != 0:
+        sys.stderr.write(err.decode(errors="replace")[-2000:])
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
+
+
+def demo_run(keep: Path) -> Path:
+    run = keep / "demo"
+    command = [sys.executable, "-m", "pipeline.cli", "demo", "--images", "16", "--image-mib", "4", "--run-dir",
+               str(run), "--no-progress", "--no-report"]
+    subprocess.run(command, env=_env(), check=True, stdout=subprocess.DEVNULL)
+    return run
+
+
+def templates(run: Path) -> list[list[dict[str, Any]]]:
+    """Each child's profile lines (as dicts) of a finished run, in child order."""
+    children = []
+    for file in sorted((run / "profiles").glob("*.jsonl")):
+        lines = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if lines:
+            children.append(lines)
+    if not children:
+        raise SystemExit(f"{run} holds no profiles/*.jsonl: give the run directory of a finished demo")
+    return children
+
+
+def _stretched(stage: dict[str, Any], factor: float, start: float) -> dict[str, Any]:
+    """The stage taking `factor` times as long from `start`, at 1/factor of its rates."""
+    p = dict(stage)
+    p["started_at"] = start
+    p["duration_s"] = stage["duration_s"] * factor
+    p["timeline"] = [{**q, "t": q["t"] * factor,
+                      "read_bps": None if q["read_bps"] is None else q["read_bps"] / factor,
+                      "write_bps": None if q["write_bps"] is None else q["write_bps"] / factor}
+                     for q in stage["timeline"]]
+    return p
+
+
+def make_fleet(base: list[list[dict[str, Any]]], children: int, concurrency: int, out: Path) -> int:
+    """Write `children` children's profile files under out/profiles; returns the slow child's index."""
+    profiles = out / "profiles"
+    profiles.mkdir(parents=True)
+    template = sorted(base, key=lambda child: sum(p["duration_s"] for p in child))[len(base) // 2]
+    first = min(p["started_at"] for p in template)
+    period = (max(p["started_at"] + p["duration_s"] for p in template) - first) * 1.15 * SLOW_FACTOR / 4
+    slow = children * 2 // 3 + 1
+    for i in range(children):
+        factor = 0.85 + 0.3 * ((i * 7919) % 101) / 100  # fixed, so runs compare
+        at = first + (i // concurrency) * period + (i % concurrency) * 0.01
+        lines = []
+        late = 0.0  # how much later the stages after a stretched one begin
+        for stage in template:
+            stretch = factor * (SLOW_FACTOR if i == slow and stage["stage"] == "download" else 1)
+            p = _stretched(stage, stretch, at + (stage["started_at"] - first) * factor + late)
+            late += stage["duration_s"] * (stretch - factor)
+            p["calls"] = None  # per-call records: CloudWatch carries none
+            p["properties"] = {**stage["properties"], "ArrayIndex": str(i), "JobId": f"bench-job:{i}",
+                               "InstanceId": f"i-{i // CHILDREN_PER_INSTANCE:08x}"}
+            lines.append(json.dumps(p, separators=(",", ":")))
+        (profiles / f"part-{i:06d}.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return slow
+
+
+def chromium_open(page: Path, blank: Path) -> float | None:
+    """Seconds headless Chromium takes to load `page` beyond a blank page (None without Chromium)."""
+    browser = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)),
+                   None)
+    if browser is None:
+        return None
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--dump-dom"]
+    times = {}
+    for name, target in (("blank", blank), ("page", page)):
+        began = time.monotonic()
+        subprocess.run([browser, *flags, target.resolve().as_uri()], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=600, check=False)
+        times[name] = time.monotonic() - began
+    return times["page"] - times["blank"]
+
+
+def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path) -> dict[str, Any]:
+    run = work / f"fleet-{children}"
+    began = time.monotonic()
+    slow = make_fleet(base, children, concurrency, run)
+    made = time.monotonic() - began
+    size = sum(f.stat().st_size for f in (run / "profiles").iterdir())
+    page = run / "report.html"
+    wall, cpu, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(page)])
+    text = page.read_text(encoding="utf-8") if code == 0 else ""
+    found = re.search(rf"data-stage='download' data-scope='child' data-name='child {slow}'", text) is not None
+    blank = work / "blank.html"
+    blank.write_text("<!DOCTYPE html><html><body></body></html>\n", encoding="utf-8")
+    opened = chromium_open(page, blank) if code == 0 else None
+    a_wall, a_cpu, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS])
+    return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_cpu": cpu,
+            "report_mib": rss, "report_exit": code, "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
+            "open_s": opened,
+            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_rss, "advise_exit": a_code}
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    return f"{value:,.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--children", default="1000,20000,100000", help="comma-separated batch sizes")
+    parser.add_argument("--concurrency", type=int, default=1000, help="children running at once (one wave)")
+    parser.add_argument("--from", dest="source", type=Path, help="a finished run directory to take profiles from "
+                        "(default: run a small demo)")
+    parser.add_argument("--keep", type=Path, help="keep the generated runs here (default: a temporary directory)")
+    args = parser.parse_args(argv)
+    sizes = [int(n) for n in args.children.split(",") if n.strip()]
+    work = args.keep or Path(tempfile.mkdtemp(prefix="iobatch-fleet-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        source = args.source or demo_run(work)
+        base = templates(source)
+        print(f"templates: {len(base)} children of {source}; {args.concurrency} children at once; child 2N/3+1 "
+              f"downloads {SLOW_FACTOR:g}x slower", flush=True)
+        results = []
+        for n in sizes:
+            results.append(one_size(base, n, args.concurrency, work))
+            r = results[-1]
+            print(f"{n} children: report {r['report_s']:.1f} s ({r['report_cpu']:.1f} s CPU), "
+                  f"{r['report_mib']:.0f} MiB; advise {r['advise_s']:.1f} s ({r['advise_cpu']:.1f} s CPU), "
+                  f"{r['advise_mib']:.0f} MiB", flush=True)
+            if args.keep is None:
+                shutil.rmtree(work / f"fleet-{n}", ignore_errors=True)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print("\n| children | profiles MB | report s (CPU s) | report peak MiB | page MB | Chromium open s (beyond a "
+          "blank page) | straggler named | advise s (CPU s) | advise peak MiB |")
+    print("|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
+    for r in results:
+        report = f"{_fmt(r['report_s'])} ({_fmt(r['report_cpu'])})" if r["report_exit"] == 0 \
+            else f"exit {r['report_exit']}"
+        advise = f"{_fmt(r['advise_s'])} ({_fmt(r['advise_cpu'])})" if r["advise_exit"] == 0 \
+            else f"exit {r['advise_exit']}"
+        print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} | "
+              f"{_fmt(r['page_mb'], 2)} | {_fmt(r['open_s'])} | {_fmt(r['straggler'])} | {advise} | "
+              f"{_fmt(r['advise_mib'], 0)} |")
+    failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"]]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
