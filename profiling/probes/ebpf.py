@@ -12,10 +12,18 @@ profiler sees it, through the program's task finder, so it works from another co
 profiler's own, or the root, it would hold more than the job: then the job's process tree is moved into a
 cgroup of its own (profiling/probes/cgroup.py) first. Children inherit their cgroup, so forks are followed.
 
-Cost: loading and attaching take tens of milliseconds; a reading is a copy of the program's memory
-(mmap), so a stage boundary costs the job about a millisecond. The sidecar keeps one loaded program for
-the whole job (`keep_running`); `close()` detaches it, and the kernel detaches it by itself if the
-profiler dies: nothing outlives the process that loaded it.
+One copy per host: the programs are loaded once and shared by every profiler on the host
+(profiling/probes/ebpf_host.py: pins in bpffs under a lock). Each profiler takes a slot with maps of its
+own and adds its job's cgroup to the selection, so it reads only its own figures, and a child's per-call
+cost does not grow with the number of profilers. The watched calls are hooked with fentry/fexit on each
+system call's own entry point where the kernel allows BPF trampolines, else with the raw syscall
+tracepoints (every system call then runs the shared pair of programs once).
+
+Cost: the first profiler on a host loads, verifies and attaches (a few tenths of a second); a later one
+opens the pins and makes its maps (milliseconds); a reading is a copy of the profiler's own maps (mmap),
+so a stage boundary costs the job about a millisecond. The sidecar keeps its slot for the whole job
+(`keep_running`); `close()` leaves, and the last profiler out unpins everything; a profiler that dies
+(SIGKILL included) is reaped by its watchdog process, or by the next profiler's join or leave.
 
 Per file (calls["files"], see `_files_dict`): every call on a file is also counted on the file's record
 (count, bytes, latency with exact min and max per call type, and the access pattern as Darshan counts it:
@@ -31,8 +39,8 @@ calls there and how many such files it saw first. The job-wide "cells" stay unde
 ("path_attribution" false): contract rules on a path prefix read calls["files"].
 
 Needs Linux 5.17+ (the path walk uses bpf_loop), root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the
-kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023) and libbpf; `available()` says what is
-missing.
+kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023), the host's bpffs at /sys/fs/bpf (mounted
+here when absent; bind-mounted into a container) and libbpf; `available()` says what is missing.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import mmap
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,15 +114,37 @@ def _held(slot_dir: Path) -> bool:
     return False
 
 
+def _at_once(changes: list[tuple[Path, int, int | None]]) -> None:
+    """Put map `fd` at index `slot` of each pinned map of maps (None: take it out), all at once: the kernel waits
+    for an RCU grace period after every change to a map of maps (kernel/bpf/syscall.c, maybe_wait_bpf_programs),
+    ~15 ms each here, and concurrent waits share one (ctypes lets go of the GIL during the call)."""
+    errors: list[BaseException] = []
+
+    def change(outer_pin: Path, slot: int, fd: int | None) -> None:
+        try:
+            with _opened(outer_pin) as outer:
+                key = slot.to_bytes(4, "little")
+                if fd is None:
+                    libbpf.map_delete(outer, key)
+                else:
+                    libbpf.map_update(outer, key, fd.to_bytes(4, "little"))
+        except BaseException as exc:  # handed to the caller's thread
+            errors.append(exc)
+
+    workers = [threading.Thread(target=change, args=item) for item in changes]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    if errors:
+        raise errors[0]
+
+
 def _free_slot(build: Path, slot: int) -> None:
     """Take slot `slot`'s maps and selections out of the shared maps (its maps are freed with their last
     descriptor), then its directory. Under the host lock."""
-    key = slot.to_bytes(4, "little")
-    for name in SHARED_MAPS:
-        if not name.startswith("slot_"):
-            continue
-        with contextlib.suppress(BpfError), _opened(build / f"map_{name}") as fd:
-            libbpf.map_delete(fd, key)
+    with contextlib.suppress(BpfError):
+        _at_once([(build / f"map_{name}", slot, None) for name in SHARED_MAPS if name.startswith("slot_")])
     with contextlib.suppress(BpfError), _opened(build / "map_selection") as fd:
         items = libbpf.map_items(fd, 8, layout.SELECT.size, layout.IOB_SLOTS)
         for cgroup, value in items:
@@ -251,11 +274,9 @@ class Slot:
             kind = libbpf.BPF_MAP_TYPE_ARRAY if spec.kind == "array" else libbpf.BPF_MAP_TYPE_HASH
             flags = (libbpf.BPF_F_MMAPABLE if spec.mmapable else 0) | (
                 0 if spec.preallocated else libbpf.BPF_F_NO_PREALLOC)
-            fd = libbpf.map_create(kind, f"iob_{spec.name}"[:15], spec.key_size, spec.value_size, spec.max_entries,
-                                   flags)
-            self._fds[spec.name] = fd
-            with _opened(build / f"map_slot_{spec.name}") as outer:
-                libbpf.map_update(outer, index.to_bytes(4, "little"), fd.to_bytes(4, "little"))
+            self._fds[spec.name] = libbpf.map_create(kind, f"iob_{spec.name}"[:15], spec.key_size, spec.value_size,
+                                                     spec.max_entries, flags)
+        _at_once([(build / f"map_slot_{name}", index, fd) for name, fd in self._fds.items()])
         self.state = self._mmap("state", layout.STATE_SIZE)
         self.cells = self._mmap("cells", layout.IOB_CELLS * layout.CELL_SIZE)
         self.files = self._mmap("files", (self.files_cap + 1) * layout.FILE_SIZE)
