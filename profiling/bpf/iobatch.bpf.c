@@ -46,13 +46,15 @@ enum { CALL_READ, CALL_WRITE, CALL_OPEN, CALL_CLOSE, CALL_FSYNC };
 
 /* A slot's own maps: the profiler that takes the slot makes them (the same shapes as these templates) and
  * puts them at its slot of the slot_* maps of maps, so each profiler reads only its own figures, their memory
- * is charged to it, and it frees them when it leaves. */
+ * is charged to it, and it frees them when it leaves. Their values are sized, not typed: the profiler's maps
+ * carry no BTF, and Linux 6.1 refuses an inner map whose value BTF differs from the template's (a struct value
+ * there made the insert fail with EINVAL on Debian's 6.1.0-56; 6.18 takes it). */
 struct cells_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, IOB_CELLS);
 	__type(key, __u32);
-	__type(value, struct iob_cell);
+	__uint(value_size, sizeof(struct iob_cell));
 };
 
 struct state_map {
@@ -60,14 +62,14 @@ struct state_map {
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct iob_state);
+	__uint(value_size, sizeof(struct iob_state));
 };
 
 struct task_pause_map {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, IOB_TASKS);
 	__type(key, __u32);
-	__type(value, struct iob_task_pause);
+	__uint(value_size, sizeof(struct iob_task_pause));
 };
 
 /* Files one by one, then (last) every file past the cap summed. IOB_FILES + 1 entries: the loader takes the
@@ -77,7 +79,7 @@ struct files_map {
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, IOB_FILES + 1);
 	__type(key, __u32);
-	__type(value, struct iob_file);
+	__uint(value_size, sizeof(struct iob_file));
 };
 
 struct path_key {
@@ -100,17 +102,6 @@ struct other_paths_map {
 	__type(key, struct path_key);
 	__type(value, __u8);
 };
-
-/* The inner maps' value types reach BTF through pointers only, which clang emits as forward declarations that
- * libbpf cannot size: one unused global of each keeps their definitions in the object. */
-struct iob_value_types {
-	struct iob_cell cell;
-	struct iob_state state;
-	struct iob_task_pause pause;
-	struct iob_file file;
-	struct path_key key;
-};
-struct iob_value_types iob_value_types __attribute__((used));
 
 #define SLOT_MAPS(name, inner) \
 	struct { \
