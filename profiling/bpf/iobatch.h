@@ -56,6 +56,9 @@ struct iob_host {
 	__u64 found_cgroup_id;  /* its answer, 0: not found */
 	__u64 found_cgroup_level;
 	__u64 found_tgid;       /* the task's pid in the initial pid namespace */
+	__u64 joins;            /* profilers that took a slot so far: the next one looks for a free slot from
+				 * here on, round the ring, so a slot is not reused at once (a call in flight when its
+				 * profiler left would count in the next owner's slot) */
 };
 
 /* A selected cgroup (the key of `selection` is its cgroup v2 id): whose slot its tasks' calls go to. */

@@ -396,9 +396,15 @@ def join(obj_path: Path, extra: tuple[str, ...]) -> Slot:
         if not (build / "map_selection").exists():
             _load(obj_path, build, extra)
         taken = {int(p.name) for p in _slot_dirs(build)}
-        index = next((n for n in range(layout.IOB_SLOTS) if n not in taken), None)
-        if index is None:
-            raise BpfError(f"all {layout.IOB_SLOTS} profiler slots of this host are taken")
+        with _opened(build / "map_host") as fd:
+            host = bytearray(libbpf.map_lookup(fd, bytes(4), layout.HOST_SIZE) or bytes(layout.HOST_SIZE))
+            offset = layout.host_offset("joins")
+            joins = int.from_bytes(host[offset:offset + 8], "little")
+            index = layout.next_slot(taken, joins)
+            if index is None:
+                raise BpfError(f"all {layout.IOB_SLOTS} profiler slots of this host are taken")
+            host[offset:offset + 8] = (joins + 1).to_bytes(8, "little")
+            libbpf.map_update(fd, bytes(4), bytes(host))
         slot_dir = build / "slots" / str(index)
         slot_dir.mkdir()
         lock_fd = os.open(slot_dir, os.O_RDONLY | os.O_DIRECTORY)

@@ -40,7 +40,7 @@ STATE_FIELDS = (
 )
 STATE_SIZE = 8 * len(STATE_FIELDS)
 HOST_FIELDS = ("levels", "files_cap", "find_ns_inum", "find_pid", "found_cgroup_id", "found_cgroup_level",
-               "found_tgid")
+               "found_tgid", "joins")
 HOST_SIZE = 8 * len(HOST_FIELDS)
 SELECT = struct.Struct("<IIQ")  # struct iob_select: slot, level, exclude_tgid (the key: the cgroup v2 id, u64)
 DISK_FIELDS = ("next", "seq_bytes", "random_bytes", "random_ios")  # struct iob_disk (the key: the kernel's dev_t)
@@ -207,6 +207,12 @@ def host_offset(field: str) -> int:
 
 def decode_disk(memory: bytes) -> dict[str, int]:
     return dict(zip(DISK_FIELDS, struct.unpack_from(f"<{len(DISK_FIELDS)}Q", memory), strict=True))
+
+
+def next_slot(taken: set[int], joins: int, slots: int = IOB_SLOTS) -> int | None:
+    """The slot a joining profiler takes: the first free one from `joins` (mod `slots`) round the ring, so a slot
+    just given back is the last to be taken again; None when all are taken."""
+    return next(((joins + k) % slots for k in range(slots) if (joins + k) % slots not in taken), None)
 
 
 def levels_of(selections: list[tuple[bytes, bytes]]) -> int:

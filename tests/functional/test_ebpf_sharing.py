@@ -153,7 +153,7 @@ def test_a_profiler_killed_with_its_watchdog_is_reaped_by_the_next_one(writebenc
     assert ebpf_host.loaded_programs() and _slots() == ["0"]  # left behind, for now
     later = _profiler(writebench, 500, 4096)
     try:
-        assert _slots() == ["0"]  # the dead one's slot was reaped and given to the new profiler
+        assert _slots() == ["0"]  # the dead one reaped, its programs with it (nobody was left), loaded anew
         _say(later)
         assert _result(later) == {"count": 500, "bytes": 500 * 4096}
     finally:

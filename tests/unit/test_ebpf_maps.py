@@ -98,7 +98,7 @@ def test_state_and_task_pauses() -> None:
     state = layout.decode_state(struct.pack(f"<{len(values)}Q", *values))
     assert state["throttle_ms"] == 1 and state["other_lost"] == len(values)
     host = layout.decode_host(struct.pack(f"<{len(layout.HOST_FIELDS)}Q", *range(len(layout.HOST_FIELDS))))
-    assert host["found_tgid"] == len(layout.HOST_FIELDS) - 1 and layout.host_offset("files_cap") == 8
+    assert host["found_tgid"] == layout.HOST_FIELDS.index("found_tgid") and layout.host_offset("files_cap") == 8
     pauses = layout.decode_task_pauses([(struct.pack("<I", 42), struct.pack("<Q16s", 120, b"s5cmd"))])
     assert pauses == {42: ("s5cmd", 120)}
 
@@ -201,3 +201,13 @@ def test_a_slots_maps_have_the_templates_shapes() -> None:
     assert set(maps) == set(layout.VALUE_SIZES)
     assert (maps["files"].max_entries, maps["file_of_path"].max_entries) == (4097, 4096)
     assert maps["cells"].mmapable and maps["files"].mmapable and not maps["other_paths"].preallocated
+
+
+def test_a_slot_given_back_is_the_last_taken_again() -> None:
+    """A call in flight when its profiler left ends in whichever profiler holds the slot then: the ring puts
+    IOB_SLOTS - 1 other joins between a slot's release and its reuse."""
+    assert layout.next_slot(set(), 0, 4) == 0
+    assert layout.next_slot({0}, 1, 4) == 1
+    assert layout.next_slot({1}, 2, 4) == 2  # slot 0 was given back: not taken again at once
+    assert layout.next_slot({2, 3}, 6, 4) == 0  # round the ring past the taken ones
+    assert layout.next_slot({0, 1, 2, 3}, 9, 4) is None
