@@ -18,7 +18,7 @@ included), loads and pins the programs if no profiler has, takes the lowest free
 (ebpf_maps.slot_maps: their memory is its own, charged to its cgroup) and puts them at its slot of the slot_*
 maps of maps. It leaves under the lock: takes its maps and selection out, frees its slot, and the last one out
 removes the pins, so no program stays loaded. A profiler killed with SIGKILL cannot: a watchdog it started
-(`python -m profiling.probes.ebpf_host --watch`, waiting for the profiler's pipe to close) reaps it at once, and
+(profiling/probes/ebpf_watchdog.py, waiting for the profiler's pipe to close) reaps it at once, and
 every later join or leave reaps it too. flock locks belong to the open file description and are released when
 its last descriptor closes, however the process ends (flock(2)); bpffs is one instance per mount, so every
 profiler must see the host's own (`bind-mount /sys/fs/bpf`, not a new `mount -t bpf`).
@@ -297,7 +297,8 @@ class Slot:
         read_end, self._watch_fd = os.pipe()
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "profiling.probes.ebpf_host", "--watch", str(self.root)], stdin=read_end,
+                [sys.executable, "-m", "profiling.probes.ebpf_watchdog", str(self.root),
+                 str(self.build / "slots" / str(self.index))], stdin=read_end,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:
             self.notes.append("no watchdog: a SIGKILL of this profiler leaves the programs until the next one")
@@ -430,17 +431,3 @@ def loaded_programs(root: Path | None = None) -> set[int]:
             info = Path(f"/proc/self/fdinfo/{fd}").read_text()
             ids |= {int(line.split()[1]) for line in info.splitlines() if line.startswith("prog_id:")}
     return ids
-
-
-def _watch(root: Path) -> None:
-    """The watchdog: wait until the profiler's pipe closes (it left, or died), then reap under the lock."""
-    with contextlib.suppress(OSError):
-        while os.read(0, 4096):
-            pass
-    with contextlib.suppress(Exception), host_lock(root):
-        reap(root)
-
-
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--watch":
-        _watch(Path(sys.argv[2]))
