@@ -11,8 +11,12 @@ Then the eBPF probe's cost per call as CPU time, which a shared machine's load m
 time: --cpu-rounds pairs of (bare, probed) runs of 200,000 writes, alternating, user + system CPU seconds
 of the workload (the probe's programs run inside its system calls, so their time is the workload's).
 And what the user waits for: start() (load, attach, first reading) and stop()
-(last reading, detach), and whole processes, start-up included: `iobatch profile --contract` around
-2 x --count writes against the bare program, and `iobatch profile --contract -- true`.
+(last reading, detach; here each run is the host's only profiler, so start() loads the programs: what a
+profiler waits for when they are loaded already is bench/probe_sharing.py's), and whole processes, start-up
+included: `iobatch profile --contract` around a static program (writebench-static) doing 2 x --count
+4 KiB pwrite()s within a 32 MiB region of tmpfs, against the bare program, and `iobatch profile --contract
+-- true`. The region keeps page allocation from hiding the per-call cost (FACTS: 8 GiB of fresh pages
+hid it at 1.02x).
 
 The workload is profiling/interpose/writebench writing to a file on tmpfs (/dev/shm when present), so
 the disk of a shared machine does not set the figure; the file is removed after every run. Each run
@@ -45,7 +49,10 @@ from profiling.probes import ebpf  # noqa: E402
 from profiling.probes.interpose import library_path, preload_env  # noqa: E402
 
 WRITEBENCH = REPO / "profiling" / "interpose" / "writebench"
-TARGETS = {"interposer": 1.10, "ebpf": 1.20}
+WRITEBENCH_STATIC = REPO / "profiling" / "interpose" / "writebench-static"
+TARGETS = {"interposer": 1.10, "ebpf": 1.10}
+WHOLE_TARGET = 1.15  # iobatch profile --contract around the static program / the bare program
+REGION = 32 << 20
 CONTRACT = REPO / "contracts" / "case-study.contract"
 
 
@@ -131,10 +138,10 @@ def main() -> None:
     }
     if no_ebpf is None:
         modes["ebpf"] = (lambda: timed_run(workload, base_env, ebpf.EbpfProbe()), args.rounds)
-        twice = [str(WRITEBENCH), str(target), str(2 * args.count), "4096"]
+        twice = [str(WRITEBENCH_STATIC), str(target), str(2 * args.count), "4096", f"region={REGION}"]
         profile = [sys.executable, "-m", "pipeline.cli", "profile", "--contract", str(CONTRACT), "--"]
         py_env = {**base_env, "PYTHONPATH": str(REPO)}
-        modes["whole: bare program, 2x count"] = (lambda: whole_process(twice, base_env), args.rounds)
+        modes["whole: bare static program, 2x count"] = (lambda: whole_process(twice, base_env), args.rounds)
         modes["whole: iobatch profile, 2x count"] = (lambda: whole_process([*profile, *twice], py_env), args.rounds)
         modes["whole: iobatch profile -- true"] = (lambda: whole_process([*profile, "true"], py_env), args.rounds)
     results: dict[str, list[float]] = {name: [] for name in modes}
@@ -184,23 +191,24 @@ def main() -> None:
         print(f"| {name} | {runs} | {median:.2f} | {median / base:.2f}x | {paired:.2f}x | {cpu:.2f} | {cpu_ratio:.2f}x "
               f"| {target_text} |")
     if no_ebpf is None:
-        bare = results["whole: bare program, 2x count"]
+        bare = results["whole: bare static program, 2x count"]
         profiled = results["whole: iobatch profile, 2x count"]
         print()
         print("| eBPF probe, what the user waits for | runs (s, in order) | median | target |")
         print("|---|---|---|---|")
-        for name, target_text in (("start", "attach + first reading <= 0.2 s"), ("stop", "detach <= 0.1 s")):
+        for name, target_text in (("start", "load (first on the host), attach, first reading"),
+                                  ("stop", "last reading, leave (last out: unpin)")):
             runs = ", ".join(f"{v:.3f}" for v in PROBE_TIMES[name])
             print(f"| probe {name}() | {runs} | {statistics.median(PROBE_TIMES[name]):.3f} s | {target_text} |")
-        for name, target_text in (("whole: bare program, 2x count", ""),
-                                  ("whole: iobatch profile, 2x count", "<= 1.35x the bare program"),
+        for name, target_text in (("whole: bare static program, 2x count", ""),
+                                  ("whole: iobatch profile, 2x count", f"<= {WHOLE_TARGET}x the bare program"),
                                   ("whole: iobatch profile -- true", "<= 1.5 s")):
             runs = ", ".join(f"{v:.2f}" for v in results[name])
             print(f"| {name} | {runs} | {statistics.median(results[name]):.2f} s "
                   f"(CPU {statistics.median(CPU[name]):.2f} s) | {target_text} |")
         paired = statistics.median(p / b for p, b in zip(profiled, bare, strict=False))
         print(f"| whole: profile / bare | - | {statistics.median(profiled) / statistics.median(bare):.2f}x "
-              f"(paired {paired:.2f}x) | <= 1.35x |")
+              f"(paired {paired:.2f}x) | <= {WHOLE_TARGET}x |")
     if cpu_pairs:
         bare_cpu = statistics.median(b for b, _ in cpu_pairs)
         probed_cpu = statistics.median(p for _, p in cpu_pairs)
@@ -209,7 +217,7 @@ def main() -> None:
         print(f"CPU per call, {len(cpu_pairs)} alternating pairs of 200,000 x 4 KiB write(): bare "
               f"{bare_cpu / 0.2:.2f} us, with the eBPF probe {probed_cpu / 0.2:.2f} us "
               f"(+{(probed_cpu - bare_cpu) / 0.2:.2f} us); ratio of medians {probed_cpu / bare_cpu:.2f}x, "
-              f"paired {paired_cpu:.2f}x (target <= 1.20x)")
+              f"paired {paired_cpu:.2f}x (target <= {TARGETS['ebpf']:.2f}x)")
 
 
 if __name__ == "__main__":

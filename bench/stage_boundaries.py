@@ -28,6 +28,10 @@ from typing import Any
 
 from profiling import runfiles
 
+# A later stage's start and any end: a reading of the profiler's own maps. The first start attaches the probe
+# (programs already loaded on the host: <= 100 ms, bench/probe_sharing.py; the host's first profiler loads them).
+TARGETS_MS = {"later start": 20, "end": 20}
+
 
 def _events(log: Path) -> list[dict[str, Any]]:
     out = []
@@ -96,11 +100,13 @@ def report(run_dir: Path) -> None:
     if not any(costs.values()):
         print(f"error: {run_dir} has no profiled stages: run it with the sidecar on", file=sys.stderr)
         raise SystemExit(65)
-    print("| boundary | job's wait, ms: median | min | max | n |\n|---|---|---|---|---|")
+    print("| boundary | job's wait, ms: median | min | max | n | target |\n|---|---|---|---|---|---|")
     for label, values in costs.items():
         if values:
             ms = [v * 1000 for v in values]
-            print(f"| {label} | {statistics.median(ms):.0f} | {min(ms):.0f} | {max(ms):.0f} | {len(ms)} |")
+            target = TARGETS_MS.get(label, "")
+            print(f"| {label} | {statistics.median(ms):.0f} | {min(ms):.0f} | {max(ms):.0f} | {len(ms)} | "
+                  f"{target and f'<= {target} ms'} |")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,12 @@ SCRATCH_VOLUME = "scratch"  # the task's name for the host's scratch mount
 # is handed HOST_CGROUP_MOUNT); the container's own /sys/fs/cgroup shows only its own cgroup.
 CGROUP_VOLUME = "host-cgroup"
 HOST_CGROUP_PATH = "/sys/fs/cgroup"
+# profilerEbpf: the host's bpffs, where the host's profilers share one copy of the eBPF programs
+# (profiling/probes/ebpf_host.py pins them under it; tests/synth/test_profiler_ebpf.py holds the two paths
+# equal). Amazon Linux 2023's systemd mounts it at boot (sys-fs-bpf.mount); a bind mount shares that instance,
+# where a container's own `mount -t bpf` would make a private one.
+BPFFS_VOLUME = "host-bpffs"
+BPFFS_PATH = "/sys/fs/bpf"
 
 
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
@@ -152,7 +158,10 @@ class Jobs(Construct):
             essential=False,
             environment=environment_list,
             mount_points=[scratch_mount, batch.CfnJobDefinition.MountPointProperty(
-                container_path=HOST_CGROUP_MOUNT, source_volume=CGROUP_VOLUME, read_only=True)],
+                container_path=HOST_CGROUP_MOUNT, source_volume=CGROUP_VOLUME, read_only=True)] + ([
+                batch.CfnJobDefinition.MountPointProperty(
+                    container_path=BPFFS_PATH, source_volume=BPFFS_VOLUME, read_only=False)]
+                if settings.profiler_ebpf else []),
             log_configuration=log_configuration(PROFILER_CONTAINER),
             resource_requirements=[
                 batch.CfnJobDefinition.ResourceRequirementProperty(type="MEMORY", value=str(profiler_memory)),
@@ -190,7 +199,9 @@ class Jobs(Construct):
                                 name=CGROUP_VOLUME,
                                 host=batch.CfnJobDefinition.VolumesHostProperty(source_path=HOST_CGROUP_PATH),
                             ),
-                        ],
+                        ] + ([batch.CfnJobDefinition.VolumesProperty(
+                            name=BPFFS_VOLUME, host=batch.CfnJobDefinition.VolumesHostProperty(source_path=BPFFS_PATH),
+                        )] if settings.profiler_ebpf else []),
                     )
                 ]
             ),

@@ -1,28 +1,32 @@
 // SPDX-License-Identifier: GPL-2.0
-/* Per-call figures of one cgroup's processes: the read, write, open, close and fsync families, plus the
+/* Per-call figures of the selected cgroups' processes: the read, write, open, close and fsync families, plus the
  * time writers were paused in balance_dirty_pages, the pages they dirtied and the bytes they moved on sockets.
  *
- * Selection is by cgroup v2 (iob_state.cgroup_id and the cgroups below it), so a pid namespace does not
- * matter and forked children are counted from their first call: a child inherits its parent's cgroup.
+ * One copy per host. The programs are loaded and attached once and shared by every profiler on the host
+ * (profiling/probes/ebpf_host.py pins them in bpffs): each profiler takes a slot, puts its own maps (state,
+ * cells, files, ...) at that slot of the slot_* maps of maps, and adds its child's cgroup to `selection`
+ * (cgroup v2 id -> slot). A call is counted in the slot of the first selected cgroup among the caller's
+ * ancestors, at the depths some selection uses (iob_host.levels), so a pid namespace does not matter and
+ * forked children are counted from their first call: a child inherits its parent's cgroup.
  * bpf_get_current_ancestor_cgroup_id() reads the default (v2) hierarchy, which exists beside v1 on a hybrid
  * host (include/uapi/linux/bpf.h, "bpf_get_current_ancestor_cgroup_id").
  *
- * Per call: the tracepoints sys_enter / sys_exit (include/trace/events/syscalls.h: TP_PROTO(struct pt_regs
- * *regs, long id) and (regs, long ret)), the cheapest syscall hooks and the same on every architecture. The
- * entry time stamp lives in task-local storage (BPF_MAP_TYPE_TASK_STORAGE, usable from tracing programs
- * since Linux 5.11): no hash entry is inserted and deleted per call. Counters are atomic adds on an
- * mmap-able array the loader reads without a system call; min and max are exact (compare-and-swap,
- * -mcpu=v3, Linux 5.12+).
+ * Per call: fentry/fexit (BPF trampolines, Linux 5.5+) on the watched system calls' own entry points
+ * (__x64_sys_read ...; SYSCALL_DEFINE's wrappers, arch/x86/include/asm/syscall_wrapper.h), so only those
+ * calls run a program: every other system call on the host runs nothing of ours, and a watched call of a
+ * process nobody selected pays the selection lookup only. One entry per system call: the counts are exact
+ * for any binary, static ones included. The entry time stamp lives in task-local storage
+ * (BPF_MAP_TYPE_TASK_STORAGE, usable from tracing programs since Linux 5.11): no hash entry is inserted and
+ * deleted per call. Counters are atomic adds on mmap-able arrays the profiler reads without a system call;
+ * min and max are exact (compare-and-swap, -mcpu=v3, Linux 5.12+).
  *
  * Per file: the calls on files (regular files and devices; not directories, whose records would spend the
- * cap on what the import system and directory walks open) also go to the file's record in `files`,
- * found from the call's fd through the task's fd table (the open file description, struct file), which
- * open_files maps to a record; a description not seen yet gets its path from its dentry (resolve()).
+ * cap on what the import system and directory walks open) also go to the file's record in the slot's
+ * `files`, found from the call's fd through the task's fd table (the open file description, struct file),
+ * which open_files maps to a record; a description not seen yet gets its path from its dentry (resolve()).
  * Offsets for the access pattern: the call's own (pread64, preadv*, pwrite64, pwritev*), else the file
  * position (f_pos) at entry. A task's last description and record are kept in its task storage, so a
  * run of calls on one file costs no map lookup.
- *
- * Programs on syscalls are tp_btf (BTF-typed raw tracepoints, Linux 5.5+): pt_regs is read directly.
  *
  * The layout (iobatch.h) is what the loader reads; the task finder (iter/task) answers "which cgroup is the
  * process with pid P in pid namespace N in", so the profiler can find a job container's cgroup from
@@ -40,76 +44,121 @@ char LICENSE[] SEC("license") = "GPL";
 
 enum { CALL_READ, CALL_WRITE, CALL_OPEN, CALL_CLOSE, CALL_FSYNC };
 
-struct {
+/* A slot's own maps: the profiler that takes the slot makes them (the same shapes as these templates) and
+ * puts them at its slot of the slot_* maps of maps, so each profiler reads only its own figures, their memory
+ * is charged to it, and it frees them when it leaves. Their values are sized, not typed: the profiler's maps
+ * carry no BTF, and Linux 6.1 refuses an inner map whose value BTF differs from the template's (a struct value
+ * there made the insert fail with EINVAL on Debian's 6.1.0-56; 6.18 takes it). */
+struct cells_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, IOB_CELLS);
 	__type(key, __u32);
-	__type(value, struct iob_cell);
-} cells SEC(".maps");
+	__uint(value_size, sizeof(struct iob_cell));
+};
 
-struct {
+struct state_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct iob_state);
-} state SEC(".maps");
+	__uint(value_size, sizeof(struct iob_state));
+};
 
-struct {
+struct task_pause_map {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, IOB_TASKS);
 	__type(key, __u32);
-	__type(value, struct iob_task_pause);
-} task_pause SEC(".maps");
+	__uint(value_size, sizeof(struct iob_task_pause));
+};
 
 /* Files one by one, then (last) every file past the cap summed. IOB_FILES + 1 entries: the loader takes the
  * cap from this map's size. */
-struct {
+struct files_map {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, IOB_FILES + 1);
 	__type(key, __u32);
-	__type(value, struct iob_file);
-} files SEC(".maps");
+	__uint(value_size, sizeof(struct iob_file));
+};
 
 struct path_key {
 	char path[IOB_PATH];
 };
 
 /* path -> its record in `files`: one record per path, however often and by whom it is opened. */
-struct {
+struct file_of_path_map {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, IOB_FILES);
 	__type(key, struct path_key);
 	__type(value, __u32);
-} file_of_path SEC(".maps");
+};
 
 /* The paths past the cap, only to count them once each. */
-struct {
+struct other_paths_map {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__uint(max_entries, 65536);
+	__uint(max_entries, IOB_OTHER_PATHS);
 	__type(key, struct path_key);
 	__type(value, __u8);
-} other_paths SEC(".maps");
+};
+
+#define SLOT_MAPS(name, inner) \
+	struct { \
+		__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS); \
+		__uint(max_entries, IOB_SLOTS); \
+		__type(key, __u32); \
+		__array(values, struct inner); \
+	} name SEC(".maps")
+
+SLOT_MAPS(slot_cells, cells_map);
+SLOT_MAPS(slot_state, state_map);
+SLOT_MAPS(slot_task_pause, task_pause_map);
+SLOT_MAPS(slot_files, files_map);
+SLOT_MAPS(slot_file_of_path, file_of_path_map);
+SLOT_MAPS(slot_other_paths, other_paths_map);
+
+/* The selected cgroups: cgroup v2 id -> whose slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, IOB_SLOTS);
+	__type(key, __u64);
+	__type(value, struct iob_select);
+} selection SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct iob_host);
+} host SEC(".maps");
+
+/* The disks whose requests are classed: the kernel's dev_t -> counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, IOB_DISKS);
+	__type(key, __u64);
+	__type(value, struct iob_disk);
+} disks SEC(".maps");
 
 /* An open file (struct file, the kernel's open file description) -> its record. Keyed by the description,
  * not by (process, fd): a forked child's and a dup'ed fd's calls land on the file opened before, and a
  * file opened before the probe started is found at its first call. A description freed and reused for
  * another file is told by its inode. LRU: descriptions closed long ago fall out by themselves. `next` is
  * the access pattern's "previous end" (iobatch.h), per description so concurrent readers of one file keep
- * their own. */
+ * their own. The record is that of a slot: a description whose calls come from another slot's task is
+ * resolved again (a file shared by two profilers' children is counted in the slot of each call's caller). */
 struct open_file {
 	__u64 inode;
 	__u32 file;     /* record index + 1; 0: not a file kept (socket, pipe, anonymous inode, directory) */
-	__u32 pad;
+	__u32 slot;     /* whose record `file` is */
 	__u64 next[2];  /* end of this description's previous read, write plus one (0: none yet) */
 };
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
+	__uint(max_entries, 65536);
 	__type(key, __u64);
 	__type(value, struct open_file);
 } open_files SEC(".maps");
@@ -131,9 +180,9 @@ struct {
 	__type(value, struct scratch);
 } scratch SEC(".maps");
 
-/* The call in flight: its type + 1 (0: none), its entry time, its file (record index + 1, 0: none), its
- * open file description and the offset it starts at. `last_*`: the file description this task used last,
- * to skip the open_files lookup when it is used again (checked against the fd table on every call). */
+/* The call in flight: its type + 1 (0: none), its slot, its entry time, its file (record index + 1, 0: none),
+ * its open file description and the offset it starts at. `last_*`: the file description this task used
+ * last, to skip the open_files lookup when it is used again (checked against the fd table on every call). */
 struct entry {
 	__u64 ts;
 	__u64 offset;
@@ -143,6 +192,8 @@ struct entry {
 	__u64 last_desc;
 	__u64 last_inode;
 	__u32 last_file;
+	__u32 last_slot;
+	__u32 slot;
 	__u32 pad;
 };
 
@@ -153,13 +204,21 @@ struct {
 	__type(value, struct entry);
 } entries SEC(".maps");
 
-static __always_inline struct iob_state *get_state(void)
+/* Slot `slot`'s entry `key` of maps of maps `outer` (NULL when the slot is free). */
+static __always_inline void *slot_lookup(void *outer, __u32 slot, __u32 key)
 {
-	__u32 zero = 0;
-	return bpf_map_lookup_elem(&state, &zero);
+	void *inner = bpf_map_lookup_elem(outer, &slot);
+	if (!inner)
+		return NULL;
+	return bpf_map_lookup_elem(inner, &key);
 }
 
-#define POSITIONED 0x10   /* call_of: the call names its offset (4th argument); -1 for p*v2 means "the position" */
+static __always_inline struct iob_state *get_state(__u32 slot)
+{
+	return slot_lookup(&slot_state, slot, 0);
+}
+
+#define POSITIONED 0x10   /* the call names its offset (4th argument); -1 for p*v2 means "the position" */
 
 /* The call type of syscall `id` (| POSITIONED), or -1 when it is not watched. The numbers are the build's
  * architecture's (<asm/unistd.h>); arm64 has no open or creat. */
@@ -190,11 +249,31 @@ static __always_inline int call_of(long id)
 	return -1;
 }
 
-static __always_inline int selected(struct iob_state *st)
+#define IOB_LEVELS 16   /* cgroup depths looked at (the v2 hierarchy of a container host is a few deep) */
+
+/* The selection of the current task: that of its first selected ancestor cgroup (itself included), at the
+ * depths some selection uses; NULL when none selects it, or it is the selection's excluded process. */
+static __always_inline struct iob_select *select_current(void)
 {
-	if (!st->cgroup_id || bpf_get_current_ancestor_cgroup_id(st->cgroup_level) != st->cgroup_id)
-		return 0;
-	return !st->exclude_tgid || (bpf_get_current_pid_tgid() >> 32) != st->exclude_tgid;
+	__u32 zero = 0;
+	struct iob_host *h = bpf_map_lookup_elem(&host, &zero);
+	if (!h)
+		return NULL;
+	__u64 levels = h->levels;
+	for (int level = 0; level < IOB_LEVELS; level++) {
+		if (!(levels >> level))
+			break;
+		if (!((levels >> level) & 1))
+			continue;
+		__u64 id = bpf_get_current_ancestor_cgroup_id(level);
+		struct iob_select *sel = bpf_map_lookup_elem(&selection, &id);
+		if (!sel)
+			continue;
+		if (sel->exclude_tgid && (bpf_get_current_pid_tgid() >> 32) == sel->exclude_tgid)
+			return NULL;
+		return sel;
+	}
+	return NULL;
 }
 
 /* Bit length of v (0 for 0), without loops. */
@@ -322,15 +401,18 @@ static long write_down(__u32 i, void *ctx)
  * while fewer than IOB_FILES are handed out, else the last ("other files"). 0 for what is not a file
  * kept: sockets, pipes, anonymous inodes, directories. A path deeper than IOB_DEPTH steps starts with "..."
  * (its head is unknown); a longer one than IOB_PATH keeps its head; either marks its record `cut`. */
-__noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on its own */
+__noinline __u32 resolve(__u64 desc, __u64 inode, __u32 slot)   /* global: verified once, on its own */
 {
 	__u32 mode = BPF_CORE_READ((struct inode *)inode, i_mode) & IOB_S_IFMT;
 	if (mode != IOB_S_IFREG && mode != IOB_S_IFBLK && mode != IOB_S_IFCHR)
 		return 0;
 	__u32 zero = 0;
 	struct scratch *b = bpf_map_lookup_elem(&scratch, &zero);
-	struct iob_state *st = get_state();
-	if (!b || !st)
+	struct iob_state *st = get_state(slot);
+	void *file_of_path = bpf_map_lookup_elem(&slot_file_of_path, &slot);
+	void *other_paths = bpf_map_lookup_elem(&slot_other_paths, &slot);
+	void *files = bpf_map_lookup_elem(&slot_files, &slot);
+	if (!b || !st || !file_of_path || !other_paths || !files)
 		return 0;
 	__builtin_memset(&b->key, 0, sizeof(b->key));
 	struct path at = {};
@@ -355,28 +437,28 @@ __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on
 	}
 	b->key.path[off & (IOB_PATH - 1)] = 0;
 
-	__u32 *known = bpf_map_lookup_elem(&file_of_path, &b->key);
+	__u32 *known = bpf_map_lookup_elem(file_of_path, &b->key);
 	if (known)
 		return *known + 1;
 	__u64 next = __sync_fetch_and_add(&st->files, 1);
 	if (next < IOB_FILES) {
 		__u32 index = next;
-		if (bpf_map_update_elem(&file_of_path, &b->key, &index, BPF_NOEXIST) == 0) {
-			struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
+		if (bpf_map_update_elem(file_of_path, &b->key, &index, BPF_NOEXIST) == 0) {
+			struct iob_file *rec = bpf_map_lookup_elem(files, &index);
 			if (rec) {
 				bpf_probe_read_kernel(rec->path, IOB_PATH, b->key.path);
 				rec->cut = w.cut || !w.whole;
 			}
 			return index + 1;
 		}
-		known = bpf_map_lookup_elem(&file_of_path, &b->key);   /* another CPU added the same path just now */
+		known = bpf_map_lookup_elem(file_of_path, &b->key);   /* another CPU added the same path just now */
 		if (known)
 			return *known + 1;
 	}
 	__u8 one = 1;
-	if (bpf_map_update_elem(&other_paths, &b->key, &one, BPF_NOEXIST) == 0)
+	if (bpf_map_update_elem(other_paths, &b->key, &one, BPF_NOEXIST) == 0)
 		__sync_fetch_and_add(&st->other_files, 1);
-	else if (!bpf_map_lookup_elem(&other_paths, &b->key))
+	else if (!bpf_map_lookup_elem(other_paths, &b->key))
 		__sync_fetch_and_add(&st->other_lost, 1);
 	return IOB_FILES + 1;
 }
@@ -386,50 +468,53 @@ __noinline __u32 resolve(__u64 desc, __u64 inode)   /* global: verified once, on
 static __always_inline __u32 file_of(struct entry *e, __u64 desc, int opened)
 {
 	__u64 inode = (__u64)BPF_CORE_READ((struct file *)desc, f_inode);
-	if (!opened && desc == e->last_desc && inode == e->last_inode)
+	__u32 slot = e->slot;
+	if (!opened && desc == e->last_desc && inode == e->last_inode && slot == e->last_slot)
 		return e->last_file;
 	struct open_file *known = bpf_map_lookup_elem(&open_files, &desc);
 	__u32 file;
-	if (known && known->inode == inode) {
+	if (known && known->inode == inode && known->slot == slot) {
 		file = known->file;
 		if (opened)   /* a freed description's memory reused for the same file: no previous access */
 			known->next[0] = known->next[1] = 0;
 	} else {
-		struct open_file fresh = {.inode = inode, .file = resolve(desc, inode)};
+		struct open_file fresh = {.inode = inode, .file = resolve(desc, inode, slot), .slot = slot};
 		bpf_map_update_elem(&open_files, &desc, &fresh, BPF_ANY);
 		file = fresh.file;
 	}
 	e->last_desc = desc;
 	e->last_inode = inode;
 	e->last_file = file;
+	e->last_slot = slot;
 	return file;
 }
 
-SEC("tp_btf/sys_enter")
-int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
+/* A watched call's entry (`what`: its call type | POSITIONED; `fd` and `pos`: its first and fourth arguments).
+ * A global function: verified once per program, on its own. */
+__noinline int enter(__u32 what, long fd, long pos)
 {
-	int what = call_of(id);
-	if (what < 0)
+	struct iob_select *sel = select_current();
+	if (!sel)
 		return 0;
-	struct iob_state *st = get_state();
-	if (!st || !selected(st))
-		return 0;
+	__u32 slot = sel->slot;
 	struct entry *e = bpf_task_storage_get(&entries, bpf_get_current_task_btf(), 0,
 					       BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!e) {
-		__sync_fetch_and_add(&st->missed, 1);
+		struct iob_state *st = get_state(slot);
+		if (st)
+			__sync_fetch_and_add(&st->missed, 1);
 		return 0;
 	}
-	int call = what & ~POSITIONED;
+	__u32 call = what & ~POSITIONED;
+	e->slot = slot;
 	e->file = 0;
 	if (call != CALL_OPEN) {   /* an open's file is known at its exit */
-		__u64 desc = desc_of((int)PT_REGS_PARM1_SYSCALL(regs));
+		__u64 desc = desc_of(fd);
 		e->desc = desc;
 		if (desc)
 			e->file = file_of(e, desc, 0);
 		if (e->file && (call == CALL_READ || call == CALL_WRITE)) {
-			long pos = (what & POSITIONED) ? (long)PT_REGS_PARM4_SYSCALL(regs) : -1;
-			if (pos < 0)   /* read, write, readv, writev; p*v2 with offset -1 */
+			if (!(what & POSITIONED) || pos < 0)   /* read, write, readv, writev; p*v2 with offset -1 */
 				pos = BPF_CORE_READ((struct file *)desc, f_pos);
 			e->offset = pos;
 		}
@@ -439,11 +524,13 @@ int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
 	return 0;
 }
 
-/* file_add's `how`: the call type, FAILED when it returned an error, and the record index from bit 16 (a
- * subprogram takes at most 5 arguments). */
+/* file_add's `how`: the call type, FAILED when it returned an error, the slot from bit 9 and the record index
+ * from bit 16 (a subprogram takes at most 5 arguments). */
 #define FAILED 0x100
+#define SLOT_SHIFT 9
 #define INDEX_SHIFT 16
 _Static_assert(IOB_FILES + 1 < (1 << (32 - INDEX_SHIFT)), "a record index fits file_add's how");
+_Static_assert(IOB_SLOTS <= (1 << (INDEX_SHIFT - SLOT_SHIFT)), "a slot fits file_add's how");
 
 /* One finished call on open file description `desc` whose record is in `how`: its figures, and for reads
  * and writes the access pattern. A global function: the verifier checks it once, on its own, not again in
@@ -451,8 +538,9 @@ _Static_assert(IOB_FILES + 1 < (1 << (32 - INDEX_SHIFT)), "a record index fits f
 __noinline int file_add(__u64 desc, __u32 how, __u64 lat, __u64 nbytes, __u64 offset)
 {
 	__u32 call = how & 0xff;
+	__u32 slot = (how >> SLOT_SHIFT) & (IOB_SLOTS - 1);
 	__u32 index = how >> INDEX_SHIFT;
-	struct iob_file *rec = bpf_map_lookup_elem(&files, &index);
+	struct iob_file *rec = slot_lookup(&slot_files, slot, index);
 	if (!rec || call >= IOB_CALLS)
 		return 0;
 	struct iob_file_call *c = &rec->calls[call];
@@ -492,12 +580,11 @@ __noinline int file_add(__u64 desc, __u32 how, __u64 lat, __u64 nbytes, __u64 of
 	return 0;
 }
 
-SEC("tp_btf/sys_exit")
-int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
+/* A watched call's exit (`ret`: what it returned). The task's own storage says at once whether a call is in
+ * flight (enter() set it only for a selected task), so other tasks pay one lookup, not a clock read and a walk
+ * of their cgroup's ancestors. The clock is read right after it. */
+__noinline int leave(long ret)
 {
-	/* This runs at the end of every system call on the machine: the task's own storage says at once whether
-	 * a watched call is in flight (sys_enter set it only for a selected task), so other tasks pay one lookup,
-	 * not a clock read and a walk of their cgroup's ancestors. The clock is read right after it. */
 	struct entry *e = bpf_task_storage_get(&entries, bpf_get_current_task_btf(), 0, 0);
 	if (!e || !e->call)
 		return 0;
@@ -514,7 +601,8 @@ int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 			k = IOB_SIZES - 1;
 	}
 	__u32 index = call * IOB_SIZES + k;
-	struct iob_cell *cell = bpf_map_lookup_elem(&cells, &index);
+	__u32 slot = e->slot & (IOB_SLOTS - 1);
+	struct iob_cell *cell = slot_lookup(&slot_cells, slot, index);
 	if (!cell)
 		return 0;
 	__u32 h = bit_length(lat);
@@ -537,8 +625,67 @@ int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 			file = file_of(e, desc, 1);
 	}
 	if (file)
-		file_add(desc, call | (ret < 0 ? FAILED : 0) | ((file - 1) << INDEX_SHIFT), lat, nbytes, e->offset);
+		file_add(desc, call | (ret < 0 ? FAILED : 0) | (slot << SLOT_SHIFT) | ((file - 1) << INDEX_SHIFT), lat,
+			 nbytes, e->offset);
 	return 0;
+}
+
+/* The watched system calls (the build's architecture's wrappers; arm64 has no open or creat). */
+#if defined(__TARGET_ARCH_x86)
+#define SYS(name) "__x64_sys_" #name
+#elif defined(__TARGET_ARCH_arm64)
+#define SYS(name) "__arm64_sys_" #name
+#endif
+
+#define WATCH(name, what) \
+	SEC("fentry/" SYS(name)) \
+	int BPF_PROG(iob_in_##name, struct pt_regs *regs) \
+	{ \
+		return enter((what), (long)PT_REGS_PARM1_SYSCALL(regs), (long)PT_REGS_PARM4_SYSCALL(regs)); \
+	} \
+	SEC("fexit/" SYS(name)) \
+	int BPF_PROG(iob_out_##name, struct pt_regs *regs, long ret) \
+	{ \
+		return leave(ret); \
+	}
+
+WATCH(read, CALL_READ)
+WATCH(readv, CALL_READ)
+WATCH(pread64, CALL_READ | POSITIONED)
+WATCH(preadv, CALL_READ | POSITIONED)
+WATCH(preadv2, CALL_READ | POSITIONED)
+WATCH(write, CALL_WRITE)
+WATCH(writev, CALL_WRITE)
+WATCH(pwrite64, CALL_WRITE | POSITIONED)
+WATCH(pwritev, CALL_WRITE | POSITIONED)
+WATCH(pwritev2, CALL_WRITE | POSITIONED)
+#ifdef __TARGET_ARCH_x86
+WATCH(open, CALL_OPEN)
+WATCH(creat, CALL_OPEN)
+#endif
+WATCH(openat, CALL_OPEN)
+WATCH(openat2, CALL_OPEN)
+WATCH(close, CALL_CLOSE)
+WATCH(fsync, CALL_FSYNC)
+WATCH(fdatasync, CALL_FSYNC)
+
+/* Where the kernel refuses fentry (a kernel built without BPF trampolines, or one whose security policy forbids
+ * them: the loader learns it when loading fails), the same figures from the raw syscall tracepoints
+ * (include/trace/events/syscalls.h: TP_PROTO(struct pt_regs *regs, long id) and (regs, long ret)): every
+ * system call on the host then runs these two programs, once per host, whoever is selected. */
+SEC("tp_btf/sys_enter")
+int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
+{
+	int what = call_of(id);
+	if (what < 0)
+		return 0;
+	return enter(what, (long)PT_REGS_PARM1_SYSCALL(regs), (long)PT_REGS_PARM4_SYSCALL(regs));
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
+{
+	return leave(ret);
 }
 
 /* Dirty-page throttling (mm/page-writeback.c): the trace point fires just before the writer sleeps for
@@ -547,8 +694,15 @@ SEC("tp/writeback/balance_dirty_pages")
 int iob_dirty_pause(struct trace_event_raw_balance_dirty_pages *ctx)
 {
 	long pause = BPF_CORE_READ(ctx, pause);
-	struct iob_state *st = get_state();
-	if (pause <= 0 || !st || !selected(st))
+	if (pause <= 0)
+		return 0;
+	struct iob_select *sel = select_current();
+	if (!sel)
+		return 0;
+	__u32 slot = sel->slot;
+	struct iob_state *st = get_state(slot);
+	void *task_pause = bpf_map_lookup_elem(&slot_task_pause, &slot);
+	if (!st || !task_pause)
 		return 0;
 	__sync_fetch_and_add(&st->throttle_ms, pause);
 	__u64 now = bpf_ktime_get_ns();
@@ -564,12 +718,12 @@ int iob_dirty_pause(struct trace_event_raw_balance_dirty_pages *ctx)
 		}
 	}
 	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct iob_task_pause *tp = bpf_map_lookup_elem(&task_pause, &tid);
+	struct iob_task_pause *tp = bpf_map_lookup_elem(task_pause, &tid);
 	if (!tp) {
 		struct iob_task_pause fresh = {};
 		bpf_get_current_comm(fresh.comm, sizeof(fresh.comm));
-		bpf_map_update_elem(&task_pause, &tid, &fresh, BPF_NOEXIST);
-		tp = bpf_map_lookup_elem(&task_pause, &tid);
+		bpf_map_update_elem(task_pause, &tid, &fresh, BPF_NOEXIST);
+		tp = bpf_map_lookup_elem(task_pause, &tid);
 		if (!tp)
 			return 0;
 	}
@@ -585,8 +739,9 @@ int iob_dirty_pause(struct trace_event_raw_balance_dirty_pages *ctx)
 SEC("tp/block/block_rq_issue")
 int iob_block_issue(struct trace_event_raw_block_rq *ctx)
 {
-	struct iob_state *st = get_state();
-	if (!st || !st->block_dev || BPF_CORE_READ(ctx, dev) != st->block_dev)
+	__u64 dev = BPF_CORE_READ(ctx, dev);
+	struct iob_disk *disk = bpf_map_lookup_elem(&disks, &dev);
+	if (!disk)
 		return 0;
 	__u64 sectors = BPF_CORE_READ(ctx, nr_sector);
 	char rwbs[4] = {};
@@ -601,12 +756,12 @@ int iob_block_issue(struct trace_event_raw_block_rq *ctx)
 	if (!sectors || !data)
 		return 0;
 	__u64 sector = BPF_CORE_READ(ctx, sector);
-	__u64 before = __sync_lock_test_and_set(&st->block_next, sector + sectors + 1);
+	__u64 before = __sync_lock_test_and_set(&disk->next, sector + sectors + 1);
 	if (before == sector + 1) {
-		__sync_fetch_and_add(&st->block_seq_bytes, sectors * 512);
+		__sync_fetch_and_add(&disk->seq_bytes, sectors * 512);
 	} else {
-		__sync_fetch_and_add(&st->block_random_bytes, sectors * 512);
-		__sync_fetch_and_add(&st->block_random_ios, 1);
+		__sync_fetch_and_add(&disk->random_bytes, sectors * 512);
+		__sync_fetch_and_add(&disk->random_ios, 1);
 	}
 	return 0;
 }
@@ -634,8 +789,9 @@ static __always_inline __u64 folio_pages(void *folio)
 SEC("raw_tp/writeback_dirty_folio")
 int iob_dirtied(struct bpf_raw_tracepoint_args *ctx)
 {
-	struct iob_state *st = get_state();
-	if (!st || !selected(st))
+	struct iob_select *sel = select_current();
+	struct iob_state *st = sel ? get_state(sel->slot) : NULL;
+	if (!st)
 		return 0;
 	__sync_fetch_and_add(&st->dirtied_pages, folio_pages((void *)ctx->args[0]));
 	return 0;
@@ -647,8 +803,11 @@ SEC("raw_tp/sock_send_length")
 int iob_sock_send(struct bpf_raw_tracepoint_args *ctx)
 {
 	int ret = (int)ctx->args[1];
-	struct iob_state *st = get_state();
-	if (ret > 0 && st && selected(st))
+	if (ret <= 0)
+		return 0;
+	struct iob_select *sel = select_current();
+	struct iob_state *st = sel ? get_state(sel->slot) : NULL;
+	if (st)
 		__sync_fetch_and_add(&st->sock_sent, ret);
 	return 0;
 }
@@ -660,8 +819,11 @@ int iob_sock_recv(struct bpf_raw_tracepoint_args *ctx)
 {
 	int ret = (int)ctx->args[1];
 	int flags = (int)ctx->args[2];
-	struct iob_state *st = get_state();
-	if (ret > 0 && !(flags & IOB_MSG_PEEK) && st && selected(st))
+	if (ret <= 0 || (flags & IOB_MSG_PEEK))
+		return 0;
+	struct iob_select *sel = select_current();
+	struct iob_state *st = sel ? get_state(sel->slot) : NULL;
+	if (st)
 		__sync_fetch_and_add(&st->sock_received, ret);
 	return 0;
 }
@@ -671,7 +833,8 @@ SEC("iter/task")
 int iob_find_task(struct bpf_iter__task *ctx)
 {
 	struct task_struct *task = ctx->task;
-	struct iob_state *st = get_state();
+	__u32 zero = 0;
+	struct iob_host *st = bpf_map_lookup_elem(&host, &zero);
 	if (!task || !st || task->pid != task->tgid)
 		return 0;
 	struct pid *pid = task->thread_pid;

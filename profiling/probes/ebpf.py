@@ -12,10 +12,18 @@ profiler sees it, through the program's task finder, so it works from another co
 profiler's own, or the root, it would hold more than the job: then the job's process tree is moved into a
 cgroup of its own (profiling/probes/cgroup.py) first. Children inherit their cgroup, so forks are followed.
 
-Cost: loading and attaching take tens of milliseconds; a reading is a copy of the program's memory
-(mmap), so a stage boundary costs the job about a millisecond. The sidecar keeps one loaded program for
-the whole job (`keep_running`); `close()` detaches it, and the kernel detaches it by itself if the
-profiler dies: nothing outlives the process that loaded it.
+One copy per host: the programs are loaded once and shared by every profiler on the host
+(profiling/probes/ebpf_host.py: pins in bpffs under a lock). Each profiler takes a slot with maps of its
+own and adds its job's cgroup to the selection, so it reads only its own figures, and a child's per-call
+cost does not grow with the number of profilers. The watched calls are hooked with fentry/fexit on each
+system call's own entry point where the kernel allows BPF trampolines, else with the raw syscall
+tracepoints (every system call then runs the shared pair of programs once).
+
+Cost: the first profiler on a host loads, verifies and attaches (a few tenths of a second); a later one
+opens the pins and makes its maps (milliseconds); a reading is a copy of the profiler's own maps (mmap),
+so a stage boundary costs the job about a millisecond. The sidecar keeps its slot for the whole job
+(`keep_running`); `close()` leaves, and the last profiler out unpins everything; a profiler that dies
+(SIGKILL included) is reaped by its watchdog process, or by the next profiler's join or leave.
 
 Per file (calls["files"], see `_files_dict`): every call on a file is also counted on the file's record
 (count, bytes, latency with exact min and max per call type, and the access pattern as Darshan counts it:
@@ -31,8 +39,8 @@ calls there and how many such files it saw first. The job-wide "cells" stay unde
 ("path_attribution" false): contract rules on a path prefix read calls["files"].
 
 Needs Linux 5.17+ (the path walk uses bpf_loop), root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the
-kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023) and libbpf; `available()` says what is
-missing.
+kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023), the host's bpffs at /sys/fs/bpf (mounted
+here when absent; bind-mounted into a container) and libbpf; `available()` says what is missing.
 """
 
 from __future__ import annotations
@@ -48,7 +56,8 @@ from typing import Any
 import profiling.probes.ebpf_maps as layout
 from profiling.probes.callstats import Cells, calls_dict, cells_since
 from profiling.probes.cgroup import Carved, carve
-from profiling.probes.libbpf import BpfError, BpfObject, library_missing
+from profiling.probes.ebpf_host import join
+from profiling.probes.libbpf import library_missing
 from profiling.probes.procfs import process_tree, read_start_time
 
 NAME = "ebpf"
@@ -60,7 +69,6 @@ TRACEFS = Path("/sys/kernel/tracing")
 DEFAULT_INTERVAL_S = 1.0
 MIN_KERNEL = (5, 17)  # bpf_loop (include/uapi/linux/bpf.h: "bpf_loop", added in 5.17)
 CAPS = {21: "CAP_SYS_ADMIN", 38: "CAP_PERFMON", 39: "CAP_BPF"}
-CALL_PROGRAMS = ("iob_sys_enter", "iob_sys_exit")
 # The kernel's dev_t inside the kernel (and in its tracepoints) is major << 20 | minor (include/linux/kdev_t.h,
 # MINORBITS), not the user-space encoding os.makedev gives.
 KERNEL_MINOR_BITS = 20
@@ -130,60 +138,41 @@ def _mount_tracefs() -> None:
 
 
 class _Loaded:
-    """The program, loaded and attached, with its two mmap-ed maps."""
+    """This profiler's slot on the host's shared programs (profiling/probes/ebpf_host.py), its maps mmap-ed."""
 
     def __init__(self) -> None:
         path = object_path()
         if path is None:
             raise RuntimeError("the eBPF program is not built")
         _mount_tracefs()
-        self.obj = BpfObject(path)
-        try:
-            wrong = layout.check_value_sizes({name: self.obj.value_size(name) for name in layout.VALUE_SIZES})
-            if wrong is not None:
-                raise BpfError(wrong)
-            self.state = self.obj.mmap_array("state", layout.STATE_SIZE)
-            self.cells = self.obj.mmap_array("cells", layout.IOB_CELLS * layout.CELL_SIZE)
-            self.files_cap = self.obj.max_entries("files") - 1  # the last record sums the files past the cap
-            self.files = self.obj.mmap_array("files", (self.files_cap + 1) * layout.FILE_SIZE)
-            self.notes: list[str] = []
-            self.attached: set[str] = set()
-            for name in CALL_PROGRAMS:
-                self.obj.attach(name)
-            for name, what in EXTRA_PROGRAMS:
-                try:
-                    self.obj.attach(name)
-                    self.attached.add(name)
-                except BpfError:
-                    self.notes.append(f"{what}: not available on this kernel")
-        except BaseException:
-            self.obj.close()
-            raise
+        self.slot = join(path, tuple(name for name, _what in EXTRA_PROGRAMS))
+        self.slot.watch()
+        self.attached = self.slot.attached
+        self.notes = [f"{what}: not available on this kernel" for name, what in EXTRA_PROGRAMS
+                      if name not in self.attached] + self.slot.notes
+        self.files_cap = self.slot.files_cap
+        self.state, self.cells, self.files = self.slot.state, self.slot.cells, self.slot.files
+        self.dev: int | None = None  # the disk whose requests are classed (the kernel's dev_t)
 
-    def set(self, field: str, value: int) -> None:
-        offset = layout.state_offset(field)
-        self.state[offset:offset + 8] = value.to_bytes(8, "little")
+    def add_disk(self, dev: int) -> None:
+        self.slot.add_disk(dev)
+        self.dev = dev
 
     def find(self, pid: int) -> tuple[int, int, int]:
         """(cgroup id, its level, host pid) of process `pid` of this process's pid namespace."""
-        self.set("find_ns_inum", os.stat("/proc/self/ns/pid").st_ino)
-        self.set("find_pid", pid)
-        self.set("found_cgroup_id", 0)
-        self.obj.run_iterator("iob_find_task")
-        found = layout.decode_state(self.state[:layout.STATE_SIZE])
-        if not found["found_cgroup_id"]:
-            raise RuntimeError(f"process {pid} not found by the eBPF task finder")
-        return found["found_cgroup_id"], found["found_cgroup_level"], found["found_tgid"]
+        return self.slot.find(pid)
 
     def task_pauses(self) -> dict[int, tuple[str, int]]:
         """{tid: (comm, ms paused)} of the tasks the dirty throttle paused (at most IOB_TASKS of them)."""
-        items = self.obj.hash_items("task_pause", 4, layout.TASK_PAUSE_SIZE, layout.IOB_TASKS)
-        return layout.decode_task_pauses(items)
+        return self.slot.task_pauses()
 
     def reading(self) -> tuple[Cells, dict[str, int], Files]:
         state = layout.decode_state(self.state[:layout.STATE_SIZE])
         handed_out = min(state["files"], self.files_cap)
         files = layout.decode_files(self.files, handed_out, self.files_cap)  # the records handed out, not the map
+        disk = self.slot.disk(self.dev) if self.dev is not None else None
+        if disk is not None:  # device-wide counts, one entry per disk however many profilers class it
+            state.update({f"block_{key}": value for key, value in disk.items()})
         return layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]), state, files
 
     def clear_extremes(self) -> None:
@@ -192,7 +181,7 @@ class _Loaded:
         layout.clear_file_extremes(self.files, handed_out, self.files_cap)
 
     def close(self) -> None:
-        self.obj.close()
+        self.slot.close()
 
 
 def _paused_tasks(now: dict[int, tuple[str, int]], before: dict[int, tuple[str, int]],
@@ -299,7 +288,7 @@ class EbpfProbe:
             self._loaded = _Loaded()
             _LIVE.add(self)
             if self.disk is not None:
-                self._loaded.set("block_dev", self.disk[0] << KERNEL_MINOR_BITS | self.disk[1])
+                self._loaded.add_disk(self.disk[0] << KERNEL_MINOR_BITS | self.disk[1])
         if self._root != root:
             try:
                 self._select(pid)
@@ -324,7 +313,7 @@ class EbpfProbe:
         """Point the program at the cgroup holding `pid`'s tree (carving one out when it is shared)."""
         assert self._loaded is not None
         loaded = self._loaded
-        loaded.set("cgroup_id", 0)
+        loaded.slot.unselect()
         if self._carved is not None:
             self._carved.restore()
             self._carved = None
@@ -338,9 +327,7 @@ class EbpfProbe:
                 raise RuntimeError(f"cannot give process {pid} a cgroup of its own ({exc})") from None
             cgroup, level, host_pid = loaded.find(pid)
             where = f"cgroup {self._carved.path.name} made for the process tree of pid {pid}"
-        loaded.set("exclude_tgid", 0 if self.count_root else host_pid)
-        loaded.set("cgroup_level", level)
-        loaded.set("cgroup_id", cgroup)
+        loaded.slot.select(cgroup, level, 0 if self.count_root else host_pid)
         self._filter = where + ("" if self.count_root else f"; pid {pid} itself not counted")
 
     def _tick(self) -> None:
@@ -412,7 +399,7 @@ class EbpfProbe:
             result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
         if {"iob_sock_send", "iob_sock_recv"} <= attached:
             result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
-        if self.disk is not None and "iob_block_issue" in attached:
+        if self.disk is not None and "iob_block_issue" in attached and "block_seq_bytes" in state:
             result["device_requests"] = {
                 "disk": f"{self.disk[0]}:{self.disk[1]}",
                 **{key: state[f"block_{key}"] - base[2][f"block_{key}"]

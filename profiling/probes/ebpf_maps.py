@@ -1,5 +1,6 @@
 """The CO-RE program's maps as Python reads them (profiling/bpf/iobatch.h owns the layout). Pure.
 
+A profiler's own maps sit at its slot of the program's maps of maps (`slot_maps` gives their shapes);
 `cells` is an array of IOB_CELLS `struct iob_cell` (index = call x IOB_SIZES + size class), `state` one
 `struct iob_state`, `files` the per-file records (`struct iob_file`: the cap of them, then one for every
 file past the cap; the cap is the map's size, read from the object); all are read through mmap, so a
@@ -24,26 +25,34 @@ IOB_CALLS = 5
 IOB_SIZES = 48
 IOB_HIST = 48
 IOB_CELLS = IOB_CALLS * IOB_SIZES
+IOB_SLOTS = 128
+IOB_DISKS = 64
 IOB_TASKS = 1024
+IOB_OTHER_PATHS = 65536
 IOB_PATH = 256
 IOB_ACCESS = 8
 CELL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns", "max_bytes")  # then hist[IOB_HIST]
 CELL_WORDS = len(CELL_FIELDS) + IOB_HIST
 CELL_SIZE = 8 * CELL_WORDS
 STATE_FIELDS = (
-    "cgroup_id", "cgroup_level", "exclude_tgid", "throttle_ms", "throttle_wall_ns", "paused_until_ns",
-    "dirtied_pages", "sock_sent", "sock_received", "missed", "find_ns_inum", "find_pid", "found_cgroup_id",
-    "found_cgroup_level", "found_tgid", "files", "other_files", "other_lost", "block_dev", "block_next",
-    "block_seq_bytes", "block_random_bytes", "block_random_ios",
+    "throttle_ms", "throttle_wall_ns", "paused_until_ns", "dirtied_pages", "sock_sent", "sock_received", "missed",
+    "files", "other_files", "other_lost",
 )
 STATE_SIZE = 8 * len(STATE_FIELDS)
+HOST_FIELDS = ("levels", "files_cap", "find_ns_inum", "find_pid", "found_cgroup_id", "found_cgroup_level",
+               "found_tgid", "joins")
+HOST_SIZE = 8 * len(HOST_FIELDS)
+SELECT = struct.Struct("<IIQ")  # struct iob_select: slot, level, exclude_tgid (the key: the cgroup v2 id, u64)
+DISK_FIELDS = ("next", "seq_bytes", "random_bytes", "random_ios")  # struct iob_disk (the key: the kernel's dev_t)
+DISK_SIZE = 8 * len(DISK_FIELDS)
 TASK_PAUSE_SIZE = 8 + 16  # struct iob_task_pause: ms, comm[16]
 SIZED_CALLS = ("read", "write")  # the calls with a size class; the others are all in class 0
 FILE_CALL_FIELDS = ("count", "bytes", "total_ns", "min_ns", "max_ns", "max_bytes")  # struct iob_file_call
 FILE_FIELDS = ("path", "calls", "sequential", "consecutive", "access_size", "access_count", "access_other", "cut")
 FILE_WORDS = IOB_CALLS * len(FILE_CALL_FIELDS) + 2 * len(SIZED_CALLS) + 2 * IOB_ACCESS + 2
 FILE_SIZE = IOB_PATH + 8 * FILE_WORDS
-VALUE_SIZES = {"cells": CELL_SIZE, "state": STATE_SIZE, "files": FILE_SIZE, "task_pause": TASK_PAUSE_SIZE}
+VALUE_SIZES = {"cells": CELL_SIZE, "state": STATE_SIZE, "files": FILE_SIZE, "task_pause": TASK_PAUSE_SIZE,
+               "file_of_path": 4, "other_paths": 1}
 OTHER_FILES = "(other files)"  # the path of the record that sums the files past the cap
 
 _CELL = struct.Struct(f"<{CELL_WORDS}Q")
@@ -58,6 +67,33 @@ def check_value_sizes(sizes: Mapping[str, int]) -> str | None:
     if not wrong:
         return None
     return f"the eBPF object's map values do not match its loader: {', '.join(wrong)}; rebuild it (`make setup`)"
+
+
+@dataclass(frozen=True)
+class SlotMap:
+    """One of a slot's own maps, as the program's maps of maps `slot_<name>` take it (the inner template's
+    shape: the kernel refuses a map of another shape at a slot)."""
+
+    name: str
+    kind: str  # "array" or "hash"
+    key_size: int
+    value_size: int
+    max_entries: int
+    mmapable: bool = False
+    preallocated: bool = True
+
+
+def slot_maps(files_cap: int) -> tuple[SlotMap, ...]:
+    """The maps a profiler makes for its slot (iobatch.bpf.c's *_map templates), with `files_cap` files kept."""
+    sizes = VALUE_SIZES
+    return (
+        SlotMap("cells", "array", 4, sizes["cells"], IOB_CELLS, mmapable=True),
+        SlotMap("state", "array", 4, sizes["state"], 1, mmapable=True),
+        SlotMap("task_pause", "hash", 4, sizes["task_pause"], IOB_TASKS),
+        SlotMap("files", "array", 4, sizes["files"], files_cap + 1, mmapable=True),
+        SlotMap("file_of_path", "hash", IOB_PATH, sizes["file_of_path"], files_cap),
+        SlotMap("other_paths", "hash", IOB_PATH, sizes["other_paths"], IOB_OTHER_PATHS, preallocated=False),
+    )
 
 
 def decode_cells(memory: bytes) -> Cells:
@@ -161,8 +197,30 @@ def decode_state(memory: bytes) -> dict[str, int]:
     return dict(zip(STATE_FIELDS, struct.unpack_from(f"<{len(STATE_FIELDS)}Q", memory), strict=True))
 
 
-def state_offset(field: str) -> int:
-    return 8 * STATE_FIELDS.index(field)
+def decode_host(memory: bytes) -> dict[str, int]:
+    return dict(zip(HOST_FIELDS, struct.unpack_from(f"<{len(HOST_FIELDS)}Q", memory), strict=True))
+
+
+def host_offset(field: str) -> int:
+    return 8 * HOST_FIELDS.index(field)
+
+
+def decode_disk(memory: bytes) -> dict[str, int]:
+    return dict(zip(DISK_FIELDS, struct.unpack_from(f"<{len(DISK_FIELDS)}Q", memory), strict=True))
+
+
+def next_slot(taken: set[int], joins: int, slots: int = IOB_SLOTS) -> int | None:
+    """The slot a joining profiler takes: the first free one from `joins` (mod `slots`) round the ring, so a slot
+    just given back is the last to be taken again; None when all are taken."""
+    return next(((joins + k) % slots for k in range(slots) if (joins + k) % slots not in taken), None)
+
+
+def levels_of(selections: list[tuple[bytes, bytes]]) -> int:
+    """iob_host.levels from the `selection` map's (key, value) pairs: bit L set for every depth L in use."""
+    levels = 0
+    for _key, value in selections:
+        levels |= 1 << SELECT.unpack_from(value)[1]
+    return levels
 
 
 def clear_extremes(memory: bytearray | mmap.mmap) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from profiling.metrics import by_call
-from profiling.probes import ebpf
+from profiling.probes import ebpf, ebpf_host
 from tests.support.writebench import writebench as built_writebench
 
 pytestmark = pytest.mark.root
@@ -240,17 +240,10 @@ reporter.close()
 
 
 def _programs_of(pid: int) -> set[int]:
-    """The ids of the eBPF programs process `pid` holds: its bpf-prog and bpf_link descriptors' prog_id
-    (/proc/<pid>/fdinfo, Documentation/filesystems/proc.rst)."""
-    ids = set()
-    for fd in Path(f"/proc/{pid}/fd").iterdir():
-        try:
-            if "bpf" in os.readlink(fd):
-                ids |= {int(line.split()[1]) for line in Path(f"/proc/{pid}/fdinfo/{fd.name}").read_text()
-                        .splitlines() if line.startswith("prog_id:")}
-        except OSError:
-            continue
-    return ids
+    """The ids of the eBPF programs the host's pins hold while sidecar `pid` (the only profiler here) runs:
+    the programs are the host's, not the process's (profiling/probes/ebpf_host.py)."""
+    assert Path(f"/proc/{pid}").exists()
+    return ebpf_host.loaded_programs()
 
 
 def _loaded_programs() -> set[int]:

@@ -34,10 +34,16 @@ def test_the_python_layout_is_the_headers() -> None:
     assert defines.pop("IOB_FILES") > 0 and not hasattr(layout, "IOB_FILES")
     assert defines == {
         "IOB_CALLS": layout.IOB_CALLS, "IOB_SIZES": layout.IOB_SIZES, "IOB_HIST": layout.IOB_HIST,
-        "IOB_TASKS": layout.IOB_TASKS, "IOB_PATH": layout.IOB_PATH, "IOB_ACCESS": layout.IOB_ACCESS}
+        "IOB_TASKS": layout.IOB_TASKS, "IOB_PATH": layout.IOB_PATH, "IOB_ACCESS": layout.IOB_ACCESS,
+        "IOB_SLOTS": layout.IOB_SLOTS, "IOB_DISKS": layout.IOB_DISKS, "IOB_OTHER_PATHS": layout.IOB_OTHER_PATHS}
     assert len(CALLS) == layout.IOB_CALLS
     assert _struct_fields(text, "iob_cell") == [*layout.CELL_FIELDS, "hist"]
     assert tuple(_struct_fields(text, "iob_state")) == layout.STATE_FIELDS
+    assert tuple(_struct_fields(text, "iob_host")) == layout.HOST_FIELDS
+    assert tuple(_struct_fields(text, "iob_disk")) == layout.DISK_FIELDS
+    select = re.search(r"struct iob_select \{(.*?)\};", text, re.S)
+    assert select is not None and re.findall(r"(__u\d+) (\w+);", select.group(1)) == [
+        ("__u32", "slot"), ("__u32", "level"), ("__u64", "exclude_tgid")] and layout.SELECT.format == "<IIQ"
     assert tuple(_struct_fields(text, "iob_file_call")) == layout.FILE_CALL_FIELDS
     assert tuple(_members(text, "iob_file")) == layout.FILE_FIELDS
     assert "read, write, open, close, fsync" in text and CALLS == ("read", "write", "open", "close", "fsync")
@@ -90,8 +96,9 @@ def test_clearing_extremes_leaves_the_counts() -> None:
 def test_state_and_task_pauses() -> None:
     values = list(range(1, len(layout.STATE_FIELDS) + 1))
     state = layout.decode_state(struct.pack(f"<{len(values)}Q", *values))
-    assert state["cgroup_id"] == 1 and state["block_random_ios"] == len(values)
-    assert layout.state_offset("throttle_ms") == 24
+    assert state["throttle_ms"] == 1 and state["other_lost"] == len(values)
+    host = layout.decode_host(struct.pack(f"<{len(layout.HOST_FIELDS)}Q", *range(len(layout.HOST_FIELDS))))
+    assert host["found_tgid"] == layout.HOST_FIELDS.index("found_tgid") and layout.host_offset("files_cap") == 8
     pauses = layout.decode_task_pauses([(struct.pack("<I", 42), struct.pack("<Q16s", 120, b"s5cmd"))])
     assert pauses == {42: ("s5cmd", 120)}
 
@@ -179,3 +186,28 @@ def test_the_kernel_needs_bpf_loop() -> None:
     assert reason == "eBPF probe needs Linux 5.17+ (bpf_loop); this kernel is 5.16.20-generic"
     assert kernel_too_old("5.10.0") is not None and kernel_too_old("4.19.0-26-amd64") is not None
     assert kernel_too_old("5.17.0") is None and kernel_too_old("6.1.102-111.182.amzn2023.x86_64") is None
+
+
+def test_the_depths_in_use_come_from_the_selections() -> None:
+    """The program looks at a caller's ancestors only at the depths some profiler's cgroup sits at."""
+    selections = [(struct.pack("<Q", 11), layout.SELECT.pack(0, 3, 0)),
+                  (struct.pack("<Q", 12), layout.SELECT.pack(1, 5, 7))]
+    assert layout.levels_of(selections) == (1 << 3) | (1 << 5)
+    assert layout.levels_of([]) == 0
+
+
+def test_a_slots_maps_have_the_templates_shapes() -> None:
+    maps = {m.name: m for m in layout.slot_maps(4096)}
+    assert set(maps) == set(layout.VALUE_SIZES)
+    assert (maps["files"].max_entries, maps["file_of_path"].max_entries) == (4097, 4096)
+    assert maps["cells"].mmapable and maps["files"].mmapable and not maps["other_paths"].preallocated
+
+
+def test_a_slot_given_back_is_the_last_taken_again() -> None:
+    """A call in flight when its profiler left ends in whichever profiler holds the slot then: the ring puts
+    IOB_SLOTS - 1 other joins between a slot's release and its reuse."""
+    assert layout.next_slot(set(), 0, 4) == 0
+    assert layout.next_slot({0}, 1, 4) == 1
+    assert layout.next_slot({1}, 2, 4) == 2  # slot 0 was given back: not taken again at once
+    assert layout.next_slot({2, 3}, 6, 4) == 0  # round the ring past the taken ones
+    assert layout.next_slot({0, 1, 2, 3}, 9, 4) is None

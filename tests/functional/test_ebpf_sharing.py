@@ -1,0 +1,167 @@
+"""One copy of the eBPF programs per host (profiling/probes/ebpf_host.py), against the truth: profilers in separate
+processes share one set of programs, two children writing different amounts at once get exact counts each, a
+profiler's SIGKILL does not break the others, and nothing stays loaded after the last profiler leaves, however it
+leaves."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from profiling.probes import ebpf, ebpf_host
+from tests.support.writebench import writebench as built_writebench
+
+pytestmark = pytest.mark.root
+
+REPO = Path(__file__).resolve().parents[2]
+WATCHDOG_S = 30  # a watchdog's start and reap, on a machine shared with other heavy work
+
+# A profiler of its own: the child (a shell that waits, then runs writebench COUNT SIZE) under its probe. It
+# prints "ready" once attached, runs the child when told, prints the child's write count and bytes, then waits
+# for one more line before it leaves (so a test can look at the host while it is still there).
+PROFILER = r"""
+import json, subprocess, sys
+from profiling.metrics import by_call
+from profiling.probes import ebpf
+bench, count, size = sys.argv[1:4]
+child = subprocess.Popen(["sh", "-c", 'read go; exec "$@"', "sh", bench, "/dev/null", count, size],
+                         stdin=subprocess.PIPE)
+probe = ebpf.EbpfProbe(keep_running=True)  # as the sidecar: loaded until close()
+probe.start(child.pid)
+print("ready", flush=True)
+sys.stdin.readline()
+child.stdin.write(b"go\n")
+child.stdin.close()
+assert child.wait() == 0
+write = by_call(probe.stop())["write"]
+print(json.dumps({"count": write["count"], "bytes": write["bytes"]}), flush=True)
+sys.stdin.readline()
+probe.close()
+"""
+
+
+@pytest.fixture
+def writebench() -> Iterator[Path]:
+    reason = ebpf.available()
+    if reason is not None:
+        pytest.skip(reason)
+    if ebpf_host.loaded_programs():
+        pytest.skip("another profiler runs on this host: the test counts what the host holds")
+    yield built_writebench()
+    assert _gone_within(WATCHDOG_S), "programs still pinned after the test's last profiler left"
+
+
+def _gone_within(seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while ebpf_host.loaded_programs() or _builds():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _builds() -> list[Path]:
+    root = ebpf_host.pin_root()
+    return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+
+
+def _slots() -> list[str]:
+    return sorted(p.name for build in _builds() for p in (build / "slots").iterdir())
+
+
+def _profiler(bench: Path, count: int, size: int) -> subprocess.Popen[str]:
+    proc = subprocess.Popen([sys.executable, "-c", PROFILER, str(bench), str(count), str(size)], cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)}, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    return proc
+
+
+def _say(proc: subprocess.Popen[str], line: str = "go") -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(line + "\n")
+    proc.stdin.flush()
+
+
+def _finish(*procs: subprocess.Popen[str]) -> None:
+    """Let each profiler run to its end and leave, wherever it is (end of input reads as every line it waits for)."""
+    for proc in procs:
+        if proc.poll() is None and proc.stdin is not None:
+            proc.stdin.close()
+    for proc in procs:
+        proc.wait(timeout=60)
+
+
+def _result(proc: subprocess.Popen[str]) -> dict[str, int]:
+    assert proc.stdout is not None
+    return dict(json.loads(proc.stdout.readline()))
+
+
+def test_two_children_at_once_exact_each_on_one_set_of_programs(writebench: Path) -> None:
+    first = _profiler(writebench, 120_000, 4096)
+    alone = ebpf_host.loaded_programs()
+    second = _profiler(writebench, 70_000, 512)
+    try:
+        # One copy: the second profiler added its slot, not programs.
+        assert alone and ebpf_host.loaded_programs() == alone and len(_builds()) == 1
+        assert _slots() == ["0", "1"]
+        _say(first)
+        _say(second)  # both children write at once
+        assert _result(first) == {"count": 120_000, "bytes": 120_000 * 4096}
+        assert _result(second) == {"count": 70_000, "bytes": 70_000 * 512}
+        _finish(first)
+        assert first.returncode == 0
+        assert ebpf_host.loaded_programs() == alone and _slots() == ["1"]  # the other still has them
+    finally:
+        _finish(first, second)
+    assert _gone_within(5)
+
+
+def test_a_killed_profiler_is_reaped_and_breaks_nobody(writebench: Path) -> None:
+    killed = _profiler(writebench, 1000, 4096)
+    survivor = _profiler(writebench, 30_000, 4096)
+    try:
+        killed.send_signal(signal.SIGKILL)
+        killed.wait(timeout=10)
+        # Its watchdog frees its slot as soon as it runs (a Python process: its start-up is seconds on a loaded
+        # machine); the survivor's probe goes on, exact.
+        deadline = time.monotonic() + WATCHDOG_S
+        while _slots() != ["1"]:
+            assert time.monotonic() < deadline, f"slots {_slots()} after a SIGKILL"
+            time.sleep(0.1)
+        _say(survivor)
+        assert _result(survivor) == {"count": 30_000, "bytes": 30_000 * 4096}
+        assert ebpf_host.loaded_programs()
+    finally:
+        _finish(survivor)
+    assert _gone_within(5)
+
+
+def test_a_profiler_killed_with_its_watchdog_is_reaped_by_the_next_one(writebench: Path) -> None:
+    """The whole process group gone at once (a container killed): nobody reaps at once; the next profiler on
+    the host does when it joins, and nothing is left when it leaves."""
+    killed = _profiler(writebench, 1000, 4096)
+    watchdogs = [int(p) for p in subprocess.run(["pgrep", "-P", str(killed.pid), "-f", "ebpf_watchdog"],
+                                                capture_output=True, text=True).stdout.split()]
+    killed.send_signal(signal.SIGSTOP)  # so its watchdog, stopped first, cannot see it die
+    for pid in watchdogs:
+        os.kill(pid, signal.SIGKILL)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=10)
+    assert ebpf_host.loaded_programs() and _slots() == ["0"]  # left behind, for now
+    later = _profiler(writebench, 500, 4096)
+    try:
+        assert _slots() == ["0"]  # the dead one reaped, its programs with it (nobody was left), loaded anew
+        _say(later)
+        assert _result(later) == {"count": 500, "bytes": 500 * 4096}
+    finally:
+        _finish(later)
+    assert _gone_within(5)
