@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.interface import JOB_CONTAINER, PROFILER_CONTAINER
-from tests.support.guest import children_script, job_memory, stage_profiles, template_user_data
+from tests.support.guest import children_script, job_memory, pause_freeruns, stage_profiles, template_user_data
 from tests.support.synth import synthesize
 from tuning.ebs import MIB, Volume
 from tuning.guest.machine import Guest, GuestError, unavailable
@@ -127,3 +127,35 @@ def test_two_children_in_containers_get_their_own_cgroup_figures(tmp_path: Path)
         assert stage["own_io_stall_ms"] > 0, f"{child}: no io stall under a throttled volume"
         assert 0 < stage["own_peak_dirty_bytes"] <= mib * MIB * 1.05, f"{child}: dirty pages not its own"
         assert stage["own_peak_writeback_bytes"] > 0
+
+
+def test_a_child_in_a_small_container_is_paused_by_its_own_write_cache_limit(tmp_path: Path) -> None:
+    """A child whose container has 192 MiB writes 160 MiB to the throttled volume: its memory cgroup's dirty
+    threshold (about dirty_ratio x 192 MiB) is far below the host's (dirty_ratio of the guest's 2 GiB), so the
+    kernel paces it by its own domain. The thresholds the profiler computes are the kernel's: their freerun point
+    within 10 % of the one the balance_dirty_pages tracepoint reports for the writer's pauses."""
+    template = synthesize().template
+    user_data = tmp_path / "user-data.sh"
+    user_data.write_text(template_user_data(template))
+    script = children_script(work=tmp_path, user_data=user_data, python=sys.executable,
+                             iobatch=str(Path(sys.executable).with_name("iobatch")), children={"small": 160},
+                             job_memory_mib=192, profiler_memory_mib=job_memory(template)[PROFILER_CONTAINER],
+                             trace_pauses=True)
+    disk = ScratchDisk(scratch_image(tmp_path), scratch_throttle(ST1, credits_mib=0))
+    with Guest(vcpus=2, memory_mib=2048, share=tmp_path, scratch=disk) as guest:
+        result = guest.run(script, timeout=BOOT_TIMEOUT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [stage] = stage_profiles(tmp_path / "small.jsonl")
+    own, host = stage["own_dirty_threshold_bytes"], stage["dirty_threshold_bytes"]
+    assert own is not None and host is not None, stage.get("notices")
+    assert own < host / 3, f"own {own / MIB:.0f} MiB is not far below the host's {host / MIB:.0f} MiB"
+    assert stage["own_peak_dirty_bytes"] <= own * 1.1, "the child's dirty pages passed its own limit"
+    freeruns = sorted(pause_freeruns(tmp_path / "pauses.trace"))
+    assert freeruns, "the writer was never paused"
+    kernel = freeruns[len(freeruns) // 2] * 4096
+    ours = (own + stage["own_dirty_background_threshold_bytes"]) / 2
+    numbers = (f"freerun: profiler {ours / MIB:.1f} MiB, kernel {kernel / MIB:.1f} MiB (median of {len(freeruns)} "
+               f"pauses, {freeruns[0] * 4096 / MIB:.1f}-{freeruns[-1] * 4096 / MIB:.1f}); host threshold "
+               f"{host / MIB:.0f} MiB")
+    assert abs(ours - kernel) <= 0.10 * kernel, numbers
+    assert kernel < host / 3, "the writer was paced by the host's domain: " + numbers

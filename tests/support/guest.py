@@ -12,6 +12,7 @@ what is checked here is the kernel's side, a container's own cgroup, which the i
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -69,10 +70,15 @@ def job_memory(template: dict[str, Any]) -> dict[str, int]:
             for c in task["Containers"]}
 
 
+TRACE = "/sys/kernel/tracing"
+
+
 def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, children: dict[str, int],
-                    job_memory_mib: int, profiler_memory_mib: int) -> str:
+                    job_memory_mib: int, profiler_memory_mib: int, trace_pauses: bool = False) -> str:
     """A bash script for the guest: prepare scratch with the user data, run each child (name -> MiB it writes) as
-    a job container plus its profiler at once, wait for them all, and print what podman said."""
+    a job container plus its profiler at once, wait for them all, and print what podman said. With
+    `trace_pauses`, the kernel's balance_dirty_pages tracepoint (each pause of a writer, with the limit of the
+    domain that paced it) is kept in WORK/pauses.trace."""
     q = shlex.quote
     conf = work / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
@@ -80,6 +86,9 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, c
     lines = ["set -u", f"export CONTAINERS_CONF={q(str(conf))}",
              f"bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
              "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
+    if trace_pauses:
+        lines += [f"echo 8192 > {TRACE}/buffer_size_kb",
+                  f"echo 1 > {TRACE}/events/writeback/balance_dirty_pages/enable"]
     common = ["--network", "host", "--security-opt", "unmask=/sys/dev/block",
               "--volume", f"{SCRATCH_MOUNT}:{SCRATCH_MOUNT}", "--volume", f"{work}:{work}"]
     for name, mib in children.items():
@@ -97,7 +106,24 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, c
         lines += [f"mkdir -p {task}", " ".join(map(q, job)), " ".join(map(q, profiler))]
     names = [f"{n}-job" for n in children] + [f"{n}-{PROFILER_CONTAINER}" for n in children]
     lines += [f"podman wait {' '.join(names)}"] + [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
+    if trace_pauses:
+        lines += [f"grep balance_dirty_pages {TRACE}/trace > {q(str(work / 'pauses.trace'))}"]
     return "\n".join(lines) + "\n"
+
+
+def pause_freeruns(trace: Path, comm: str = "dd") -> list[int]:
+    """The freerun point (pages) of the domain that paced each balance_dirty_pages pause of a task named `comm`.
+
+    The tracepoint (include/trace/events/writeback.h, Linux 6.1) prints `limit` as the host domain's dirty limit
+    whichever domain paced the writer, and `setpoint` as (that limit + freerun) / 2 with freerun = (thresh +
+    bg_thresh) / 2 of the pacing domain: so 2 x setpoint - limit is the pacing domain's freerun point."""
+    found = []
+    for line in trace.read_text().splitlines():
+        task = line.strip().split(" ", 1)[0]
+        fields = dict(re.findall(r" (limit|setpoint)=(\d+)", line))
+        if task.rsplit("-", 1)[0] == comm and len(fields) == 2:
+            found.append(2 * int(fields["setpoint"]) - int(fields["limit"]))
+    return found
 
 
 def stage_profiles(path: Path) -> list[dict[str, Any]]:
