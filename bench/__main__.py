@@ -65,6 +65,7 @@ RUNS: tuple[Run, ...] = (
         needs_tools=("mkfs.xfs", "losetup")),
     Run("lab_advise", "The advisor in the lab: predicted vs measured", args=("--full",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup", "fusermount3")),
+    Run("lab_guest", "The lab in the cgroup v2 guest", needs_tools=("qemu-system-x86_64",)),
 )
 
 
