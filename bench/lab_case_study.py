@@ -97,7 +97,7 @@ def part_pipeline(args: argparse.Namespace, *, after_cliff: bool) -> None:
     print(f"## 3{'b' if after_cliff else 'a'}. `iobatch lab`: the pipeline, {args.images} images of "
           f"~{args.image_mib:g} MiB, {args.images_per_child} per child, {args.workers} children at once, emulated "
           f"memory {args.memory_gib:g} GiB, {args.volume}, {bucket}\n")
-    command = [sys.executable, "-m", "pipeline.cli", "lab", "--json", "--volume", args.volume,
+    command = [sys.executable, "-m", "pipeline.cli", "lab", "--where", "host", "--json", "--volume", args.volume,
                "--memory-gib", str(args.memory_gib), "--workers", str(args.workers), "--images", str(args.images),
                "--image-mib", str(args.image_mib), "--images-per-child", str(args.images_per_child),
                "--rounds", str(args.rounds), "--run-dir", str(args.run_dir)]

@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import profiling.probes.ebpf_maps as layout
-from profiling.probes import libbpf
+import profiling.probes.libbpf as libbpf
 from profiling.probes.libbpf import BpfError, BpfObject
 
 ENV_PIN = "IOBATCH_BPF_PIN"  # where the host's programs are pinned (a directory in bpffs)
