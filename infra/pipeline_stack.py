@@ -8,6 +8,7 @@ from aws_cdk import Acknowledgment, Aws, CfnOutput, IgnoreMode, Stack, Validatio
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -57,7 +58,10 @@ class PipelineStack(Stack):
         name = settings.pipeline_name
         self.network = Network(self, "Network", vpc_id=settings.vpc_id)
         self.storage = Storage(self, "Storage")
-        self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets)
+        # The jobs' containers and the hosts that fail their setup write here (infra/compute.py).
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets,
+                               log_group=self.log_group)
         # jobImage: the user's image, built FROM the project's (README "Your own processing"); else ours.
         self.image = None if settings.job_image else job_image_asset(self, "Image")
         self.jobs = Jobs(
@@ -67,6 +71,7 @@ class PipelineStack(Stack):
             compute_environment=self.compute.compute_environment,
             image_uri=settings.job_image or self.image.image_uri,  # type: ignore[union-attr]
             environment={},
+            log_group=self.log_group,
         )
         self.dashboard = Dashboard(
             self,
@@ -74,6 +79,7 @@ class PipelineStack(Stack):
             pipeline=name,
             log_group=self.jobs.log_group,
             dashboard_name=f"{name}-io-{Aws.REGION}",
+            host_alarm=self.compute.setup_failure_alarm,
         )
         self._grant()
         self._acknowledge()
