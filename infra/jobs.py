@@ -49,7 +49,15 @@ def ecs_tasks_principal() -> iam.ServicePrincipal:
 
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
     """Batch checks these in order (at most five); a job that matches none is retried, so the last
-    one sends everything else (bugs, out of memory) to FAILED instead."""
+    one sends everything else (bugs, out of memory) to FAILED instead.
+
+    Which container's exit code onExitCode matches in a multi-container job is not documented: EvaluateOnExit
+    matches "the ExitCode returned for a job" (AWS Batch API Reference, EvaluateOnExit), and JobDetail's `container`
+    "will be empty" for a multi-container job, which reports each container's exitCode instead
+    (AttemptTaskContainerDetails). So the profiler's exit must not matter whichever is taken: it is not essential,
+    and when the job's exit stops the task, ECS sends it SIGTERM, on which it flushes the running stage and exits 0
+    well within the stop timeout (tests/functional/test_sidecar.py), so it never brings a 143 or 137 that could
+    shadow the job's 75 or 65."""
     job = batch.CfnJobDefinition.EvaluateOnExitProperty
     return [
         # Spot reclaim and host failures: "Host EC2 (instance i-...) terminated."
