@@ -55,6 +55,20 @@ def slowest_download_query(pipeline: str) -> str:
     )
 
 
+def scratch_volumes_query(pipeline: str) -> str:
+    """Logs Insights over the EMF lines: this pipeline's own scratch volumes, by the EBS id each profile carries
+    (VolumeId, from the NVMe serial: profiling.probes.disk.ebs_volume_id), with their hosts and when last seen."""
+    return "\n".join(
+        [
+            "fields VolumeId, InstanceId, InstanceType",
+            f'| filter {PIPELINE_DIMENSION} = "{pipeline}" and ispresent(VolumeId)',
+            "| stats count(*) as stages, max(@timestamp) as last_seen by VolumeId, InstanceId, InstanceType",
+            "| sort last_seen desc",
+            "| limit 100",
+        ]
+    )
+
+
 def _ebs_search(metric: str, statistic: str) -> cw.MathExpression:
     # Volume ids appear only when hosts launch, so the graph searches; hosts tag their volumes iobatch:pipeline, but
     # SEARCH cannot filter on tags and returns at most 500 series ("CloudWatch search expression syntax": "a maximum of
@@ -139,6 +153,16 @@ class Dashboard(Construct):
             self.dashboard.add_widgets(cw.AlarmStatusWidget(
                 alarms=[host_alarm], title="hosts that failed their scratch setup and shut down", width=GRID_WIDTH,
                 height=2))
+        self.dashboard.add_widgets(
+            cw.LogQueryWidget(
+                title="this pipeline's scratch volumes (EBS ids from the profiles; AWS/EBS metrics by VolumeId)",
+                log_group_names=[log_group.log_group_name],
+                query_string=scratch_volumes_query(pipeline),
+                view=cw.LogQueryVisualizationType.TABLE,
+                width=GRID_WIDTH,
+                height=6,
+            )
+        )
         self.dashboard.add_widgets(
             cw.LogQueryWidget(
                 title="slowest download throughput by instance (MiB/s)",

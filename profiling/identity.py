@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.numbers import whole_number
+from profiling.probes.disk import ebs_volume_id
 from profiling.protocol import SOCKET_NAME
 
 #: The host's instance id and type, as JSON {"InstanceId": ..., "InstanceType": ...}, at the root of the scratch
@@ -70,6 +71,7 @@ class JobIdentity:
     socket_path: Path | None  # None when the profiler is off
     instance_id: str = "unknown"
     instance_type: str = "unknown"
+    volume_id: str | None = None  # the scratch volume's EBS id (profiling.probes.disk.ebs_volume_id); None: not EBS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], names: JobEnv, task_id: str) -> JobIdentity:
@@ -100,8 +102,9 @@ class JobIdentity:
     @property
     def properties(self) -> dict[str, str]:
         """The properties of every profile and EMF document of this job."""
-        return {"Pipeline": self.pipeline, "JobId": self.job_id, "ArrayIndex": str(self.array_index),
-                "InstanceId": self.instance_id, "InstanceType": self.instance_type, "VolumeType": self.volume_type}
+        found = {"Pipeline": self.pipeline, "JobId": self.job_id, "ArrayIndex": str(self.array_index),
+                 "InstanceId": self.instance_id, "InstanceType": self.instance_type, "VolumeType": self.volume_type}
+        return found if self.volume_id is None else {**found, "VolumeId": self.volume_id}
 
 
 def _whole(raw: str | None) -> int | None:
@@ -157,8 +160,10 @@ def job_identity(environ: Mapping[str, str], names: JobEnv, *,
                  fetch: Callable[[str], str | None] = ecs_task_id) -> JobIdentity:
     """The job's identity, with its task id and the instance it runs on (`instance_identity`)."""
     identity = JobIdentity.from_env(environ, names, resolve_task_id(environ, names, fetch))
-    instance_id, instance_type = instance_identity(environ, Path(environ.get(names.scratch) or names.default_scratch))
-    return dataclasses.replace(identity, instance_id=instance_id, instance_type=instance_type)
+    scratch_root = Path(environ.get(names.scratch) or names.default_scratch)
+    instance_id, instance_type = instance_identity(environ, scratch_root)
+    return dataclasses.replace(identity, instance_id=instance_id, instance_type=instance_type,
+                               volume_id=ebs_volume_id(scratch_root))
 
 
 def instance_identity(environ: Mapping[str, str], scratch_root: Path) -> tuple[str, str]:

@@ -20,8 +20,9 @@ OUTCOMES: tuple[str, ...] = ("ok", "failed", "interrupted")
 DEFAULT_NAMESPACE = "IoBatch"
 # Dimensions stay low-cardinality: every distinct value set is billed as a custom metric.
 DIMENSIONS: tuple[str, ...] = ("Pipeline", "Stage")
-# Per-job and per-instance values travel as EMF properties, never as dimensions.
-PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType")
+# Per-job and per-instance values travel as EMF properties, never as dimensions. VolumeId (the scratch volume's EBS
+# id, when it is one) is how a profile finds its volume's AWS/EBS metrics.
+PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType", "VolumeId")
 # Every key of an EMF document's body besides its metrics (profiling/emf.py writes them): no metric may be
 # named like one, or its value would overwrite it.
 EMF_BODY_KEYS: frozenset[str] = frozenset(

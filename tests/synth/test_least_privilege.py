@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from infra.app import build_app
-from infra.dashboard import dashboard_metrics
+from infra.dashboard import dashboard_metrics, scratch_volumes_query
 from infra.settings import SettingsError
-from profiling.metrics import DEFAULT_NAMESPACE, METRICS_BY_NAME, STAGES
+from profiling.metrics import DEFAULT_NAMESPACE, METRICS_BY_NAME, PROPERTY_KEYS, STAGES
 from tests.support.synth import Synthesized, cfn_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,6 +92,22 @@ def test_the_ebs_row_says_it_is_every_volume_of_the_region(synthesized: Synthesi
     titles = [w["properties"].get("title", "") for w in _dashboard(synthesized)["widgets"]]
     ebs = [t for t in titles if "BurstBalance" in t or "VolumeQueueLength" in t]
     assert len(ebs) == 2 and all(t.startswith("every EBS volume in the region (up to 500)") for t in ebs)
+
+
+def test_the_pipelines_own_scratch_volume_ids_are_reachable(synthesized: Synthesized) -> None:
+    """The scratch volumes carry the pipeline's tag, and the dashboard lists their ids from the profiles (each
+    profile's VolumeId property: the NVMe serial of the disk behind scratch)."""
+    data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+    [volume_tags] = [t["Tags"] for t in data["TagSpecifications"] if t["ResourceType"] == "volume"]
+    assert {"Key": "iobatch:pipeline", "Value": "iobatch"} in volume_tags
+    [log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("Logs")]
+    [volumes] = [w for w in _dashboard(synthesized)["widgets"]
+                 if w["type"] == "log" and w["properties"]["title"].startswith("this pipeline's scratch volumes")]
+    query = volumes["properties"]["query"]
+    assert query.startswith(f"SOURCE '<{log_group}>'")
+    for line in scratch_volumes_query("iobatch").splitlines():
+        assert line in query
+    assert "VolumeId" in PROPERTY_KEYS
 
 
 @pytest.mark.parametrize(("options", "message"), [

@@ -239,7 +239,7 @@ def test_dashboard_shows_ebs_burst_balance_queue_length_and_the_slowest_instance
                    if "expression" in m[0]]
     assert any('MetricName="BurstBalance"' in e and "AWS/EBS" in e for e in expressions)
     assert any('MetricName="VolumeQueueLength"' in e for e in expressions)
-    [logs] = [w for w in widgets if w["type"] == "log"]
+    [logs] = [w for w in widgets if w["type"] == "log" and "slowest" in w["properties"]["title"]]
     query = logs["properties"]["query"]
     assert query.startswith("SOURCE '<Logs")
     for line in slowest_download_query("iobatch").splitlines():
