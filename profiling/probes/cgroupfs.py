@@ -202,4 +202,4 @@ def missing_controllers_notice(path: Path) -> str:
     names = " and ".join(name for name, _ in missing)
     figures = " and ".join(figures for _, figures in missing)
     return (f"cgroup {path.name} has no {names} controller files (not enabled in its parent's "
-            f"cgroup.subtree_control): the child's {figures} are absent")
+            f"cgroup.subtree_control, or held by a cgroup v1 hierarchy): the child's {figures} are absent")

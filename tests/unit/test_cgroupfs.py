@@ -89,8 +89,8 @@ def test_a_missing_controller_is_named_in_one_notice(tmp_path: Path) -> None:
     (tmp_path / "io.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
     (tmp_path / "memory.stat").write_text("file_dirty 0\nfile_writeback 0\n")
     assert missing_controllers_notice(tmp_path) == (
-        f"cgroup {tmp_path.name} has no io controller files (not enabled in its parent's cgroup.subtree_control): "
-        "the child's own device bytes are absent")
+        f"cgroup {tmp_path.name} has no io controller files (not enabled in its parent's cgroup.subtree_control, or "
+        "held by a cgroup v1 hierarchy): the child's own device bytes are absent")
     (tmp_path / "io.stat").write_text("")
     assert missing_controllers_notice(tmp_path) == ""
     (tmp_path / "memory.stat").unlink()
