@@ -10,13 +10,14 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.settings import SettingsError, StackSettings
-from profiling.metrics import DEFAULT_NAMESPACE
+from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS
 from tuning.ebs import Volume
 from tuning.host import SCRATCH_DEVICE_NAME, HostReport, HostTuning
 
 # The metric the hosts' setup failures count into (one per failed host, dimension Pipeline), from the JSON event the
 # user data writes to the log group before the host shuts down (tuning/hostscript.py, report_failure).
 SETUP_FAILURE_METRIC = "HostSetupFailures"
+PIPELINE_DIMENSION = DIMENSIONS[0]
 
 
 def ebs_volume_type(kind: str) -> ec2.EbsDeviceVolumeType:
@@ -145,14 +146,14 @@ class Compute(Construct):
             self, "SetupFailures", log_group=log_group,
             filter_pattern=logs.FilterPattern.string_value("$.HostSetup", "=", "failed"),
             metric_namespace=DEFAULT_NAMESPACE, metric_name=SETUP_FAILURE_METRIC, metric_value="1",
-            dimensions={"Pipeline": "$.Pipeline"},
+            dimensions={PIPELINE_DIMENSION: f"$.{PIPELINE_DIMENSION}"},
         )
         self.setup_failure_alarm = cw.Alarm(
             self, "SetupFailureAlarm",
             alarm_description=f"{settings.pipeline_name}: a Batch host failed its scratch setup and shut down; the "
             "reason is in the log group's host-setup/<instance id> stream",
             metric=failures.metric(statistic="Sum", period=Duration.minutes(5),
-                                   dimensions_map={"Pipeline": settings.pipeline_name}),
+                                   dimensions_map={PIPELINE_DIMENSION: settings.pipeline_name}),
             threshold=1, evaluation_periods=1,
             comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
