@@ -1707,6 +1707,37 @@ struct dentry {
 	} d_u;
 };
 
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+	unsigned long *close_on_exec;
+	unsigned long *open_fds;
+	unsigned long *full_fds_bits;
+	struct callback_head rcu;
+};
+
+struct files_struct {
+	atomic_t count;
+	bool resize_in_progress;
+	wait_queue_head_t resize_wait;
+	struct fdtable *fdt;
+	struct fdtable fdtab;
+	long: 64;
+	long: 64;
+	long: 64;
+	long: 64;
+	spinlock_t file_lock;
+	unsigned int next_fd;
+	unsigned long close_on_exec_init[1];
+	unsigned long open_fds_init[1];
+	unsigned long full_fds_bits_init[1];
+	struct file *fd_array[64];
+	long: 64;
+	long: 64;
+	long: 64;
+	long: 64;
+};
+
 struct fred_cs {
 	u64 cs: 16;
 	u64 sl: 2;
@@ -1760,37 +1791,6 @@ struct pt_regs {
 		u64 ssx;
 		struct fred_ss fred_ss;
 	};
-};
-
-struct fdtable {
-	unsigned int max_fds;
-	struct file **fd;
-	unsigned long *close_on_exec;
-	unsigned long *open_fds;
-	unsigned long *full_fds_bits;
-	struct callback_head rcu;
-};
-
-struct files_struct {
-	atomic_t count;
-	bool resize_in_progress;
-	wait_queue_head_t resize_wait;
-	struct fdtable *fdt;
-	struct fdtable fdtab;
-	long: 64;
-	long: 64;
-	long: 64;
-	long: 64;
-	spinlock_t file_lock;
-	unsigned int next_fd;
-	unsigned long close_on_exec_init[1];
-	unsigned long open_fds_init[1];
-	unsigned long full_fds_bits_init[1];
-	struct file *fd_array[64];
-	long: 64;
-	long: 64;
-	long: 64;
-	long: 64;
 };
 
 struct trace_entry {
@@ -2317,6 +2317,12 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_CGRP_STORAGE = 32,
 	BPF_MAP_TYPE_ARENA = 33,
 	__MAX_BPF_MAP_TYPE = 34,
+};
+
+enum {
+	cpuset = 0,
+	possible = 1,
+	fail = 2,
 };
 
 enum fbq_type {
