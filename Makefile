@@ -21,17 +21,37 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(CURDIR)/$(TOOLS)/bin:$(CURDIR)/node_modul
 DEMO_ARGS ?=
 # Extra pytest arguments, e.g. `make test PYTEST_ARGS="-m unit"`.
 PYTEST_ARGS ?=
+# Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
+CDK_ARGS ?=
 
 .PHONY: setup bpf guest demo test test-shifted-clock lint synth bench clean help
+.PHONY: setup-deploy bootstrap deploy destroy localstack
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
 	@echo "make test    run the whole suite (unit, functional, synth, e2e, faults)"
 	@echo "make synth   cdk synth the stack offline with the pinned CLI"
+	@echo "make bootstrap / deploy / destroy   the CDK CLI with CDK_ARGS (setup-deploy: only what deploying needs)"
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 
 setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer bpf guest
+setup: localstack
+
+# Deploying needs only the Python environment, the pinned CDK CLI and a container builder for the job image (no Go,
+# no root, none of the test tools): `make setup-deploy`, then `make bootstrap` and `make deploy`.
+setup-deploy: $(VENV)/.installed node_modules/.installed
+	@command -v "$${CDK_DOCKER:-docker}" >/dev/null 2>&1 || echo "note: no $${CDK_DOCKER:-docker} on PATH: cdk deploy \
+	builds the job image with it (CDK_DOCKER names another Docker-compatible CLI, e.g. CDK_DOCKER=podman)"
+
+bootstrap: setup-deploy
+	cdk bootstrap $(CDK_ARGS)
+
+deploy: setup-deploy
+	cdk deploy $(CDK_ARGS)
+
+destroy: setup-deploy
+	cdk destroy $(CDK_ARGS)
 
 $(VENV)/.installed: requirements.lock pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -65,12 +85,12 @@ $(TOOLS)/.system-packages: Makefile
 interposer: $(VENV)/.installed
 	@if [ -f profiling/interpose/Makefile ]; then $(MAKE) --no-print-directory -C profiling/interpose; fi
 
-# The eBPF probe's CO-RE program (profiling/bpf): needs clang, bpftool and libbpf-dev (installed above as root)
-# and the kernel's BTF; without them the probe says why it is off and the rest works.
+# The eBPF probe's CO-RE program (profiling/bpf): needs clang and libbpf-dev (installed above as root) and builds
+# from the committed x86_64 vmlinux.h, not this machine's BTF; elsewhere the probe says why it is off and the rest works.
 bpf: $(TOOLS)/.system-packages
-	@if command -v clang >/dev/null && command -v bpftool >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] \
-	    && [ -r /sys/kernel/btf/vmlinux ]; then $(MAKE) --no-print-directory -C profiling/bpf; \
-	else echo "note: not building the eBPF probe (needs clang, bpftool, libbpf-dev and /sys/kernel/btf/vmlinux)"; fi
+	@if command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] && [ "$$(uname -m)" = x86_64 ]; \
+	then $(MAKE) --no-print-directory -C profiling/bpf; \
+	else echo "note: not building the eBPF probe (needs clang and libbpf-dev, on x86_64)"; fi
 
 # The cgroup v2 guest (tuning/guest): its kernel unpacked under .tools/guest and an initramfs the project builds.
 # As root only (qemu and busybox come from Debian's packages above); without them the guest tier skips.
@@ -80,6 +100,20 @@ guest: $(TOOLS)/.system-packages $(VENV)/.installed
 	  { [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/initramfs-init.sh ] && [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/assets.py ] \
 	    || $(PY) -m tuning.guest.assets $(TOOLS)/guest; }; \
 	else echo "note: not preparing the cgroup v2 guest (needs root, qemu-system-x86 and busybox-static)"; fi
+
+# LocalStack's free runtime (S3, CloudWatch Logs) for the localstack test tier, in its own virtualenv: 4.13.1 is the
+# newest on Python 3.11; each pin below prevents a start-up error. Without network or Python it says so once and the
+# tier skips.
+LOCALSTACK_VENV := $(TOOLS)/localstack-venv
+LOCALSTACK_PINS := 'localstack-core[runtime]==4.13.1' 'cbor2<6' 'pyopenssl<25' 'cryptography<45' 'service-identity==24.2.0'
+localstack: $(LOCALSTACK_VENV)/.installed
+
+$(LOCALSTACK_VENV)/.installed: Makefile
+	@mkdir -p $(TOOLS)
+	@if { test -x $(LOCALSTACK_VENV)/bin/python || $(PYTHON) -m venv $(LOCALSTACK_VENV); } >$(TOOLS)/localstack-install.log 2>&1 \
+	    && $(LOCALSTACK_VENV)/bin/pip install --quiet --disable-pip-version-check $(LOCALSTACK_PINS) \
+	       >>$(TOOLS)/localstack-install.log 2>&1; then touch $@; \
+	else echo "note: LocalStack did not install (see $(TOOLS)/localstack-install.log): the localstack tests will skip"; fi
 
 demo: setup
 	$(PY) -m pipeline.cli demo $(DEMO_ARGS)
@@ -107,9 +141,9 @@ lint: setup
 	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
 	$(PY) -m mypy
 
-synth: setup
+synth: setup-deploy
 	rm -rf cdk.out
-	cdk synth --quiet
+	cdk synth --quiet $(CDK_ARGS)
 
 bench: setup
 	$(PY) -m bench

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
-from aws_cdk import Duration, Tags
+from aws_cdk import Aws, Duration, Tags
 from aws_cdk import aws_batch as batch
+from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.settings import SettingsError, StackSettings
+from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS
 from tuning.ebs import Volume
-from tuning.host import SCRATCH_DEVICE_NAME, HostTuning
+from tuning.host import SCRATCH_DEVICE_NAME, HostReport, HostTuning
+
+# The metric the hosts' setup failures count into (one per failed host, dimension Pipeline), from the JSON event the
+# user data writes to the log group before the host shuts down (tuning/hostscript.py, report_failure).
+SETUP_FAILURE_METRIC = "HostSetupFailures"
+PIPELINE_DIMENSION = DIMENSIONS[0]
 
 
 def ebs_volume_type(kind: str) -> ec2.EbsDeviceVolumeType:
@@ -56,17 +64,17 @@ def update_policy_minutes(job_timeout_minutes: int) -> int:
     return min(job_timeout_minutes, MAX_UPDATE_TIMEOUT_MINUTES)
 
 
-def host_user_data(tuning: HostTuning) -> ec2.MultipartUserData:
+def host_user_data(tuning: HostTuning, report: HostReport | None = None) -> ec2.MultipartUserData:
     """User data for a Batch host: Batch merges its own part into the launch template's, so it must be
     MIME multipart; ours is one shell-script part rendered by tuning.host."""
     user_data = ec2.MultipartUserData()
-    script = ec2.UserData.custom(tuning.render_script())
+    script = ec2.UserData.custom(tuning.render_script(report=report))
     user_data.add_part(ec2.MultipartBody.from_user_data(script))
     return user_data
 
 
 class Compute(Construct):
-    """`launch_template` and `compute_environment` (managed, EC2, ECS AL2023 AMI)."""
+    """`launch_template`, `compute_environment` (managed, EC2, ECS AL2023 AMI) and `setup_failure_alarm`."""
 
     def __init__(
         self,
@@ -76,18 +84,22 @@ class Compute(Construct):
         settings: StackSettings,
         vpc: ec2.IVpc,
         subnets: ec2.SubnetSelection,
+        log_group: logs.ILogGroup,
     ) -> None:
         super().__init__(scope, construct_id)
+        report = HostReport(log_group=log_group.log_group_name, region=Aws.REGION, pipeline=settings.pipeline_name)
         self.launch_template = ec2.LaunchTemplate(
             self,
             "LaunchTemplate",
             require_imdsv2=True,
-            # Containers on the bridge network are one hop further from IMDS than the host; the
-            # profiler reads the instance id and type from it.
-            http_put_response_hop_limit=2,
+            # Hop limit 1: IMDSv2's token answer does not reach a container on the bridge network, one hop further
+            # than the host, so no job container gets the instance role's credentials ("How can I prevent containers
+            # from accessing Amazon EC2 instance metadata in Amazon ECS?", AWS re:Post). The profiler needs only the
+            # instance id and type, which the user data writes on the scratch volume (profiling.identity).
+            http_put_response_hop_limit=1,
             block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME,
                                            volume=block_device_volume(settings.volume))],
-            user_data=host_user_data(settings.host),
+            user_data=host_user_data(settings.host, report),
             # A host whose scratch setup failed shuts itself down (tuning/host.py): gone, not stopped and paid for.
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
         )
@@ -126,3 +138,23 @@ class Compute(Construct):
         )
         # The L2 writes "managed"; the API documents MANAGED, and strict validators (moto) want it.
         cfn.add_property_override("Type", "MANAGED")
+
+        # A host whose setup fails writes one event to the log group and shuts down; Batch launches another, which
+        # may fail the same way while children stay RUNNABLE. Each such event counts, and one in five minutes alarms.
+        log_group.grant_write(self.compute_environment.instance_role)  # type: ignore[arg-type]
+        failures = logs.MetricFilter(
+            self, "SetupFailures", log_group=log_group,
+            filter_pattern=logs.FilterPattern.string_value("$.HostSetup", "=", "failed"),
+            metric_namespace=DEFAULT_NAMESPACE, metric_name=SETUP_FAILURE_METRIC, metric_value="1",
+            dimensions={PIPELINE_DIMENSION: f"$.{PIPELINE_DIMENSION}"},
+        )
+        self.setup_failure_alarm = cw.Alarm(
+            self, "SetupFailureAlarm",
+            alarm_description=f"{settings.pipeline_name}: a Batch host failed its scratch setup and shut down; the "
+            "reason is in the log group's host-setup/<instance id> stream",
+            metric=failures.metric(statistic="Sum", period=Duration.minutes(5),
+                                   dimensions_map={PIPELINE_DIMENSION: settings.pipeline_name}),
+            threshold=1, evaluation_periods=1,
+            comparison_operator=cw.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cw.TreatMissingData.NOT_BREACHING,
+        )

@@ -11,12 +11,24 @@ from aws_cdk import aws_cloudwatch as cw
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS, METRICS, STAGES, MetricSpec
+from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS, METRICS, STAGES, Aggregate, MetricSpec
 
 GRID_WIDTH = 24
+EBS_SEARCH_LIMIT = 500
 PIPELINE_DIMENSION, STAGE_DIMENSION = DIMENSIONS
-# Per-stage figures are per child; the median is the typical child, the maximum the slowest.
-_STATISTIC = {"PeakDirtyBytes": "Maximum", "IoStallSome": "Maximum"}
+# A stage's figure across its children as the metric aggregates them (profiling.metrics.Aggregate): the median child,
+# the largest any child saw, or the total.
+_TYPICAL = {Aggregate.MEDIAN: "p50", Aggregate.MAX: "Maximum", Aggregate.SUM: "Sum"}
+
+
+def statistics(spec: MetricSpec) -> list[str]:
+    """The statistics a stage's graph of this metric shows: the typical child as the metric aggregates, and the
+    slowest child where the metric says which way is slow (the largest duration, the smallest throughput)."""
+    shown = [_TYPICAL[spec.aggregate]]
+    slowest = spec.better.slowest_statistic
+    if slowest is not None and slowest not in shown:
+        shown.append(slowest)
+    return shown
 
 
 def dashboard_metrics() -> tuple[MetricSpec, ...]:
@@ -43,9 +55,24 @@ def slowest_download_query(pipeline: str) -> str:
     )
 
 
+def scratch_volumes_query(pipeline: str) -> str:
+    """Logs Insights over the EMF lines: this pipeline's own scratch volumes, by the EBS id each profile carries
+    (VolumeId, from the NVMe serial: profiling.probes.disk.ebs_volume_id), with their hosts and when last seen."""
+    return "\n".join(
+        [
+            "fields VolumeId, InstanceId, InstanceType",
+            f'| filter {PIPELINE_DIMENSION} = "{pipeline}" and ispresent(VolumeId)',
+            "| stats count(*) as stages, max(@timestamp) as last_seen by VolumeId, InstanceId, InstanceType",
+            "| sort last_seen desc",
+            "| limit 100",
+        ]
+    )
+
+
 def _ebs_search(metric: str, statistic: str) -> cw.MathExpression:
-    # Volume ids appear only when hosts launch, so the graph searches; hosts tag their volumes
-    # iobatch:pipeline, but SEARCH cannot filter on tags, so this shows every volume in the region.
+    # Volume ids appear only when hosts launch, so the graph searches; hosts tag their volumes iobatch:pipeline, but
+    # SEARCH cannot filter on tags and returns at most 500 series ("CloudWatch search expression syntax": "a maximum of
+    # 500 time series"), so the graph is every EBS volume of the region, and its title says so.
     return cw.MathExpression(
         expression=f"SEARCH('{{AWS/EBS,VolumeId}} MetricName=\"{metric}\"', '{statistic}', 300)",
         using_metrics={},
@@ -66,6 +93,7 @@ class Dashboard(Construct):
         log_group: logs.ILogGroup,
         dashboard_name: str,
         namespace: str = DEFAULT_NAMESPACE,
+        host_alarm: cw.IAlarm | None = None,
     ) -> None:
         super().__init__(scope, construct_id)
         specs = dashboard_metrics()
@@ -77,7 +105,8 @@ class Dashboard(Construct):
             cw.TextWidget(
                 markdown=f"# {pipeline}: I/O per stage\nEach row is one stage of every array child "
                 f"(namespace `{namespace}`, dimensions {PIPELINE_DIMENSION} and {STAGE_DIMENSION}). Lines are "
-                "the median child (p50) and the slowest (max).",
+                "the median child (p50) and the slowest child: the largest duration, latency or stall, the smallest "
+                "throughput; host-wide peaks are the largest any child saw.",
                 width=GRID_WIDTH,
                 height=2,
             )
@@ -95,9 +124,7 @@ class Dashboard(Construct):
                         label=f"{spec.name} {statistic}",
                     )
 
-                lines = [metric(_STATISTIC.get(spec.name, "p50")), metric("Maximum")]
-                if _STATISTIC.get(spec.name) == "Maximum":
-                    lines = lines[:1]
+                lines = [metric(statistic) for statistic in statistics(spec)]
                 row.append(
                     cw.GraphWidget(
                         title=f"{stage}: {spec.scoped_label}",
@@ -110,17 +137,31 @@ class Dashboard(Construct):
             self.dashboard.add_widgets(*row)
         self.dashboard.add_widgets(
             cw.GraphWidget(
-                title="scratch volumes: BurstBalance % (st1, sc1, gp2)",
+                title=f"every EBS volume in the region (up to {EBS_SEARCH_LIMIT}): BurstBalance % (st1, sc1, gp2)",
                 left=[_ebs_search("BurstBalance", "Minimum")],
                 width=GRID_WIDTH // 2,
                 height=6,
             ),
             cw.GraphWidget(
-                title="scratch volumes: VolumeQueueLength",
+                title=f"every EBS volume in the region (up to {EBS_SEARCH_LIMIT}): VolumeQueueLength",
                 left=[_ebs_search("VolumeQueueLength", "Average")],
                 width=GRID_WIDTH // 2,
                 height=6,
             ),
+        )
+        if host_alarm is not None:
+            self.dashboard.add_widgets(cw.AlarmStatusWidget(
+                alarms=[host_alarm], title="hosts that failed their scratch setup and shut down", width=GRID_WIDTH,
+                height=2))
+        self.dashboard.add_widgets(
+            cw.LogQueryWidget(
+                title="this pipeline's scratch volumes (EBS ids from the profiles; AWS/EBS metrics by VolumeId)",
+                log_group_names=[log_group.log_group_name],
+                query_string=scratch_volumes_query(pipeline),
+                view=cw.LogQueryVisualizationType.TABLE,
+                width=GRID_WIDTH,
+                height=6,
+            )
         )
         self.dashboard.add_widgets(
             cw.LogQueryWidget(

@@ -38,9 +38,26 @@ BPFFS_VOLUME = "host-bpffs"
 BPFFS_PATH = "/sys/fs/bpf"
 
 
+def ecs_tasks_principal() -> iam.ServicePrincipal:
+    """ECS tasks of this account and region only: the trust policy's confused-deputy conditions ("Task IAM role",
+    Amazon ECS Developer Guide: aws:SourceArn arn:aws:ecs:REGION:ACCOUNT:* and aws:SourceAccount ACCOUNT)."""
+    return iam.ServicePrincipal("ecs-tasks.amazonaws.com", conditions={
+        "ArnLike": {"aws:SourceArn": f"arn:{Aws.PARTITION}:ecs:{Aws.REGION}:{Aws.ACCOUNT_ID}:*"},
+        "StringEquals": {"aws:SourceAccount": Aws.ACCOUNT_ID},
+    })
+
+
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
     """Batch checks these in order (at most five); a job that matches none is retried, so the last
-    one sends everything else (bugs, out of memory) to FAILED instead."""
+    one sends everything else (bugs, out of memory) to FAILED instead.
+
+    Which container's exit code onExitCode matches in a multi-container job is not documented: EvaluateOnExit
+    matches "the ExitCode returned for a job" (AWS Batch API Reference, EvaluateOnExit), and JobDetail's `container`
+    "will be empty" for a multi-container job, which reports each container's exitCode instead
+    (AttemptTaskContainerDetails). So the profiler's exit must not matter whichever is taken: it is not essential,
+    and when the job's exit stops the task, ECS sends it SIGTERM, on which it flushes the running stage and exits 0
+    well within the stop timeout (tests/functional/test_sidecar.py), so it never brings a 143 or 137 that could
+    shadow the job's 75 or 65."""
     job = batch.CfnJobDefinition.EvaluateOnExitProperty
     return [
         # Spot reclaim and host failures: "Host EC2 (instance i-...) terminated."
@@ -67,6 +84,7 @@ class Jobs(Construct):
         compute_environment: batch.IComputeEnvironment,
         image_uri: str,
         environment: dict[str, str],
+        log_group: logs.ILogGroup,
     ) -> None:
         super().__init__(scope, construct_id)
         self.job_queue = batch.JobQueue(
@@ -75,13 +93,13 @@ class Jobs(Construct):
             priority=1,
             compute_environments=[batch.OrderedComputeEnvironment(compute_environment=compute_environment, order=1)],
         )
-        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        self.log_group = log_group
         self.job_role = iam.Role(
-            self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            self, "JobRole", assumed_by=ecs_tasks_principal(),
             description="iobatch job and profiler: read the input prefix, write the output prefix",
         )
         self.execution_role = iam.Role(
-            self, "ExecutionRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            self, "ExecutionRole", assumed_by=ecs_tasks_principal(),
             description="ECS agent for iobatch jobs: pull the image, write the container logs",
         )
         self.log_group.grant_write(self.execution_role)
@@ -138,7 +156,7 @@ class Jobs(Construct):
             mount_points=[scratch_mount],
             log_configuration=log_configuration(JOB_CONTAINER),
             resource_requirements=[
-                batch.CfnJobDefinition.ResourceRequirementProperty(type="VCPU", value=str(settings.vcpus_per_job)),
+                batch.CfnJobDefinition.ResourceRequirementProperty(type="VCPU", value=str(settings.job_vcpus)),
                 batch.CfnJobDefinition.ResourceRequirementProperty(
                     type="MEMORY", value=str(settings.memory_per_job_mib - profiler_memory)
                 ),
@@ -164,6 +182,7 @@ class Jobs(Construct):
                 if settings.profiler_ebpf else []),
             log_configuration=log_configuration(PROFILER_CONTAINER),
             resource_requirements=[
+                batch.CfnJobDefinition.ResourceRequirementProperty(type="VCPU", value=str(settings.profiler_vcpus)),
                 batch.CfnJobDefinition.ResourceRequirementProperty(type="MEMORY", value=str(profiler_memory)),
             ],
             # profilerEbpf: loading eBPF needs CAP_BPF + CAP_PERFMON (or CAP_SYS_ADMIN) in the effective set, so

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Acknowledgment, Aws, CfnOutput, Stack, Validations
+from aws_cdk import Acknowledgment, Aws, CfnOutput, IgnoreMode, Stack, Validations
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
@@ -21,11 +22,24 @@ from pipeline.interface import STACK_OUTPUT_KEYS
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = "containers/job/Dockerfile"
-# Kept out of the image build context (the .dockerignore at the repository root says the same).
-IMAGE_EXCLUDES = [
-    ".git", ".venv", ".tools", "node_modules", "cdk.out", ".iobatch", ".mypy_cache", ".ruff_cache",
-    ".pytest_cache", ".hypothesis", "**/__pycache__", "tests", "bench", "*.egg-info", "build",
-]
+
+
+def job_image_asset(scope: Construct, construct_id: str, *, directory: Path = REPO_ROOT) -> ecr_assets.DockerImageAsset:
+    """The job image, built from containers/job/Dockerfile for the hosts' platform.
+
+    The build context is what the repository's .dockerignore lets in: only the folders the image copies. The asset
+    reads that file itself ("the .dockerignore file in the build context directory is used", DockerImageAsset,
+    aws-cdk-lib aws_ecr_assets), with Docker's pattern syntax (IgnoreMode.DOCKER), so its hash, and with it a new
+    image push, changes only when something the image holds changes, never for README, docs/ or bench/ edits."""
+    return ecr_assets.DockerImageAsset(
+        scope,
+        construct_id,
+        directory=str(directory),
+        file=DOCKERFILE,
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        ignore_mode=IgnoreMode.DOCKER,
+    )
+
 
 # Acknowledgement ids carry the plugin name in front of the rule id.
 NAG = "AwsSolutions::"
@@ -44,16 +58,12 @@ class PipelineStack(Stack):
         name = settings.pipeline_name
         self.network = Network(self, "Network", vpc_id=settings.vpc_id)
         self.storage = Storage(self, "Storage")
-        self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets)
+        # The jobs' containers and the hosts that fail their setup write here (infra/compute.py).
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets,
+                               log_group=self.log_group)
         # jobImage: the user's image, built FROM the project's (README "Your own processing"); else ours.
-        self.image = None if settings.job_image else ecr_assets.DockerImageAsset(
-            self,
-            "Image",
-            directory=str(REPO_ROOT),
-            file=DOCKERFILE,
-            platform=ecr_assets.Platform.LINUX_AMD64,
-            exclude=IMAGE_EXCLUDES,
-        )
+        self.image = None if settings.job_image else job_image_asset(self, "Image")
         self.jobs = Jobs(
             self,
             "Jobs",
@@ -61,6 +71,7 @@ class PipelineStack(Stack):
             compute_environment=self.compute.compute_environment,
             image_uri=settings.job_image or self.image.image_uri,  # type: ignore[union-attr]
             environment={},
+            log_group=self.log_group,
         )
         self.dashboard = Dashboard(
             self,
@@ -68,6 +79,7 @@ class PipelineStack(Stack):
             pipeline=name,
             log_group=self.jobs.log_group,
             dashboard_name=f"{name}-io-{Aws.REGION}",
+            host_alarm=self.compute.setup_failure_alarm,
         )
         self._grant()
         self._acknowledge()

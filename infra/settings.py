@@ -97,6 +97,19 @@ class StackSettings:
         """The sidecar's share of the job's memory."""
         return 256
 
+    @property
+    def profiler_vcpus(self) -> int:
+        """The sidecar's vCPU, taken from the job's share where it has more than one. AWS Batch documents a vCPU
+        requirement for every container ("You must specify at least one vCPU", ResourceRequirement; AWS's
+        EcsProperties examples give each container a VCPU and MEMORY), so the profiler is not left with MEMORY alone.
+        On EC2 a vCPU is 1,024 CPU shares, a weight under contention, not a limit: the idle profiler takes nothing."""
+        return 1
+
+    @property
+    def job_vcpus(self) -> int:
+        """The job container's vCPUs: vcpusPerJob less the profiler's, at least one (vcpusPerJob 1 reserves 2)."""
+        return max(self.vcpus_per_job - self.profiler_vcpus, 1)
+
     @classmethod
     def from_context(cls, ctx: Mapping[str, Any]) -> StackSettings:
         """Read and validate every key; unknown keys are ignored (CDK's own flags live there too)."""

@@ -26,10 +26,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.numbers import whole_number
+from profiling.probes.disk import ebs_volume_id
 from profiling.protocol import SOCKET_NAME
 
-IMDS_URL = "http://169.254.169.254/latest"
-IMDS_TIMEOUT_S = 0.5
+#: The host's instance id and type, as JSON {"InstanceId": ..., "InstanceType": ...}, at the root of the scratch
+#: volume: the host's user data writes it (tuning/host.py renders it), the profiler reads it (`instance_identity`).
+INSTANCE_FILE = ".iobatch-instance"
+INSTANCE_ID = re.compile(r"^i-[0-9a-f]{8,32}$")
+INSTANCE_TYPE = re.compile(r"^[a-z0-9-]+\.[a-z0-9-]+$")
 METADATA_TIMEOUT_S = 1.0
 METADATA_ATTEMPTS = 5
 #: A task id as it may appear in a path: an ECS task id is 32 hex digits; launchers may use these characters.
@@ -67,6 +71,7 @@ class JobIdentity:
     socket_path: Path | None  # None when the profiler is off
     instance_id: str = "unknown"
     instance_type: str = "unknown"
+    volume_id: str | None = None  # the scratch volume's EBS id (profiling.probes.disk.ebs_volume_id); None: not EBS
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], names: JobEnv, task_id: str) -> JobIdentity:
@@ -97,8 +102,9 @@ class JobIdentity:
     @property
     def properties(self) -> dict[str, str]:
         """The properties of every profile and EMF document of this job."""
-        return {"Pipeline": self.pipeline, "JobId": self.job_id, "ArrayIndex": str(self.array_index),
-                "InstanceId": self.instance_id, "InstanceType": self.instance_type, "VolumeType": self.volume_type}
+        found = {"Pipeline": self.pipeline, "JobId": self.job_id, "ArrayIndex": str(self.array_index),
+                 "InstanceId": self.instance_id, "InstanceType": self.instance_type, "VolumeType": self.volume_type}
+        return found if self.volume_id is None else {**found, "VolumeId": self.volume_id}
 
 
 def _whole(raw: str | None) -> int | None:
@@ -150,32 +156,28 @@ def resolve_task_id(environ: Mapping[str, str], names: JobEnv,
     return safe_task_id(f"{environ.get(names.job_id) or 'local'}-{environ.get(names.attempt) or '1'}")
 
 
-def job_identity(environ: Mapping[str, str], names: JobEnv, *, base_url: str = IMDS_URL,
+def job_identity(environ: Mapping[str, str], names: JobEnv, *,
                  fetch: Callable[[str], str | None] = ecs_task_id) -> JobIdentity:
     """The job's identity, with its task id and the instance it runs on (`instance_identity`)."""
-    instance_id, instance_type = instance_identity(environ, base_url=base_url)
-    return dataclasses.replace(JobIdentity.from_env(environ, names, resolve_task_id(environ, names, fetch)),
-                               instance_id=instance_id, instance_type=instance_type)
+    identity = JobIdentity.from_env(environ, names, resolve_task_id(environ, names, fetch))
+    scratch_root = Path(environ.get(names.scratch) or names.default_scratch)
+    instance_id, instance_type = instance_identity(environ, scratch_root)
+    return dataclasses.replace(identity, instance_id=instance_id, instance_type=instance_type,
+                               volume_id=ebs_volume_id(scratch_root))
 
 
-def _imds_get(base_url: str, path: str, token: str) -> str:
-    request = urllib.request.Request(f"{base_url}/{path}", headers={"X-aws-ec2-metadata-token": token})
-    with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
-        return str(response.read().decode())
-
-
-def instance_identity(environ: Mapping[str, str], *, base_url: str = IMDS_URL) -> tuple[str, str]:
-    """(InstanceId, InstanceType). In an ECS/Batch container, from IMDSv2 with a short timeout (the
-    launch template must allow a hop limit of 2 for bridge-mode containers); elsewhere the host name
-    and "local"."""
+def instance_identity(environ: Mapping[str, str], scratch_root: Path) -> tuple[str, str]:
+    """(InstanceId, InstanceType). On a Batch host, from INSTANCE_FILE at the root of the scratch volume, which the
+    host's user data writes from IMDS (tuning/host.py): containers cannot reach IMDS themselves, the launch template's
+    hop limit being 1 so that no job container gets the instance role's credentials. Elsewhere the host name and
+    "local"; "unknown" in a container whose host wrote no file."""
     if not (environ.get("ECS_CONTAINER_METADATA_URI_V4") or environ.get("ECS_CONTAINER_METADATA_URI")):
         return socket.gethostname(), "local"
     try:
-        request = urllib.request.Request(f"{base_url}/api/token", method="PUT",
-                                         headers={"X-aws-ec2-metadata-token-ttl-seconds": "300"})
-        with urllib.request.urlopen(request, timeout=IMDS_TIMEOUT_S) as response:
-            token = response.read().decode()
-        return (_imds_get(base_url, "meta-data/instance-id", token),
-                _imds_get(base_url, "meta-data/instance-type", token))
-    except (OSError, ValueError):
+        data = json.loads((scratch_root / INSTANCE_FILE).read_text(encoding="utf-8")[:4096])
+        instance_id, instance_type = str(data["InstanceId"]), str(data["InstanceType"])
+    except (OSError, ValueError, TypeError, KeyError, UnicodeDecodeError):
         return "unknown", "unknown"
+    if not (INSTANCE_ID.match(instance_id) and INSTANCE_TYPE.match(instance_type)):
+        return "unknown", "unknown"
+    return instance_id, instance_type

@@ -20,8 +20,9 @@ OUTCOMES: tuple[str, ...] = ("ok", "failed", "interrupted")
 DEFAULT_NAMESPACE = "IoBatch"
 # Dimensions stay low-cardinality: every distinct value set is billed as a custom metric.
 DIMENSIONS: tuple[str, ...] = ("Pipeline", "Stage")
-# Per-job and per-instance values travel as EMF properties, never as dimensions.
-PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType")
+# Per-job and per-instance values travel as EMF properties, never as dimensions. VolumeId (the scratch volume's EBS
+# id, when it is one) is how a profile finds its volume's AWS/EBS metrics.
+PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType", "VolumeId")
 # Every key of an EMF document's body besides its metrics (profiling/emf.py writes them): no metric may be
 # named like one, or its value would overwrite it.
 EMF_BODY_KEYS: frozenset[str] = frozenset(
@@ -66,6 +67,23 @@ class Scope(StrEnum):
 TREE, CONTAINER, DEVICE, HOST = Scope.TREE, Scope.CONTAINER, Scope.DEVICE, Scope.HOST
 
 
+class Better(StrEnum):
+    """Which way a figure gets better: what "the slowest child" means for it (the dashboard's second line, the
+    comparison's colours). A count, a volume or a limit is neither: no child is slow by it."""
+
+    LOWER = "lower"  # durations, latencies, stalls: the slowest child has the largest
+    HIGHER = "higher"  # rates: the slowest child has the smallest
+    NEITHER = "neither"
+
+    @property
+    def slowest_statistic(self) -> str | None:
+        """The CloudWatch statistic of the slowest child's value, or None."""
+        return {"lower": "Maximum", "higher": "Minimum"}.get(self.value)
+
+
+LOWER, HIGHER, NEITHER = Better.LOWER, Better.HIGHER, Better.NEITHER
+
+
 @dataclass(frozen=True)
 class MetricSpec:
     """One CloudWatch metric: its name, unit, the StageProfile field it reads, how its values across
@@ -81,6 +99,7 @@ class MetricSpec:
     description: str = ""
     on_dashboard: bool = False
     scope: Scope = TREE
+    better: Better = NEITHER
 
     def __post_init__(self) -> None:
         # Two children on one device each see the device's whole traffic: a sum counts it twice.
@@ -108,7 +127,7 @@ class MetricSpec:
 
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("StageDuration", "Seconds", "duration_s", "duration s", MEDIAN, display_unit="s",
-               description="Wall time of the stage", on_dashboard=True),
+               description="Wall time of the stage", on_dashboard=True, better=LOWER),
     MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB", SUM, MIB, "MiB",
                "Bytes read by the job's process tree (rchar: files, pipes and sockets)"),
     MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB", SUM, MIB, "MiB",
@@ -118,13 +137,15 @@ METRICS: tuple[MetricSpec, ...] = (
                description="write-type system calls (syscw)"),
     MetricSpec("WriteCallLatency", "Microseconds", "write_call_latency_us", "write µs/call", MEDIAN,
                display_unit="µs",
-               description="Mean latency of the job tree's write calls (per-call probe: eBPF or interposer)"),
+               description="Mean latency of the job tree's write calls (per-call probe: eBPF or interposer)",
+               better=LOWER),
     MetricSpec("StorageReadBytes", "Bytes", "storage_read_bytes", "storage read MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be fetched from storage (read_bytes)"),
     MetricSpec("StorageWriteBytes", "Bytes", "storage_write_bytes", "storage write MiB", SUM, MIB, "MiB",
                "Bytes the process tree caused to be sent to storage (write_bytes)"),
     MetricSpec("Throughput", "Bytes/Second", "throughput_bps", "MiB/s moved", MEDIAN, MIB, "MiB/s",
-               "Bytes moved per second: max(read, written) over the stage's wall time", on_dashboard=True),
+               "Bytes moved per second: max(read, written) over the stage's wall time", on_dashboard=True,
+               better=HIGHER),
     MetricSpec("Items", "Count", "items", "images", SUM, description="Images the stage handled"),
     MetricSpec("DeviceReadOps", "Count", "device_read_ops", "dev reads", MAX,
                description="Reads completed by the scratch device", scope=DEVICE),
@@ -135,10 +156,10 @@ METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("DeviceWriteBytes", "Bytes", "device_write_bytes", "dev write MiB", MAX, MIB, "MiB",
                "Bytes written to the scratch device", scope=DEVICE),
     MetricSpec("DeviceReadLatency", "Milliseconds", "device_read_latency_ms", "dev ms/read", MEDIAN,
-               display_unit="ms", description="Mean time per completed device read", scope=DEVICE),
+               display_unit="ms", description="Mean time per completed device read", scope=DEVICE, better=LOWER),
     MetricSpec("DeviceWriteLatency", "Milliseconds", "device_write_latency_ms", "dev ms/write", MEDIAN,
                display_unit="ms", description="Mean time per completed device write", on_dashboard=True,
-               scope=DEVICE),
+               scope=DEVICE, better=LOWER),
     MetricSpec("DeviceQueueDepth", "Count", "device_queue_depth", "dev queue", MEDIAN,
                description="Average requests in flight on the scratch device", on_dashboard=True, scope=DEVICE),
     MetricSpec("DeviceUtilization", "Percent", "device_utilization_pct", "util %", MEDIAN, display_unit="%",
@@ -151,16 +172,17 @@ METRICS: tuple[MetricSpec, ...] = (
                "The kernel's dirty threshold: writers block above it", scope=HOST),
     MetricSpec("IoStallSome", "Milliseconds", "io_stall_some_ms", "io stall ms", MEDIAN, display_unit="ms",
                description="PSI io 'some': time at least one task waited on I/O (host-wide)", on_dashboard=True,
-               scope=HOST),
+               scope=HOST, better=LOWER),
     MetricSpec("IoStallFull", "Milliseconds", "io_stall_full_ms", "io stall full ms", MEDIAN, display_unit="ms",
-               description="PSI io 'full': time all non-idle tasks waited on I/O (host-wide)", scope=HOST),
+               description="PSI io 'full': time all non-idle tasks waited on I/O (host-wide)", scope=HOST,
+               better=LOWER),
     MetricSpec("DirtyThrottle", "Milliseconds", "dirty_throttle_ms", "dirty throttle ms", MEDIAN, display_unit="ms",
                description="Wall time during which at least one of the job's writers was paused in "
-               "balance_dirty_pages (eBPF only)", scope=CONTAINER),
+               "balance_dirty_pages (eBPF only)", scope=CONTAINER, better=LOWER),
     MetricSpec("DirtyThrottleThreadSum", "Milliseconds", "dirty_throttle_thread_sum_ms", "dirty pause ms, all threads",
                MEDIAN, display_unit="ms", scope=CONTAINER,
                description="balance_dirty_pages pauses summed over the job's threads: can exceed the stage's wall "
-               "time when several threads wait at once (eBPF only)"),
+               "time when several threads wait at once (eBPF only)", better=LOWER),
     MetricSpec("DeviceRandomShare", "Percent", "device_random_pct", "dev random %", MEDIAN,
                display_unit="%", scope=DEVICE,
                description="Share of the bytes the scratch disk's requests moved that did not start where the "
@@ -176,7 +198,7 @@ METRICS: tuple[MetricSpec, ...] = (
                "(cgroup v2 io.stat)", scope=CONTAINER),
     MetricSpec("OwnIoStall", "Milliseconds", "own_io_stall_ms", "own io stall ms", MEDIAN, display_unit="ms",
                description="Time at least one of the child's tasks waited on I/O (cgroup v2 io.pressure 'some')",
-               scope=CONTAINER),
+               scope=CONTAINER, better=LOWER),
     MetricSpec("OwnPeakDirtyBytes", "Bytes", "own_peak_dirty_bytes", "own peak dirty MiB", MAX, MIB, "MiB",
                "Most dirty page-cache bytes of the child's cgroup seen during the stage (memory.stat file_dirty)",
                scope=CONTAINER),

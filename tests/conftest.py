@@ -28,6 +28,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "e2e": ("e2e",),
     "faults": ("faults", "e2e"),
     "guest": ("guest",),
+    "localstack": ("localstack",),
 }
 
 

@@ -16,6 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from profiling.identity import INSTANCE_FILE
+from tuning.hostscript import SCRIPT
+from tuning.mountopts import FILESYSTEMS, MountOptionError, check_mount_options
+
 SYSCTL_CONF_PATH = "/etc/sysctl.d/90-iobatch.conf"
 # The block device name the launch template gives the scratch volume. On Nitro instances the kernel
 # names it nvme<N>n1; Amazon Linux's udev rules (amazon-ec2-utils) add this name as a symlink.
@@ -23,17 +27,6 @@ SCRATCH_DEVICE_NAME = "/dev/xvdb"
 # Written on the mounted scratch volume as the script's last step, after every check passed: a job that
 # does not find it (pipeline/scratch.py) is on a host whose setup failed, and exits to be retried elsewhere.
 SCRATCH_READY_MARKER = ".iobatch-scratch-ready"
-FILESYSTEMS: tuple[str, ...] = ("xfs", "ext4")
-# Options only XFS understands; rejected for other filesystems.
-_XFS_ONLY = ("logbufs", "logbsize", "allocsize", "largeio", "inode64", "swalloc", "sunit", "swidth")
-# Mount options that make the mount fail on kernels at or after the given release.
-_REMOVED_XFS_OPTIONS: dict[str, tuple[tuple[int, int], str]] = {
-    "nobarrier": ((4, 19), "removed from XFS in Linux 4.19; drop it (write barriers cost little on EBS)"),
-    "barrier": ((4, 19), "removed from XFS in Linux 4.19; drop it (barriers are always on)"),
-    "osyncisdsync": ((4, 0), "removed from XFS in Linux 4.0; drop it"),
-    "osyncisosync": ((4, 0), "removed from XFS in Linux 4.0; drop it"),
-}
-_SAFE_OPTION = re.compile(r"^[A-Za-z0-9_.:/=+-]+$")
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./-]*$")
 # The kernel rejects dirty_bytes below two pages.
 _MIN_DIRTY_BYTES = 2 * 4096
@@ -41,6 +34,16 @@ _MIN_DIRTY_BYTES = 2 * 4096
 
 class HostTuningError(ValueError):
     """A tuning value the host would reject or misuse; the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class HostReport:
+    """Where a host whose setup failed says why before it shuts down: a CloudWatch Logs group of the pipeline (names
+    may be CDK tokens, resolved in the user data)."""
+
+    log_group: str
+    region: str
+    pipeline: str
 
 
 # CDK context keys (camelCase) and the HostTuning fields they set.
@@ -157,33 +160,10 @@ class HostTuning:
             raise HostTuningError(
                 f"mount point {self.mount_point!r} is not an absolute directory path like /scratch"
             )
-        if not self.mount_options:
-            raise HostTuningError("mount options are empty: give at least 'nofail'")
-        for option in self.mount_options:
-            name = option.split("=", 1)[0]
-            if not _SAFE_OPTION.match(option):
-                raise HostTuningError(
-                    f"mount option {option!r} has characters mount does not take: write options "
-                    "separated by commas, e.g. noatime,nofail"
-                )
-            if name in _REMOVED_XFS_OPTIONS:
-                removed_in, why = _REMOVED_XFS_OPTIONS[name]
-                if kernel is None or kernel >= removed_in:
-                    raise HostTuningError(f"mount option {name!r} makes the mount fail: it was {why}")
-            if name == "nobootwait":
-                raise HostTuningError(
-                    "mount option 'nobootwait' is not a util-linux option and fails the mount: "
-                    "use nofail,x-systemd.device-timeout=30s"
-                )
-            if self.filesystem != "xfs" and name in _XFS_ONLY:
-                raise HostTuningError(
-                    f"mount option {option!r} is XFS-only but the filesystem is {self.filesystem}: drop it"
-                )
-        if "nofail" not in self.mount_options:
-            raise HostTuningError(
-                "mount options lack 'nofail': without it a missing scratch volume stops the host at "
-                "boot; add nofail"
-            )
+        try:
+            check_mount_options(self.mount_options, self.filesystem, kernel)
+        except MountOptionError as exc:
+            raise HostTuningError(str(exc)) from None
 
     @classmethod
     def from_context(cls, ctx: Mapping[str, Any]) -> HostTuning:
@@ -221,7 +201,7 @@ class HostTuning:
                 ctx[key] = str(value)
         return ctx
 
-    def render_script(self, *, device: str | None = None) -> str:
+    def render_script(self, *, device: str | None = None, report: HostReport | None = None) -> str:
         """A bash script for EC2 user data that prepares scratch and applies the sysctls.
 
         It finds the scratch device (or uses `device`), makes the filesystem if the device is blank,
@@ -229,14 +209,17 @@ class HostTuning:
         /etc/sysctl.d/90-iobatch.conf and applies them, then checks all of it. Any failure exits non-zero
         with a line in the cloud-init log, so jobs never run on the root disk by accident.
 
-        Two variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
-        (where the sysctl file goes) and IOBATCH_FSTAB (empty: do not touch fstab).
+        It also writes the instance's id and type from IMDS where the profiler reads them (INSTANCE_FILE on the
+        volume), and on a failure says why in the console output and, given `report`, in that log group.
+
+        Three variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
+        (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab) and IOBATCH_IMDS (empty: no IMDS).
         """
         self.validate()
         sysctl_lines = "".join(f"{key} = {value}\n" for key, value in self.sysctls().items())
         mkfs = "mkfs.xfs -q" if self.filesystem == "xfs" else "mkfs.ext4 -q -F"
         q = shlex.quote
-        return _SCRIPT.format(
+        return SCRIPT.format(
             device=q(device or ""),
             default_device=q(SCRATCH_DEVICE_NAME),
             mount_point=q(self.mount_point),
@@ -247,6 +230,10 @@ class HostTuning:
             sysctl_body=sysctl_lines,
             sysctl_keys=" ".join(self.sysctls()),
             ready_marker=q(SCRATCH_READY_MARKER),
+            instance_file=q(INSTANCE_FILE),
+            failure_log_group=q(report.log_group if report else ""),
+            failure_region=q(report.region if report else ""),
+            pipeline=q(report.pipeline if report else ""),
         )
 
 
@@ -278,115 +265,3 @@ def _parse_options(raw: Any, key: str) -> tuple[str, ...]:
 
 # What an untuned host has (the kernel's defaults for the dirty limits).
 KERNEL_DEFAULTS = HostTuning(dirty_ratio=20, dirty_background_ratio=10)
-
-# Braces that belong to bash are doubled for str.format.
-_SCRIPT = """\
-#!/bin/bash
-# iobatch host tuning: scratch volume and page-cache settings (rendered by tuning/host.py).
-# Output goes to the cloud-init log; any failure exits non-zero so the problem is visible there.
-set -euo pipefail
-
-DEVICE={device}
-DEFAULT_DEVICE={default_device}
-MOUNT_POINT={mount_point}
-MOUNT_OPTIONS={options}
-FILESYSTEM={filesystem}
-SYSCTL_CONF="${{IOBATCH_SYSCTL_CONF:-{sysctl_conf}}}"
-FSTAB="${{IOBATCH_FSTAB-/etc/fstab}}"
-
-log() {{ echo "iobatch-host: $*" >&2; }}
-die() {{ echo "iobatch-host: FATAL: $*" >&2; exit 1; }}
-
-# A host that could not prepare scratch must not take jobs: the ECS agent starts after cloud-init whether
-# or not this script succeeded, and every job would then fail on the root disk. So on any failure: no
-# ready marker, the agent stopped and masked (it cannot start or register), and the host shut down. A
-# stopped instance is unhealthy to its Auto Scaling group, which replaces it ("Health checks for
-# instances in an Auto Scaling group": any state other than running is unhealthy); the launch template
-# terminates it on shutdown anyway. Only on a host with the ECS agent: elsewhere (tests) it only says so.
-READY_MARKER={ready_marker}
-fence_host() {{
-  local rc=$?
-  [ "$rc" -eq 0 ] && return 0
-  rm -f "$MOUNT_POINT/$READY_MARKER" 2>/dev/null || true
-  if systemctl cat ecs.service >/dev/null 2>&1; then
-    log "scratch setup failed (exit $rc): masking the ECS agent and shutting this host down"
-    systemctl mask --now ecs.service || log "could not mask ecs.service"
-    shutdown -h now "iobatch: scratch setup failed" || log "could not shut down"
-  else
-    log "scratch setup failed (exit $rc); no ECS agent here, nothing to fence"
-  fi
-  exit "$rc"
-}}
-trap fence_host EXIT
-
-# The scratch device: the name the launch template gave it, or else the one NVMe/xvd disk that has
-# no partitions, no filesystem and is not mounted (the root disk always has one of those).
-find_device() {{
-  if [ -b "$DEFAULT_DEVICE" ]; then readlink -f "$DEFAULT_DEVICE"; return 0; fi
-  local dev
-  for dev in $(lsblk -dnpo NAME,TYPE | awk '$2 == "disk" {{print $1}}'); do
-    if [ "$(lsblk -npo NAME "$dev" | wc -l)" -eq 1 ] \\
-       && [ -z "$(blkid -p -s TYPE -o value "$dev" || true)" ] \\
-       && ! findmnt -rn -S "$dev" >/dev/null; then
-      echo "$dev"; return 0
-    fi
-  done
-  return 1
-}}
-
-if [ -z "$DEVICE" ]; then
-  # EBS volumes can attach a little after boot: wait up to two minutes.
-  for _ in $(seq 1 60); do
-    DEVICE="$(find_device || true)"
-    [ -n "$DEVICE" ] && break
-    sleep 2
-  done
-  [ -n "$DEVICE" ] \\
-    || die "no scratch device ($DEFAULT_DEVICE or a blank disk); not running jobs on the root disk"
-fi
-[ -b "$DEVICE" ] || die "scratch device $DEVICE is not a block device"
-log "scratch device $DEVICE"
-
-current_fs="$(blkid -p -s TYPE -o value "$DEVICE" || true)"
-if [ -z "$current_fs" ]; then
-  log "making $FILESYSTEM on blank $DEVICE"
-  {mkfs} "$DEVICE"
-elif [ "$current_fs" != "$FILESYSTEM" ]; then
-  die "$DEVICE holds $current_fs, not $FILESYSTEM; not formatting a device that has data"
-fi
-
-mkdir -p "$MOUNT_POINT"
-if ! findmnt -rn -S "$DEVICE" -M "$MOUNT_POINT" >/dev/null; then
-  mount -t "$FILESYSTEM" -o "$MOUNT_OPTIONS" "$DEVICE" "$MOUNT_POINT" \\
-    || die "mount -t $FILESYSTEM -o $MOUNT_OPTIONS $DEVICE $MOUNT_POINT failed"
-fi
-if [ -n "$FSTAB" ]; then
-  uuid="$(blkid -s UUID -o value "$DEVICE")"
-  grep -q "UUID=$uuid " "$FSTAB" 2>/dev/null \\
-    || echo "UUID=$uuid $MOUNT_POINT $FILESYSTEM $MOUNT_OPTIONS 0 2" >> "$FSTAB"
-fi
-# Containers run as any user; the sticky bit keeps children from deleting each other's files.
-chmod 1777 "$MOUNT_POINT"
-
-mounted_fs="$(findmnt -rn -o FSTYPE -M "$MOUNT_POINT" || true)"
-[ "$mounted_fs" = "$FILESYSTEM" ] || die "$MOUNT_POINT is not mounted as $FILESYSTEM (found '$mounted_fs')"
-log "mounted $DEVICE on $MOUNT_POINT: $(findmnt -rn -o OPTIONS -M "$MOUNT_POINT")"
-
-mkdir -p "$(dirname "$SYSCTL_CONF")"
-cat > "$SYSCTL_CONF" <<'IOBATCH_SYSCTL'
-# iobatch page-cache tuning (tuning/host.py)
-{sysctl_body}IOBATCH_SYSCTL
-sysctl -q -p "$SYSCTL_CONF" || die "sysctl -p $SYSCTL_CONF failed"
-for key in {sysctl_keys}; do
-  want="$(awk -F' = ' -v k="$key" '$1 == k {{print $2}}' "$SYSCTL_CONF")"
-  have="$(sysctl -n "$key")"
-  [ "$have" = "$want" ] || die "$key is $have after applying $SYSCTL_CONF, not $want"
-done
-log "sysctls applied from $SYSCTL_CONF"
-
-# Last: the marker that tells jobs this is the prepared volume (written whole, then renamed).
-echo "prepared $(date -u +%Y-%m-%dT%H:%M:%SZ) device=$DEVICE filesystem=$FILESYSTEM" \\
-  > "$MOUNT_POINT/$READY_MARKER.tmp"
-mv -f "$MOUNT_POINT/$READY_MARKER.tmp" "$MOUNT_POINT/$READY_MARKER"
-log "scratch ready: $MOUNT_POINT/$READY_MARKER"
-"""

@@ -181,4 +181,25 @@ def own_cgroup(pid: int, major: int | None, minor: int | None,
     if all(not (path / name).exists() for name in ("io.stat", "io.pressure", "memory.stat")):
         return None, (f"cgroup {path.name} has no io or memory controller files (cgroup v1 controllers on "
                       "this host): device, io stall and dirty figures are device- or host-wide only")
-    return cgroup, ""
+    return cgroup, missing_controllers_notice(path)
+
+
+# What each controller's absence takes away. A controller's files appear in a cgroup only when its parent enables it
+# in cgroup.subtree_control, all the way down from the root (Documentation/admin-guide/cgroup-v2.rst, "Enabling and
+# Disabling"); io.pressure is there whatever is enabled (with PSI). On Amazon Linux 2023 the ECS agent puts each task
+# in a systemd slice (ecstasks-<task>.slice, the systemd cgroup driver) that sets the task's memory and CPU limits, so
+# memory is enabled down to the containers; io is enabled only where systemd or Docker enables it, which AWS does not
+# document: where it is not, the profile says so instead of leaving the child's device bytes out silently.
+_CONTROLLER_FILES = (("io", "io.stat", "own device bytes"),
+                     ("memory", "memory.stat", "own dirty and writeback pages"))
+
+
+def missing_controllers_notice(path: Path) -> str:
+    """'' when the io and memory controllers' files are in the cgroup; else one line naming what is missing."""
+    missing = [(name, figures) for name, file, figures in _CONTROLLER_FILES if not (path / file).exists()]
+    if not missing:
+        return ""
+    names = " and ".join(name for name, _ in missing)
+    figures = " and ".join(figures for _, figures in missing)
+    return (f"cgroup {path.name} has no {names} controller files (not enabled in its parent's "
+            f"cgroup.subtree_control, or held by a cgroup v1 hierarchy): the child's {figures} are absent")

@@ -121,7 +121,7 @@ def available() -> str | None:
     if not BTF.is_file():
         return f"eBPF probe needs the kernel's BTF ({BTF}: CONFIG_DEBUG_INFO_BTF)"
     if object_path() is None:
-        return "eBPF probe is not built (run `make setup`: clang, libbpf-dev and bpftool build profiling/bpf)"
+        return "eBPF probe is not built (run `make setup`: clang and libbpf-dev build profiling/bpf)"
     missing = library_missing()
     if missing is not None:
         return f"eBPF probe needs libbpf: {missing}"

@@ -22,22 +22,20 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from profiling import runfiles
-from profiling.metrics import METRICS_BY_NAME
+from profiling.metrics import METRICS_BY_NAME, Better
 from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.page import e, figure_html, page
 from profiling.report.sources import ReportData, load_run_dir
 
-# The figures compared per stage, and whether a smaller value is the better one (None: a limit, neither).
-COMPARED: tuple[tuple[str, bool | None], ...] = (
-    ("StageDuration", True),
-    ("Throughput", False),
-    ("PeakDirtyBytes", None),
-    ("DirtyThresholdBytes", None),
-    ("IoStallSome", True),
-    ("DirtyThrottle", True),
-    ("DeviceWriteLatency", True),
-    ("DeviceQueueDepth", None),
-)
+# The figures compared per stage; which way each gets better is its definition's (MetricSpec.better).
+COMPARED: tuple[str, ...] = ("StageDuration", "Throughput", "PeakDirtyBytes", "DirtyThresholdBytes", "IoStallSome",
+                             "DirtyThrottle", "DeviceWriteLatency", "DeviceQueueDepth")
+
+
+def smaller_is_better(name: str) -> bool | None:
+    """True when a smaller value of the metric is the better one, False when a larger is, None for neither."""
+    better = METRICS_BY_NAME[name].better
+    return None if better is Better.NEITHER else better is Better.LOWER
 # The plot's panels: (metric, title).
 PANELS: tuple[tuple[str, str], ...] = (
     ("StageDuration", "duration"),
@@ -67,12 +65,12 @@ def _stage_table(stage: str, rows: tuple[dict[str, float | None], dict[str, floa
     head = (f"<tr><th class=l>figure</th><th>{e(names[0])}</th><th>{e(names[1])}</th>"
             f"<th>{e(names[1])} / {e(names[0])}</th></tr>")
     body = []
-    for name, smaller_is_better in COMPARED:
+    for name in COMPARED:
         spec = METRICS_BY_NAME[name]
         a, b = rows[0].get(name), rows[1].get(name)
         if a is None and b is None:
             continue
-        text, css = ratio_text(a, b, smaller_is_better)
+        text, css = ratio_text(a, b, smaller_is_better(name))
         unit = f" {spec.display_unit}" if spec.display_unit else ""
         shown = [spec.display(v) + (unit if v is not None else "") for v in (a, b)]
         body.append(f"<tr data-figure='{e(name)}'><td class=l>{e(spec.description or spec.label)}</td>"

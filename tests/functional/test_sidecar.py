@@ -107,7 +107,10 @@ def test_malformed_messages_get_an_error_reply_and_the_sidecar_goes_on(tmp_path:
     assert "not JSON" in replies[0]["message"] and "does not exist" in replies[2]["message"]
     _, err = sidecar.communicate(timeout=15)  # EOF from the job: the sidecar exits
     assert sidecar.returncode == 0
-    assert err.count("warning: profiler:") == 4 and "Traceback" not in err
+    # One warning per malformed message; a host whose cgroup lacks controllers adds its one notice about them.
+    warnings = [line for line in err.splitlines() if line.startswith("warning: profiler:")
+                and "controller files" not in line]
+    assert len(warnings) == 4 and "Traceback" not in err
     (only,) = read_profiles(tmp_path)
     assert only["stage"] == "download" and only["outcome"] == "ok" and only["items"] == 2
 

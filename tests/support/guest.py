@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.interface import HOST_CGROUP_MOUNT, PROFILER_CONTAINER, SCRATCH_MOUNT
+from tests.support.synth import cfn_text
 
 REPO = Path(__file__).resolve().parents[2]
 CONTAINERS_CONF = """[engine]
@@ -50,8 +51,13 @@ def template_user_data(template: dict[str, Any]) -> str:
     def scripts(node: Any) -> list[str]:
         if isinstance(node, dict):
             inner = node.get("Fn::Base64")
-            if isinstance(inner, str) and inner.startswith("#!"):
-                return [inner]
+            # The script names the pipeline's log group and region: a join with references (shown as <Name>).
+            try:
+                text = cfn_text(inner) if inner is not None else None
+            except AssertionError:  # the MIME document around it, which holds more than text and references
+                text = None
+            if text is not None and text.startswith("#!"):
+                return [text]
             return [s for v in node.values() for s in scripts(v)]
         if isinstance(node, list):
             return [s for v in node for s in scripts(v)]

@@ -10,7 +10,7 @@ from profiling.metrics import StageProfile
 # aws-embedded-metrics refuses timestamps more than 14 days old or 2 hours ahead: stages end "now".
 STARTED_AT = float(int(time.time()) - 60)
 PROPS = {"Pipeline": "demo", "JobId": "job-1:7", "ArrayIndex": "7", "InstanceId": "i-0abc",
-         "InstanceType": "m5.large", "VolumeType": "st1"}
+         "InstanceType": "m5.large", "VolumeType": "st1", "VolumeId": "vol-0123456789abcdef0"}
 
 
 def full_profile(**overrides: Any) -> StageProfile:

@@ -22,6 +22,7 @@ from tests.support.synth import Synthesized
 BATCH_SERVICE_LINKED_ROLE = "AWSServiceRoleForBatch"
 # Attributes moto cannot GetAtt; CloudFormation's Ref returns the same ARN for these types.
 _REF_IS_ARN = {"ComputeEnvironmentArn", "JobQueueArn"}
+_ALARM = "AWS::CloudWatch::Alarm"
 
 
 def cfn_lint_binary() -> str | None:
@@ -47,7 +48,8 @@ def for_moto(template: dict[str, Any], account_id: str) -> dict[str, Any]:
     - the one multi-container job definition becomes its `job` container alone: moto registers
       containerProperties only (no ecsProperties);
     - GetAtt of a compute environment's or job queue's ARN becomes Ref, which is the same ARN;
-    - the compute environment names the Batch service-linked role explicitly (moto requires one).
+    - the compute environment names the Batch service-linked role explicitly (moto requires one);
+    - moto's CloudFormation has no CloudWatch alarms: the dashboard's alarm widget gets the alarm's ARN as text.
     """
     out = copy.deepcopy(template)
     out.pop("Rules", None)
@@ -60,6 +62,8 @@ def for_moto(template: dict[str, Any], account_id: str) -> dict[str, Any]:
             get_att = node.get("Fn::GetAtt")
             if isinstance(get_att, list) and get_att[1] in _REF_IS_ARN:
                 return {"Ref": get_att[0]}
+            if isinstance(get_att, list) and template["Resources"].get(get_att[0], {}).get("Type") == _ALARM:
+                return f"arn:aws:cloudwatch:us-east-1:{account_id}:alarm:{get_att[0]}"
             return {k: swap(v) for k, v in node.items()}
         if isinstance(node, list):
             return [swap(v) for v in node]

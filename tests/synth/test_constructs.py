@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk import assertions
 from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_logs as logs
 
 from infra.app import build_app
 from infra.compute import Compute, block_device_volume, ebs_volume_type
@@ -18,7 +21,8 @@ def compute_template(settings: StackSettings) -> assertions.Template:
     vpc = ec2.Vpc(stack, "Vpc", max_azs=1, nat_gateways=0, subnet_configuration=[
         ec2.SubnetConfiguration(name="private", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED)])
     Compute(stack, "Compute", settings=settings, vpc=vpc,
-            subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED))
+            subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_ISOLATED),
+            log_group=logs.LogGroup.from_log_group_name(stack, "Logs", "/iobatch/test"))
     return assertions.Template.from_stack(stack)
 
 
@@ -72,7 +76,8 @@ def test_bytes_form_tuning_reaches_the_user_data() -> None:
     template = compute_template(settings)
     user_data = next(iter(template.find_resources("AWS::EC2::LaunchTemplate").values()))[
         "Properties"]["LaunchTemplateData"]["UserData"]
-    assert {"Fn::Base64": script} in user_data["Fn::Base64"]["Fn::Join"][1]
+    # The script is one part of the multipart user data, with the log group's name resolved into it.
+    assert json.dumps(script.split("\nFAILURE_LOG_GROUP=")[0])[1:-1] in json.dumps(user_data)
 
 
 def test_bad_context_stops_the_app_with_the_key_named() -> None:

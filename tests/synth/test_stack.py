@@ -25,7 +25,7 @@ from pipeline.interface import (
 from pipeline.settings import JobSettings
 from profiling.metrics import DEFAULT_NAMESPACE, STAGES
 from tests.support.synth import Synthesized
-from tuning.host import SYSCTL_CONF_PATH, HostTuning
+from tuning.host import SYSCTL_CONF_PATH, HostReport, HostTuning
 
 
 def flatten(node: Any) -> str:
@@ -50,7 +50,7 @@ def host_script(synthesized: Synthesized) -> str:
     assert "multipart/mixed" in header and "text/x-shellscript" in header
     scripts = [p["Fn::Base64"] for p in parts if isinstance(p, dict) and "Fn::Base64" in p]
     assert len(scripts) == 1
-    return str(scripts[0])
+    return flatten(scripts[0])
 
 
 def statements(synthesized: Synthesized, role_prefix: str) -> list[dict[str, Any]]:
@@ -66,7 +66,7 @@ def statements(synthesized: Synthesized, role_prefix: str) -> list[dict[str, Any
 def test_launch_template_has_an_encrypted_st1_scratch_volume_and_requires_imdsv2(synthesized: Synthesized) -> None:
     data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
     assert data["MetadataOptions"]["HttpTokens"] == "required"
-    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 2
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1  # no container reaches IMDS
     [mapping] = data["BlockDeviceMappings"]
     assert mapping["DeviceName"] == "/dev/xvdb"
     assert mapping["Ebs"] == {"DeleteOnTermination": True, "Encrypted": True, "VolumeSize": 500, "VolumeType": "st1"}
@@ -75,7 +75,8 @@ def test_launch_template_has_an_encrypted_st1_scratch_volume_and_requires_imdsv2
 def test_user_data_is_the_script_tuning_host_renders(synthesized: Synthesized) -> None:
     script = host_script(synthesized)
     tuning = HostTuning()
-    assert script == tuning.render_script()
+    [log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("Logs")]
+    assert script == tuning.render_script(report=HostReport(f"<{log_group}>", "<AWS::Region>", "iobatch"))
     assert "vm.dirty_ratio = 30\n" in script and "vm.dirty_background_ratio = 20\n" in script
     assert "MOUNT_OPTIONS=noatime,nodiratime,logbufs=8,logbsize=256k,nofail\n" in script
     assert SYSCTL_CONF_PATH in script
@@ -107,7 +108,7 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
     assert task["Volumes"] == [{"Host": {"SourcePath": "/scratch"}, "Name": "scratch"},
                                {"Host": {"SourcePath": "/sys/fs/cgroup"}, "Name": "host-cgroup"}]
     job, profiler = task["Containers"]
-    [job_log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("JobsLogs")]
+    [job_log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("Logs")]
     assert (job["Name"], job["Command"], job["Essential"]) == ("job", ["iobatch", "job"], True)
     assert (profiler["Name"], profiler["Command"], profiler["Essential"]) == ("profiler", ["iobatch", "sidecar"], False)
     assert job["Image"] == profiler["Image"]
@@ -124,9 +125,10 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
         assert env["AWS_EMF_NAMESPACE"] == DEFAULT_NAMESPACE
         assert env["IOBATCH_PIPELINE"] == "iobatch" and env["IOBATCH_VOLUME_TYPE"] == "st1"
     resources = {r["Type"]: r["Value"] for r in job["ResourceRequirements"]}
-    profiler_memory = {r["Type"]: r["Value"] for r in profiler["ResourceRequirements"]}["MEMORY"]
-    assert resources["VCPU"] == "2"
-    assert int(resources["MEMORY"]) + int(profiler_memory) == 2 * 3584
+    profiler_resources = {r["Type"]: r["Value"] for r in profiler["ResourceRequirements"]}
+    # Every container has a vCPU (AWS Batch's multi-container examples do); together the child's vcpusPerJob.
+    assert (resources["VCPU"], profiler_resources["VCPU"]) == ("1", "1")
+    assert int(resources["MEMORY"]) + int(profiler_resources["MEMORY"]) == 2 * 3584
     assert props["Timeout"] == {"AttemptDurationSeconds": 120 * 60}
 
 
@@ -237,9 +239,9 @@ def test_dashboard_shows_ebs_burst_balance_queue_length_and_the_slowest_instance
                    if "expression" in m[0]]
     assert any('MetricName="BurstBalance"' in e and "AWS/EBS" in e for e in expressions)
     assert any('MetricName="VolumeQueueLength"' in e for e in expressions)
-    [logs] = [w for w in widgets if w["type"] == "log"]
+    [logs] = [w for w in widgets if w["type"] == "log" and "slowest" in w["properties"]["title"]]
     query = logs["properties"]["query"]
-    assert query.startswith("SOURCE '<JobsLogs")
+    assert query.startswith("SOURCE '<Logs")
     for line in slowest_download_query("iobatch").splitlines():
         assert line in query
 

@@ -81,3 +81,17 @@ def test_without_a_cgroup_v2_the_own_figures_are_absent_not_zero(tmp_path: Path)
     profile = build_profile(stage="process", outcome="ok", started_at=0.0, snapshots=snaps, device=None)
     assert profile.own_device_write_bytes is None and profile.own_io_stall_ms is None
     assert profile.own_peak_dirty_bytes is None and "own" not in profile.sources
+
+
+def test_a_missing_controller_is_named_in_one_notice(tmp_path: Path) -> None:
+    from profiling.probes.cgroupfs import missing_controllers_notice
+
+    (tmp_path / "io.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    (tmp_path / "memory.stat").write_text("file_dirty 0\nfile_writeback 0\n")
+    assert missing_controllers_notice(tmp_path) == (
+        f"cgroup {tmp_path.name} has no io controller files (not enabled in its parent's cgroup.subtree_control, or "
+        "held by a cgroup v1 hierarchy): the child's own device bytes are absent")
+    (tmp_path / "io.stat").write_text("")
+    assert missing_controllers_notice(tmp_path) == ""
+    (tmp_path / "memory.stat").unlink()
+    assert "no memory controller files" in missing_controllers_notice(tmp_path)

@@ -88,7 +88,7 @@ def metadata_endpoint() -> Iterator[str]:
 def test_the_ecs_task_id_is_the_last_part_of_the_task_arn(metadata_endpoint: str) -> None:
     assert ecs_task_id(metadata_endpoint) == "158d1c8083dd49d6b527399fd6414f5c"
     assert ecs_task_id(metadata_endpoint + "/nothing", attempts=2, sleep=lambda s: None) is None
-    identity = job_identity({"ECS": metadata_endpoint, "S": "/scratch"}, NAMES, base_url="http://127.0.0.1:9")
+    identity = job_identity({"ECS": metadata_endpoint, "S": "/scratch"}, NAMES)
     assert identity.work_dir == Path("/scratch/task-158d1c8083dd49d6b527399fd6414f5c")
 
 
