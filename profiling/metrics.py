@@ -128,9 +128,9 @@ class MetricSpec:
 METRICS: tuple[MetricSpec, ...] = (
     MetricSpec("StageDuration", "Seconds", "duration_s", "duration s", MEDIAN, display_unit="s",
                description="Wall time of the stage", on_dashboard=True, better=LOWER),
-    MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB", SUM, MIB, "MiB",
+    MetricSpec("ReadBytes", "Bytes", "read_bytes", "read MiB, net incl.", SUM, MIB, "MiB",
                "Bytes read by the job's process tree (rchar: files, pipes and sockets)"),
-    MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB", SUM, MIB, "MiB",
+    MetricSpec("WriteBytes", "Bytes", "write_bytes", "written MiB, net incl.", SUM, MIB, "MiB",
                "Bytes written by the job's process tree (wchar)"),
     MetricSpec("ReadCalls", "Count", "read_calls", "read calls", SUM, description="read-type system calls (syscr)"),
     MetricSpec("WriteCalls", "Count", "write_calls", "write calls", SUM,
@@ -228,8 +228,8 @@ METRICS_BY_NAME: dict[str, MetricSpec] = {m.name: m for m in METRICS}
 # The columns of the per-stage console table, in order.
 TABLE_METRICS: tuple[str, ...] = (
     "StageDuration", "ReadBytes", "WriteBytes", "ReadCalls", "WriteCalls", "WriteCallLatency", "Throughput",
-    "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome", "NetworkSentBytes",
-    "HostNetworkSentBytes",
+    "DeviceWriteLatency", "DeviceQueueDepth", "PeakDirtyBytes", "IoStallSome", "NetworkReceivedBytes",
+    "HostNetworkReceivedBytes", "NetworkSentBytes", "HostNetworkSentBytes",
 )
 
 

@@ -12,8 +12,7 @@ def render(advice: Advice) -> str:
     plan = advice.plan
     lines = [
         *render_findings(advice),
-        f"Plan: {plan.jobs_per_instance} jobs per instance, {plan.memory_gib:g} GiB memory, "
-        f"{plan.jobs_per_day} jobs per instance per day ({plan.waves_per_day} rounds)"
+        f"Plan (every price assumes it): {plan.describe()}; {plan.waves_per_day:,} rounds"
         + (f", instance EBS cap {plan.instance_ebs_mibps:g} MiB/s" if plan.instance_ebs_mibps else ""),
         "Workload per job (median of " + f"{advice.workload.children} profiled children): "
         + ", ".join(f"{s.name} {s.write_bytes / MIB:,.0f} MiB written/{s.read_bytes / MIB:,.0f} MiB read "
@@ -72,7 +71,8 @@ def render_findings(advice: Advice) -> list[str]:
     for f in advice.findings:
         cost = ("not priced" if f.cost_s_per_child is None else
                 f"{f.cost_s_per_child:,.1f} s/child, {f.cost_usd_per_month or 0:,.2f} USD/month")
-        lines.append(f"  [{f.severity.upper()}] {f.code}: {f.title} ({cost})")
+        label = "WHAT-IF" if f.what_if else f.severity.upper()
+        lines.append(f"  [{label}] {f.code}: {f.title} ({'would cost ' if f.what_if else ''}{cost})")
         lines.append(f"      evidence: {f.evidence}")
         lines.append(f"      fix: {f.fix}" + (f"  (-c {' -c '.join(f'{k}={v}' for k, v in f.context.items())})"
                                                 if f.context else ""))

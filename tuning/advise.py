@@ -124,6 +124,8 @@ class Advice:
                 "jobs_per_instance": self.plan.jobs_per_instance, "memory_gib": self.plan.memory_gib,
                 "jobs_per_day": self.plan.jobs_per_day, "instance_ebs_mibps": self.plan.instance_ebs_mibps,
                 "kernel_release": self.plan.kernel_release, "waves_per_day": self.plan.waves_per_day,
+                "instance_usd_per_hour": self.plan.instance_usd_per_hour, "assumed": self.plan.assumed,
+                "summary": self.plan.describe(),
             },
             "workload": {
                 "children_profiled": self.workload.children,
@@ -152,10 +154,12 @@ class Advice:
         dict per volume: volume, type, size_gib, ..., download_s, steady_download_s, credits_run_out_h,
         fits_day, monthly_usd), recommended, untuned_download_s, write_cache, burst, cdk_context, cdk_args,
         and findings: a list, most severe first, of
-        {code, severity, title, evidence, fix, cost_s_per_child, cost_usd_per_month, context}
-        where severity is high, medium, low or info, the costs are numbers or None (not measurable; the
-        evidence says why), cost_usd_per_month is instance time per instance, and context maps CDK context
-        keys to the values that apply the fix (possibly empty).
+        {code, severity, title, evidence, fix, cost_s_per_child, cost_usd_per_month, context, stage, what_if}
+        where severity is high, medium, low or info (from the cost's share of a child's time), the costs are
+        numbers or None (not measurable; the evidence says why), cost_usd_per_month is instance time per
+        instance under plan.summary, context maps CDK context keys to the values that apply the fix (possibly
+        empty), stage is the stage it is about (or None), and what_if is the volume a finding models when the
+        run did not run on it (a local run's "if this ran on st1 500 GiB"), else None: a cost now.
         """
         return self.to_json()
 

@@ -9,14 +9,27 @@ fix is not a stack setting).
 
 `find()` takes what the advisor already computed (the workload, the stack's volume under the plan, the
 recommended volume and write cache) and the profiles themselves; every threshold is a named constant.
+
+What a user can believe:
+- A finding that models the stack's volume (its credits, its HDD accounting, its size, a simulated
+  download) is a cost *now* only when the profiles ran on that volume type; otherwise (a local run: VolumeType
+  `local`) it is a what-if, titled "if this ran on st1 500 GiB: ..." and sorted after every finding of now.
+- Severity follows the cost's share of the median child's time (SEVERITY_SHARES); a finding whose cost is
+  under COST_FLOOR_S or COST_FLOOR_SHARE of that time is dropped; a finding on a stage shorter than
+  profiling.bounds.SHORT_STAGE_S is dropped (too short to judge).
+- Device figures are the scratch disk's, shared by every child on it: evidence built on them says how many
+  children shared it.
+- No network finding when the endpoint was on the host (Plan.network_loopback).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from profiling.bounds import SHORT_STAGE_S
 from profiling.metrics import STAGES, StageProfile, by_call, median
 from profiling.outliers import find_slow
 from tuning.ebs import GIB, MIB, Volume
@@ -44,6 +57,11 @@ NETWORK_BOUND_MAX_STALL = 0.2
 # fsync-heavy: fsync time at least this share of the stage; metadata-heavy: open+close time the same.
 SYNC_SHARE = 0.1
 METADATA_SHARE = 0.1
+# Severity from the cost's share of the median child's time: high from the first, medium from the second.
+SEVERITY_SHARES = (0.25, 0.05)
+# A priced finding that costs less than both of these is dropped: not worth a change.
+COST_FLOOR_S = 0.5
+COST_FLOOR_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,8 @@ class Finding:
     cost_s_per_child: float | None
     cost_usd_per_month: float | None
     context: dict[str, str] = field(default_factory=dict)
+    stage: str | None = None  # the stage it is about, when one
+    what_if: str | None = None  # the modelled volume (e.g. "st1 500 GiB") when the run did not run on it
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -65,7 +85,7 @@ class Finding:
             "fix": self.fix,
             "cost_s_per_child": None if self.cost_s_per_child is None else round(self.cost_s_per_child, 1),
             "cost_usd_per_month": None if self.cost_usd_per_month is None else round(self.cost_usd_per_month, 2),
-            "context": dict(self.context),
+            "context": dict(self.context), "stage": self.stage, "what_if": self.what_if,
         }
 
 
@@ -95,14 +115,46 @@ class Situation:
     def of_stage(self, stage: str) -> list[StageProfile]:
         return [p for p in self.profiles if p.stage == stage and p.outcome == "ok"]
 
+    @property
+    def what_if(self) -> str | None:
+        """The stack's volume when the profiles say they ran on another type (e.g. VolumeType `local`), else None."""
+        measured = {p.properties.get("VolumeType") for p in self.profiles} - {None, ""}
+        # Profiles that do not say (older ones) are taken as run on the stack's volume, as before.
+        return None if not measured or measured == {self.volume.kind} else self.volume.label
+
+    def sharers(self, stage: str) -> int:
+        """The most children profiled on the scratch device at once during `stage` (1 when not known)."""
+        return max((p.device_sharers or 1 for p in self.of_stage(stage)), default=1)
+
+    def child_s(self) -> float:
+        """The median child's time in its top-level stages."""
+        per_child: dict[str, float] = {}
+        for p in self.profiles:
+            if p.outcome == "ok" and "/" not in p.stage:
+                key = p.properties.get("ArrayIndex") or p.properties.get("JobId") or ""
+                per_child[key] = per_child.get(key, 0.0) + p.duration_s
+        return median(list(per_child.values())) if per_child else 0.0
+
 
 def _values(profiles: Sequence[StageProfile], get: Callable[[StageProfile], float | None]) -> list[float]:
     return [v for v in (get(p) for p in profiles) if v is not None]
 
 
 def _finding(s: Situation, code: str, severity: str, title: str, evidence: str, fix: str,
-             cost: float | None, context: dict[str, str] | None = None) -> Finding:
-    return Finding(code, severity, title, evidence, fix, cost, s.usd_per_month(cost), context or {})
+             cost: float | None, context: dict[str, str] | None = None, *, stage: str | None = None,
+             modelled: bool = False) -> Finding:
+    """A finding; `modelled` when it judges the stack's volume by its model rather than by what was measured:
+    a what-if when the run did not run on that volume type."""
+    what_if = s.what_if if modelled else None
+    if what_if:
+        title = f"if this ran on {what_if}: {title[0].lower()}{title[1:]}"
+    return Finding(code, severity, title, evidence, fix, cost, s.usd_per_month(cost), context or {}, stage, what_if)
+
+
+def _shared(s: Situation, stage: str) -> str:
+    """The scope of a device figure: '' when the child had the device to itself."""
+    n = s.sharers(stage)
+    return f" (device-wide: {n} children shared the scratch disk, their writeback included)" if n > 1 else ""
 
 
 # ---- the checks: each returns its findings (usually none or one) -------------------------------------
@@ -121,10 +173,12 @@ def dirty_pause(s: Situation) -> list[Finding]:
         if not (pause is not None and pause >= DIRTY_PAUSE_MIN_MS) and len(at_limit) * 2 <= len(rows):
             continue
         cost: float | None
+        modelled = False
         if pause is not None and pause >= DIRTY_PAUSE_MIN_MS:
             evidence = f"{stage}: writers paused {pause / 1000:.1f} s per child in balance_dirty_pages (median)"
             cost = pause / 1000
         else:
+            modelled = stage == "download"
             evidence = (f"{stage}: dirty data reached the point where the kernel pauses writers in "
                         f"{len(at_limit)} of {len(rows)} children")
             cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
@@ -133,7 +187,7 @@ def dirty_pause(s: Situation) -> list[Finding]:
             s, "DIRTY_PAUSE", "high", f"Writers paused by the dirty limit ({stage})", evidence,
             f"raise the write cache to vm.dirty_bytes={t.dirty_bytes} / vm.dirty_background_bytes="
             f"{t.dirty_background_bytes} so one instance's burst passes without pauses",
-            cost, t.to_context()))
+            cost, t.to_context(), stage=stage, modelled=modelled))
     return out
 
 
@@ -149,7 +203,7 @@ def credits(s: Situation) -> list[Finding]:
         f"{s.current_steady_download_s:.0f} s instead of {s.current_download_s:.0f} s",
         f"use {s.recommended.label}" if s.recommended != s.volume else
         "a larger volume (its baseline grows with size) or gp3", cost,
-        s.recommended.to_context() if s.recommended != s.volume else {})]
+        s.recommended.to_context() if s.recommended != s.volume else {}, stage="download", modelled=True)]
 
 
 def hdd_random(s: Situation) -> list[Finding]:
@@ -168,9 +222,12 @@ def hdd_random(s: Situation) -> list[Finding]:
         out.append(_finding(
             s, "HDD_RANDOM_IO", "high", f"Small random I/O on {s.volume.kind} ({load.name})",
             f"{load.name}: {load.random_share:.0%} of {moved / MIB:,.0f} MiB in random {load.io_size / 1024:,.0f} "
-            f"KiB requests, each charged 1 MiB: {at_random:,.0f} s at baseline instead of {if_sequential:,.0f} s",
-            "write whole files sequentially (one part per file for s5cmd), or move scratch to gp3",
-            at_random - if_sequential, gp3.to_context()))
+            f"KiB requests, each charged 1 MiB: {at_random:,.0f} s at baseline instead of {if_sequential:,.0f} s"
+            + _shared(s, load.name),
+            "write whole files sequentially" + (" (one part per file for s5cmd)" if load.name in ("download",
+                                                                                              "upload") else "")
+            + ", or move scratch to gp3", at_random - if_sequential, gp3.to_context(), stage=load.name,
+            modelled=True))
     return out
 
 
@@ -190,10 +247,10 @@ def saturated(s: Situation) -> list[Finding]:
         out.append(_finding(
             s, "DEVICE_SATURATED", "medium", f"Scratch device saturated ({stage})",
             f"{stage}: utilisation {'-' if u is None else f'{u:.0f}%'}, queue depth "
-            f"{'-' if q is None else f'{q:.1f}'} (median child)"
+            f"{'-' if q is None else f'{q:.1f}'} (median child)" + _shared(s, stage)
             + ("" if cost is not None else "; io stall not measured, so not priced"),
             f"a faster volume ({s.recommended.label}) or fewer jobs per instance", cost,
-            s.recommended.to_context()))
+            s.recommended.to_context(), stage=stage))
     return out
 
 
@@ -211,21 +268,21 @@ def bound(s: Situation) -> list[Finding]:
             out.append(_finding(
                 s, "STAGE_IO_BOUND", "medium", f"{stage} waits on I/O",
                 f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}, median child)",
-                "a larger write cache or a faster volume (see the other findings)", stall))
+                "a larger write cache or a faster volume (see the other findings)", stall, stage=stage))
         elif share < CPU_BOUND_SHARE and duration >= CPU_BOUND_MIN_S and stage == "process":
             # Only the process stage: a transfer stage that does not wait on the volume waits on the network.
             out.append(_finding(
                 s, "STAGE_CPU_BOUND", "info", f"{stage} is CPU-bound",
                 f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}): storage settings will "
                 "not shorten it, so it is not priced", "more vCPUs per job (vcpusPerJob) or a faster instance",
-                None))
+                None, stage=stage))
     return out
 
 
 def network_bound(s: Situation) -> list[Finding]:
     """The download runs well below both the volume's rate and the network's, without waiting on I/O."""
     rows = [p for p in s.of_stage("download") if p.throughput_bps and p.duration_s > 0]
-    if not rows:
+    if not rows or s.plan.network_loopback:  # an endpoint on this host: no network was crossed
         return []
     rate = median(_values(rows, lambda p: p.throughput_bps))
     stalls = _values(rows, lambda p: p.io_stall_some_ms)
@@ -248,7 +305,7 @@ def network_bound(s: Situation) -> list[Finding]:
         f"{ceiling / MIB:,.0f} MiB/s (the volume's burst" + (" and the instance's network" if len(limits) > 1
                                                              else "") + f"), io stall {stall_share:.0%}",
         "more parallel transfers (s5cmd --numworkers), an S3 gateway endpoint, or an instance with more "
-        "network bandwidth", cost)]
+        "network bandwidth", cost, stage="download")]
 
 
 def scratch_too_small(s: Situation) -> list[Finding]:
@@ -266,7 +323,7 @@ def scratch_too_small(s: Situation) -> list[Finding]:
         f"{s.volume.size_gib} GiB volume: children fail with a full scratch and are retried",
         f"a volume of at least {size} GiB", round_s,
         Volume(s.volume.kind, max(size, s.volume.limits.size_gib[0]), s.volume.iops,
-               s.volume.throughput_mibps).to_context())]
+               s.volume.throughput_mibps).to_context(), modelled=True)]
 
 
 def stragglers(s: Situation) -> list[Finding]:
@@ -288,7 +345,8 @@ def stragglers(s: Situation) -> list[Finding]:
             f"{stage}: children {', '.join(o.key for o in slow)} ran at "
             + ", ".join(f"{o.value / MIB:,.1f}" for o in slow) + f" MiB/s against a median of "
             f"{slow[0].median / MIB:,.1f} MiB/s", "look at those children's instances (the report's bad "
-            "apples): a noisy neighbour, a throttled volume or a slow network path", max(0.0, worst - typical)))
+            "apples): a noisy neighbour, a throttled volume or a slow network path", max(0.0, worst - typical),
+            stage=stage))
     return out
 
 
@@ -342,7 +400,7 @@ def sync_and_metadata(s: Situation) -> list[Finding]:
             out.append(_finding(
                 s, code, "medium", f"{stage} is {code.split('_')[0].lower()}-heavy",
                 f"{stage}: {count:,} {'/'.join(calls)} calls took {spent:.1f} s of {duration:.1f} s "
-                f"({spent / duration:.0%}, median child)", fix, spent))
+                f"({spent / duration:.0%}, median child)", fix, spent, stage=stage))
     return out
 
 
@@ -352,7 +410,35 @@ CHECKS: tuple[Callable[[Situation], list[Finding]], ...] = (
 )
 
 
+def _stage_s(s: Situation, stage: str) -> float | None:
+    rows = s.of_stage(stage)
+    return median([p.duration_s for p in rows]) if rows else None
+
+
+def graded(s: Situation, found: Sequence[Finding]) -> list[Finding]:
+    """The findings worth a change: those on a stage too short to judge and those priced under the floor
+    dropped, the severity of a priced one set by its cost's share of the median child's time."""
+    child_s = s.child_s()
+    floor = max(COST_FLOOR_S, COST_FLOOR_SHARE * child_s)
+    kept = []
+    for f in found:
+        stage_s = _stage_s(s, f.stage) if f.stage else None
+        if stage_s is not None and stage_s < SHORT_STAGE_S:
+            continue
+        cost = f.cost_s_per_child
+        if cost is not None:
+            if cost < floor:
+                continue
+            share = cost / child_s if child_s > 0 else 1.0
+            severity = "high" if share >= SEVERITY_SHARES[0] else "medium" if share >= SEVERITY_SHARES[1] else "low"
+            f = dataclasses.replace(f, severity=severity)
+        kept.append(f)
+    return kept
+
+
 def find(situation: Situation) -> list[Finding]:
-    """Every finding, the most severe and then the most costly first."""
-    found = [f for check in CHECKS for f in check(situation)]
-    return sorted(found, key=lambda f: (SEVERITIES.index(f.severity), -(f.cost_s_per_child or 0.0)))
+    """Every finding worth a change (graded): the findings of now before the what-ifs, each group the most
+    severe and then the most costly first."""
+    found = graded(situation, [f for check in CHECKS for f in check(situation)])
+    return sorted(found, key=lambda f: (f.what_if is not None, SEVERITIES.index(f.severity),
+                                        -(f.cost_s_per_child or 0.0)))

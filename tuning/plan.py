@@ -46,6 +46,10 @@ class Plan:
     random_pct: float | None = None
     instance_usd_per_hour: float = 0.384  # prices a child's lost seconds (m6i.2xlarge us-east-1 on demand)
     instance_network_mibps: float | None = None  # the instance's network bandwidth, when known
+    # The S3 endpoint was on this host (loopback): the transfer stages crossed no network, so no network finding.
+    network_loopback: bool = False
+    # Where the plan came from, in words, when it was not all given (e.g. "this machine, back to back all day").
+    assumed: str = ""
     # What the stack runs now (its defaults unless told): the findings judge these.
     current_volume: Volume = field(default_factory=Volume)
     current_tuning: HostTuning = field(default_factory=HostTuning)
@@ -78,6 +82,12 @@ class Plan:
     @property
     def waves_per_day(self) -> int:
         return math.ceil(self.jobs_per_day / self.jobs_per_instance)
+
+    def describe(self) -> str:
+        """The plan in one line, with what it assumes: what every price of the advice depends on."""
+        return (f"{self.jobs_per_instance} jobs per instance, {self.memory_gib:g} GiB memory, "
+                f"{self.jobs_per_day:,} jobs per instance per day, instance ${self.instance_usd_per_hour:g}/h"
+                + (f" ({self.assumed})" if self.assumed else ""))
 
 
 @dataclass(frozen=True)

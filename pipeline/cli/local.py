@@ -37,16 +37,16 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
     from profiling.metrics import summarize
     from profiling.table import render_stage_table
 
-    console = Console(width=200)
+    console = Console()  # the terminal's width (COLUMNS, else 80 when not a terminal)
     summary = summarize(profiles)
     if summary:
-        console.print(render_stage_table(summary, title))
+        console.print(render_stage_table(summary, title, console.width))
     else:
         console.print("no stage profiles were recorded (was the profiler off?)")
     console.print(f"{counted(result.succeeded, 'child', 'children')} done, {result.skipped} skipped (already "
                   f"complete), {len(result.failed)} failed, in {result.elapsed_s:.1f} s")
     for index, code, headline in result.failed:
-        console.print(f"  part-{index:05d}: exit {code}: {headline}")
+        console.print(f"  part-{index:05d}: exit {code}: {headline}", markup=False, highlight=False)
 
 
 def _checked_contract(path: Path | None) -> Path | None:
@@ -88,22 +88,35 @@ def _write_report(run_dir: Path, advice: Any | None = None) -> Path | None:
         return None
 
 
-def _print_takeaways(result: Any, advice: Any) -> None:
-    """The demo's last lines: what bounds it, what the advisor would change, and where to see the case study."""
-    from profiling.report.advice import takeaways
+def lab_hint(options: Any, written_bytes: float, elapsed_s: float) -> str:
+    """The lab command that reruns this demo's batch on an emulated st1 held at its baseline, with an
+    absolute path to this iobatch (sudo does not keep a virtualenv's PATH)."""
+    import shlex
+    import sys
 
-    for line in takeaways(result.summary, advice):
-        print(line)
     from tuning.ebs import MIB, Volume
 
-    # The lab runs a batch like this one twice (kernel defaults, then tuned) on an emulated st1 500 GiB
-    # whose credits are gone (its default volume, held at baseline): the case study's slow downloads.
+    # The lab's default volume, held at baseline (its credits gone): the case study's slow downloads.
     st1 = Volume("st1", 500)
+    here = Path(sys.executable).with_name("iobatch")
+    program = shlex.quote(str(here)) if here.exists() else f"{shlex.quote(sys.executable)} -m pipeline.cli"
+    shape = (f"--images {options.images} --image-mib {options.image_mib:g} --images-per-child "
+             f"{options.images_per_child} --workers {options.workers}")
+    return (f"the case study, as root, on an emulated {st1.label} held at its {st1.baseline_mibps:.1f} MiB/s "
+            f"baseline: sudo {program} lab --after-cliff {shape}\n"
+            f"  (runs this batch twice, kernel defaults then tuned: about "
+            f"{written_bytes / MIB / st1.baseline_mibps:.0f} s to write each run's {written_bytes / MIB:,.0f} MiB "
+            f"downloads, against {elapsed_s:.0f} s for this whole run)")
+
+
+def _print_takeaways(result: Any, advice: Any, options: Any, run: Any) -> None:
+    """The demo's last lines: what bounds each stage, what the advisor would change, and the lab command."""
+    from profiling.report.advice import takeaways
+
+    for line in takeaways(result.profiles, advice, run):
+        print(line)
     written = (result.summary.get("download") or {}).get("WriteBytes") or 0.0
-    print(f"the case study on an emulated {st1.label} (root): sudo .venv/bin/iobatch lab --after-cliff  "
-          f"(two batches like this one, kernel defaults then tuned, on a volume held at its "
-          f"{st1.baseline_mibps:.1f} MiB/s baseline: {written / MIB / st1.baseline_mibps:.0f} s to write "
-          f"each batch's {written / MIB:,.0f} MiB, against {result.batch.elapsed_s:.0f} s for this whole run)")
+    print(lab_hint(options, written, result.batch.elapsed_s))
 
 
 def demo(
@@ -158,12 +171,15 @@ def demo(
                  "(durations and rates: median per child; bytes and calls: totals)")
     print(f"outputs:  {result.output}" + (f"  (as files: {result.output_dir})" if result.output_dir else ""))
     print(f"profiles: {run_dir / 'profiles'}  EMF: {run_dir / 'emf'}  logs: {run_dir / 'logs'}")
-    advice = demo_advice(result.profiles, workers) if result.profiles else None
+    from profiling import runfiles
+
+    run_meta = runfiles.read_run(run_dir)
+    advice = demo_advice(result.profiles, workers, run=run_meta) if result.profiles else None
     if report:
         path = _write_report(run_dir, advice)
         if path:
             print(f"report:   {path}")
-    _print_takeaways(result, advice)
+    _print_takeaways(result, advice, options, run_meta)
     if result.batch.failed:
         raise typer.Exit(result.batch.exit_code)
 

@@ -161,8 +161,9 @@ def profile(
         rules = load_rules(contract)
     except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
-    # With a contract, per-call figures (latency) come from eBPF on the command's process tree when root.
-    call_probe = start_command_probe(_warn, command, device=dev) if rules is not None else None
+    # Per-call figures (latency) whenever a probe can run: eBPF on the command's process tree (root), else the
+    # interposer for a dynamically linked command; otherwise one notice says they are off.
+    call_probe = start_command_probe(_warn, command, device=dev)
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties,
                                  call_probe=call_probe, rules=rules)
@@ -175,8 +176,8 @@ def profile(
         emit_profile(prof, sink_for(emf))
     code = exit_code_of(result.returncode)
     title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {code}; device {prof.device or '-'})"
-    console = Console(stderr=emf == "-", width=None if sys.stdout.isatty() else 160)
-    console.print(render_stage_table({prof.stage: profile_row(prof)}, title))
+    console = Console(stderr=emf == "-")  # the terminal's width (COLUMNS, else 80 when not a terminal)
+    console.print(render_stage_table({prof.stage: profile_row(prof)}, title, console.width))
     if rules is not None:
         console.print(f"contract {contract}: values at or above each rule's threshold, per time frame",
                       highlight=False)

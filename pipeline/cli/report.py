@@ -30,6 +30,29 @@ def _read_advice(path: Path | None) -> Any:
     return body
 
 
+def _all_profiles(run_dir: Path, data: Any) -> list[Any]:
+    """Every stage profile of a local run: a large run keeps no whole profiles (profiling.report.fleet), so the
+    advisor reads them without timelines."""
+    if data.complete:
+        return [x.profile for x in data.entries]
+    return [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
+
+
+def _run_dir_advice(run_dir: Path) -> Any:
+    """The advice the demo gave for a local run directory, computed the same way (pipeline.local.demo.run_advice),
+    from its profiles without timelines and its run.json; None when run.json does not say the children at once."""
+    from pipeline.local.demo import run_advice
+
+    try:  # a missing or damaged file is named by the report's own reading, with its exit code
+        run = runfiles.read_run(run_dir)
+        if not isinstance(run.get("workers"), int):
+            return None
+        profiles = [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
+    except (OSError, ValueError):
+        return None
+    return run_advice(profiles, run)
+
+
 def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
     """A CloudWatch Logs client that refuses answers from anything but CloudWatch Logs."""
     import os
@@ -92,8 +115,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                     logs_endpoint: str | None) -> None:
     """Two runs side by side, each a run directory (with the advisor's findings for this machine, as the
     demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
-    from pipeline.local.demo import demo_advice
-    from profiling import runfiles
+    from pipeline.local.demo import run_advice
     from profiling.report import (
         CloudWatchRange,
         DamagedInputError,
@@ -125,11 +147,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                 advice.append(None)
                 continue
             data = load_run_dir(side)
-            workers = int((data.run or {}).get("workers") or 2)
-            # A large run keeps no whole profiles (profiling.report.fleet): the advisor reads them without timelines.
-            profiles = [x.profile for x in data.entries] if data.complete else \
-                [p for p, _ in runfiles.read_run_profiles(side, timeline=False).profiles]
-            advice.append(demo_advice(profiles, workers, say=lambda _: None))
+            advice.append(run_advice(_all_profiles(side, data), data.run))
             runs.append(data)
         names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
         path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
@@ -155,8 +173,9 @@ def report(
                                       "AWS_REGION, then AWS_DEFAULT_REGION)."),
     logs_endpoint: str | None = typer.Option(None, metavar="URL", help="With CloudWatch Logs: a CloudWatch Logs "
                                              "endpoint other than AWS's (e.g. a local emulator)."),
-    advice: Path | None = typer.Option(None, metavar="FILE", help="A JSON recommendation (from the advisor) to show in "
-                                       "the report."),
+    advice: Path | None = typer.Option(None, metavar="FILE", help="A JSON recommendation (`iobatch advise --json`) to "
+                                       "show in the report (default for a local run: the advice the demo gives, "
+                                       "from its run.json)."),
     compare: tuple[str, str] | None = typer.Option(None, "--compare", metavar="RUN_A RUN_B",
                                                    help="Compare two runs side by side, per stage (default --out "
                                                    "./compare.html). Each is a local run directory, with the "
@@ -194,7 +213,8 @@ def report(
                                       checks.region(region), checks.endpoint_url(logs_endpoint, "--logs-endpoint"),
                                       given)
         else:
-            path = write_report(run_dir or Path(".iobatch/demo"), out, advice=given,
+            local = run_dir or Path(".iobatch/demo")
+            path = write_report(local, out, advice=given if given is not None else _run_dir_advice(local),
                                 progress=Progress(lambda done, files: f"read {done:,} of {files:,} profile files"))
     except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None

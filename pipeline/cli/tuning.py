@@ -22,21 +22,56 @@ LAB_MAX_MEMORY_GIB = 4096.0
 LAB_GUEST_TIMEOUT_S = 6 * 3600  # a lab in the guest that has not ended by then is stopped (QEMU killed)
 
 
-def _need(value: Any, flag: str, example: str) -> Any:
-    if value is None:
-        raise UsageError(f"{flag} is missing: give it, e.g. {flag} {example}")
-    return value
+PLAN_FLAGS = (("--jobs-per-instance", "4"), ("--memory-gib", "16"), ("--jobs-per-day", "500"))
+
+
+def _implied_plan(inputs: list[Path]) -> Any:
+    """The plan a local run directory among `inputs` implies (its run.json: pipeline.local.demo.local_plan), or
+    None when none does."""
+    from pipeline.local.demo import local_plan
+    from profiling import runfiles
+
+    for path in inputs:
+        if path.is_dir() and runfiles.is_run_dir(path):
+            try:
+                run = runfiles.read_run(path)
+            except (OSError, ValueError):
+                continue
+            plan = local_plan(list(runfiles.read_profiles(path)), run)
+            if plan is not None:
+                return plan
+    return None
+
+
+def _plan_figures(inputs: list[Path], given: tuple[int | None, float | None, int | None]) -> tuple[Any, str, bool]:
+    """(jobs per instance, memory GiB, jobs per day), what was assumed, and whether the endpoint was on the
+    host: the flags given, the rest from a local run's run.json; every missing one named in one error."""
+    if all(v is not None for v in given):
+        return given, "", False
+    implied = _implied_plan(inputs)
+    if implied is None:
+        missing = [flag for (flag, _), v in zip(PLAN_FLAGS, given, strict=True) if v is None]
+        example = " ".join(f"{flag} {ex}" for (flag, ex), v in zip(PLAN_FLAGS, given, strict=True) if v is None)
+        raise UsageError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing and no local run "
+                         f"directory's run.json implies {'it' if len(missing) == 1 else 'them'}: give e.g. {example}")
+    figures = (given[0] or implied.jobs_per_instance, given[1] or implied.memory_gib,
+               given[2] or implied.jobs_per_day)
+    return figures, implied.assumed if given == (None, None, None) else f"partly from {implied.assumed}", \
+        implied.network_loopback
 
 
 def advise(
     inputs: list[Path] = typer.Argument(None, metavar="RUN_DIR_OR_FILE", help="Run directories, profile .jsonl files "
                                         "or EMF files (local, or downloaded from CloudWatch Logs)."),
     jobs_per_instance: int | None = typer.Option(None, min=1, max=1024, metavar="N", help="Jobs running at once on "
-                                                 "one instance (vCPUs / vcpusPerJob)."),
+                                                 "one instance (vCPUs / vcpusPerJob). Default for a local run "
+                                                 "directory: its children at once (run.json)."),
     memory_gib: float | None = typer.Option(None, min=0.5, max=32768, metavar="GIB", help="The instance type's "
-                                      "memory in GiB."),
+                                      "memory in GiB. Default for a local run directory: the memory of the "
+                                      "machine it ran on."),
     jobs_per_day: int | None = typer.Option(None, min=1, max=100_000, metavar="N", help="Jobs per instance per day "
-                                            "(each instance has its own scratch volume)."),
+                                            "(each instance has its own scratch volume). Default for a local run "
+                                            "directory: its children back to back all day."),
     instance_ebs_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The instance "
                                                     "type's EBS bandwidth cap in MiB/s."),
     kernel: str | None = typer.Option(None, metavar="RELEASE", help="The hosts' `uname -r`, to validate mount options "
@@ -72,12 +107,13 @@ def advise(
     from tuning.host import HostTuningError
     from tuning.plan import AdviseError, Plan, parse_candidate
 
+    (per_instance, memory, per_day), assumed, loopback = _plan_figures(
+        list(inputs or []), (jobs_per_instance, memory_gib, jobs_per_day))
     try:
         plan = Plan(
-            jobs_per_instance=_need(jobs_per_instance, "--jobs-per-instance", "4"),
-            memory_gib=_need(memory_gib, "--memory-gib", "16"),
-            jobs_per_day=_need(jobs_per_day, "--jobs-per-day", "500"),
-            instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel, cache_budget_pct=cache_budget_pct,
+            jobs_per_instance=per_instance, memory_gib=memory, jobs_per_day=per_day, assumed=assumed,
+            network_loopback=loopback, instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel,
+            cache_budget_pct=cache_budget_pct,
             io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,
             instance_network_mibps=instance_network_mibps, current_volume=parse_candidate(volume))
         volumes = [parse_candidate(text) for text in candidate]

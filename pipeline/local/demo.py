@@ -22,7 +22,7 @@ from pipeline.errors import UsageError
 from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.executor import BatchResult
-from pipeline.local.runner import S3_DATA, LocalRun, prepare_run_dir, run_local
+from pipeline.local.runner import S3_DATA, LocalRun, machine_memory_gib, prepare_run_dir, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.s5cmd import Copy, run_copies
 from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, default_workers
@@ -32,6 +32,7 @@ from profiling.metrics import StageProfile, summarize
 if TYPE_CHECKING:
     from tuning.advise import Advice
     from tuning.lab import ComparePlan, RunBatch
+    from tuning.plan import Plan
 
 INPUT_BUCKET = "iobatch-input"
 OUTPUT_BUCKET = "iobatch-output"
@@ -172,31 +173,79 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
     return result
 
 
-def demo_advice(profiles: list[StageProfile], workers: int, *, say: Callable[[str], None] = print) -> Advice | None:
-    """The advisor on the demo's own profiles, taking this machine as one instance that runs `workers`
-    children at once, back to back all day (the heaviest use of its volume's burst credits).
+def is_loopback(endpoint: str | None) -> bool:
+    """Whether an S3 endpoint URL is on this host (the embedded server's, or LocalStack's): no network."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    host = urlsplit(endpoint or "").hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def local_plan(profiles: list[StageProfile], run: Mapping[str, Any]) -> Plan | None:
+    """The plan a local run implies, from its run.json: its children at once per instance, the memory of the
+    machine it ran on, and that many children back to back all day (the heaviest use of a volume's burst
+    credits); the S3 endpoint on this host means no network. None when run.json lacks the children at once.
+    """
+    from profiling.metrics import median
+    from tuning.plan import Plan
+
+    workers = run.get("workers")
+    if not isinstance(workers, int) or workers < 1:
+        return None
+    per_child: dict[str, float] = {}
+    for profile in profiles:
+        if "/" in profile.stage:
+            continue
+        key = profile.properties.get("ArrayIndex", "")
+        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
+    child_s = max(1.0, median(list(per_child.values()))) if per_child else 1.0
+    memory = run.get("memory_gib")
+    memory_gib = float(memory) if isinstance(memory, int | float) and memory > 0 else machine_memory_gib()
+    # No endpoint recorded: the demo's embedded server. A recorded None is AWS's own endpoint.
+    endpoint = run.get("endpoint", "http://127.0.0.1")
+    loopback = is_loopback(endpoint if isinstance(endpoint, str) else None)
+    return Plan(jobs_per_instance=workers, memory_gib=memory_gib,
+                jobs_per_day=max(1, int(workers * 86400 / child_s)), network_loopback=loopback,
+                assumed=f"this machine's run: {workers} children at once, back to back all day at "
+                        f"{child_s:.1f} s each")
+
+
+def demo_advice(profiles: list[StageProfile], workers: int, *, say: Callable[[str], None] = print,
+                run: Mapping[str, Any] | None = None) -> Advice | None:
+    """The advisor on a local run's own profiles under local_plan (run.json `run`, else `workers` children at
+    once with the embedded server's loopback endpoint).
 
     None when there are no profiles, or (said in one line) when the advisor cannot answer for this run.
     """
-    from profiling.metrics import median
     from tuning.advise import advise
-    from tuning.plan import AdviseError, Plan
+    from tuning.plan import AdviseError
 
-    per_child: dict[str, float] = {}
-    for profile in profiles:
-        key = profile.properties.get("ArrayIndex", "")
-        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
-    if not per_child:
+    if not profiles:
         return None
-    child_s = max(1.0, median(list(per_child.values())))
-    memory_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    plan = Plan(jobs_per_instance=workers, memory_gib=round(memory_gib, 1),
-                jobs_per_day=max(1, int(workers * 86400 / child_s)))
+    plan = local_plan(profiles, {**(run or {}), "workers": workers})
+    if plan is None:
+        return None
     try:
         return advise(profiles, plan)
     except (AdviseError, ValueError) as exc:
         say(f"advice:   not given ({exc})")
         return None
+
+
+def run_advice(profiles: list[StageProfile], run: Mapping[str, Any] | None) -> Advice | None:
+    """The advice the demo gives, for any local run directory's profiles and run.json (None when run.json does
+    not say how many children ran at once, or the advisor cannot answer): `report` and `advise` of a run
+    directory compute it the same way as the demo did."""
+    workers = (run or {}).get("workers")
+    if not isinstance(workers, int) or workers < 1:
+        return None
+    return demo_advice(profiles, workers, say=lambda _: None, run=run)
 
 
 def lab_run_dir(run_dir: Path, number: int, setting: str) -> Path:

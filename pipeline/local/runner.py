@@ -129,6 +129,11 @@ def prepared_run_dir(run_dir: Path) -> Iterator[Path]:
         raise
 
 
+def machine_memory_gib() -> float:
+    """This machine's memory in GiB (one decimal): what run.json records for the advisor's plan."""
+    return round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+
+
 def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str], None] = print) -> BatchResult:
     """Freeze the batch beside its outputs, then run its children with the local executor."""
     s3 = s3io.client(run.endpoint, run.env)
@@ -148,7 +153,8 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
     meta: dict[str, Any] = {"job_id": job_id, "input": str(run.input), "output": str(run.output),
                             "manifest": str(frozen.manifest), "children": frozen.children, "images": frozen.images,
                             "bytes": frozen.bytes, "workers": run.workers, "images_per_child": run.images_per_child,
-                            "started": time.time(), "slow_child": run.slow_child}
+                            "started": time.time(), "slow_child": run.slow_child, "endpoint": run.endpoint,
+                            "memory_gib": machine_memory_gib()}
     runfiles.write_run(run.run_dir, meta)
     say(f"batch {job_id}: {counted(frozen.images, 'image', 'images')} ({frozen.bytes / 2**20:,.1f} MiB) in "
         f"{counted(frozen.children, 'child', 'children')}, "
@@ -156,6 +162,8 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
     result = run_batch(batch, progress=progress, images_total=frozen.images)
     meta.update(finished=time.time(), elapsed_s=round(result.elapsed_s, 3),
                 failed=[{"child": i, "exit_code": c, "error": h} for i, c, h in result.failed],
-                succeeded=result.succeeded, skipped=result.skipped)
+                succeeded=result.succeeded, skipped=result.skipped,
+                # Each child's whole time as the executor saw it: the report shows the part in no stage.
+                child_elapsed_s={str(o.index): round(o.elapsed_s, 3) for o in result.outcomes if not o.skipped})
     runfiles.write_run(run.run_dir, meta)
     return result

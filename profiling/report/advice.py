@@ -12,6 +12,8 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from profiling.bounds import TOO_SHORT, UNKNOWN, StageBound, between_stages_s, outside_stages_s, stage_bounds
+from profiling.metrics import StageProfile
 from profiling.report.page import ABSENT, e, field_value, human_bytes, key_values, number, seconds
 
 SEVERITY_ORDER = ("high", "medium", "low", "info")
@@ -47,11 +49,13 @@ def advice_as_data(advice: Any) -> dict[str, Any] | None:
 
 
 def findings_of(advice: Mapping[str, Any] | None) -> list[dict[str, Any]]:
-    """The advice's findings (mappings only), most severe first; [] when it has none."""
+    """The advice's findings (mappings only): the costs of now before the what-ifs, each most severe and then
+    most costly first; [] when it has none."""
     raw = (advice or {}).get("findings")
     found = [dict(f) for f in raw if isinstance(f, Mapping)] if isinstance(raw, list) else []
-    return sorted(found, key=lambda f: SEVERITY_ORDER.index(f["severity"])
-                  if f.get("severity") in SEVERITY_ORDER else len(SEVERITY_ORDER))
+    return sorted(found, key=lambda f: (bool(f.get("what_if")), SEVERITY_ORDER.index(f["severity"])
+                                        if f.get("severity") in SEVERITY_ORDER else len(SEVERITY_ORDER),
+                                        -(f.get("cost_s_per_child") or 0.0)))
 
 
 def context_args(context: Any) -> str:
@@ -71,15 +75,19 @@ def findings_table(findings: Sequence[Mapping[str, Any]]) -> str:
         fix = e(f.get("fix") or ABSENT) + (f"<br><code>{e(context)}</code>" if context else "")
         cost_s = f.get("cost_s_per_child")
         cost_usd = f.get("cost_usd_per_month")
+        what_if = f.get("what_if")
+        label = f"what-if: {severity}" if what_if else severity
         rows.append(
-            f"<tr class=finding data-code='{e(f.get('code', ''))}'>"
-            f"<td class=l><span class='sev sev-{e(severity)}'>{e(severity)}</span></td>"
+            f"<tr class=finding data-code='{e(f.get('code', ''))}' data-what-if='{e(what_if or '')}'>"
+            f"<td class=l><span class='sev sev-{e(severity)}'>{e(label)}</span></td>"
             f"<td class=l><code>{e(f.get('code', ABSENT))}</code></td><td class=wrap>{e(f.get('title', ABSENT))}</td>"
             f"<td class=wrap>{e(f.get('evidence') or ABSENT)}</td><td class=wrap>{fix}</td>"
             f"<td>{'not measured' if cost_s is None else e(seconds(cost_s))}</td>"
             f"<td>{'not measured' if cost_usd is None else '$' + e(number(cost_usd))}</td></tr>"
         )
-    return f"<table id=findings-table>{head}{''.join(rows)}</table>"
+    note = ("<p class=note>A what-if models the stack's volume, which this run did not run on: what it would "
+            "cost there, not a cost measured here.</p>" if any(f.get("what_if") for f in findings) else "")
+    return f"<table id=findings-table>{head}{''.join(rows)}</table>{note}"
 
 
 def _candidate(advice: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -189,32 +197,58 @@ def advice_section(advice: Any) -> str:
     return "".join(parts)
 
 
-def takeaways(summary: Mapping[str, Mapping[str, float | None]], advice: Any) -> list[str]:
-    """Two lines for the end of a run: the slowest stage and what bounds it (the findings that name it),
-    and the one setting the advisor would change first (the most severe finding with a CDK fix, else
-    the recommended write cache)."""
-    durations = {s: d for s, row in summary.items() if (d := row.get("StageDuration")) is not None}
+def bound_line(bounds: Sequence[StageBound], between_s: float | None) -> str:
+    """Time per stage and what bounds each, in one line (medians per child)."""
+    parts = [f"{b.stage} {number(b.duration_s)} s " + (b.bound if b.bound in (TOO_SHORT, UNKNOWN)
+                                                       else f"{b.bound}-bound") for b in bounds]
+    if between_s is not None:
+        parts.append(f"{number(between_s)} s in no stage (start-up, markers, the profiler's boundaries)")
+    return "stages (median child): " + ", ".join(parts)
+
+
+def _cost(f: Mapping[str, Any]) -> str:
+    cost = f.get("cost_s_per_child")
+    if cost is None:
+        return "not priced"
+    usd = f.get("cost_usd_per_month")
+    return f"{seconds(cost)} per child" + ("" if usd is None else f", ${number(usd)}/month per instance")
+
+
+def takeaways(profiles: Sequence[StageProfile], advice: Any, run: Mapping[str, Any] | None = None) -> list[str]:
+    """The lines for the end of a run, the true ones first: each stage's time and what bounds it; the slowest
+    stage and why; the one change the advisor would make now (a finding of this run with a CDK fix), or
+    that it would change nothing; the costliest what-if, labelled as one; and the plan the prices assume."""
+    bounds = stage_bounds(profiles)
     data = advice_as_data(advice) or {}
     findings = findings_of(data)
+    now = [f for f in findings if not f.get("what_if")]
     lines = []
-    if durations:
-        slowest = max(durations, key=lambda s: durations[s])
-        total = sum(durations.values())
-        bound = [f for f in findings if slowest in str(f.get("title", "")).lower()]
-        why = (f"{bound[0].get('title')} [{bound[0].get('code')}]: {bound[0].get('evidence')}" if bound
-               else "no finding names it" if findings or data else "no advice was made for this run")
-        lines.append(f"slowest stage: {slowest}, {number(durations[slowest])} s of {number(total)} s per child "
-                     f"(medians); {why}")
-    fixes = [f for f in findings if context_args(f.get("context"))]
-    cache = data.get("write_cache") if isinstance(data.get("write_cache"), Mapping) else None
+    if bounds:
+        elapsed = (run or {}).get("child_elapsed_s")
+        outside = outside_stages_s(profiles, elapsed) if isinstance(elapsed, Mapping) else None
+        lines.append(bound_line(bounds, outside if outside is not None else between_stages_s(profiles)))
+        top = [b for b in bounds if "/" not in b.stage]
+        slowest = max(top or bounds, key=lambda b: b.duration_s)
+        total = sum(b.duration_s for b in top or bounds)
+        why = (slowest.bound if slowest.bound in (TOO_SHORT, UNKNOWN) else f"{slowest.bound}-bound")
+        named = [f for f in now if f.get("stage") == slowest.stage]
+        also = f"; {named[0].get('title')} [{named[0].get('code')}]" if named else ""
+        lines.append(f"slowest stage: {slowest.stage}, {number(slowest.duration_s)} s of {number(total)} s per "
+                     f"child: {why} ({slowest.evidence}){also}")
+    fixes = [f for f in now if context_args(f.get("context"))]
     if fixes:
-        top = fixes[0]
-        cost = top.get("cost_s_per_child")
-        costs = "cost not measured" if cost is None else f"costs {seconds(cost)} per child now"
-        lines.append(f"the advisor would change: {context_args(top.get('context'))} ({top.get('fix')}; {costs})")
-    elif cache and cache.get("dirty_bytes") is not None:
-        lines.append(f"the advisor would change: vm.dirty_bytes={cache['dirty_bytes']} "
-                     f"({human_bytes(cache['dirty_bytes'])}) and vm.dirty_background_bytes="
-                     f"{cache.get('dirty_background_bytes')} ({human_bytes(cache.get('dirty_background_bytes'))}), "
-                     "sized for this machine's burst (no finding asks for a stack setting)")
+        top_fix = max(fixes, key=lambda f: f.get("cost_s_per_child") or 0.0)
+        lines.append(f"the advisor would change: {context_args(top_fix.get('context'))} ({top_fix.get('fix')}; "
+                     f"{top_fix.get('code')} costs {_cost(top_fix)} now)")
+    elif data:
+        lines.append("the advisor would change nothing on this machine: no finding of this run is worth a change")
+    what_ifs = [f for f in findings if f.get("what_if") and f.get("cost_s_per_child") is not None]
+    if what_ifs:
+        top_if = max(what_ifs, key=lambda f: f.get("cost_s_per_child") or 0.0)
+        lines.append(f"what-if (modelled, not measured here): {top_if.get('title')} [{top_if.get('code')}] would "
+                     f"cost {_cost(top_if)}")
+    raw_plan = data.get("plan")
+    plan: Mapping[str, Any] = raw_plan if isinstance(raw_plan, Mapping) else {}
+    if plan.get("summary") and (fixes or what_ifs):
+        lines.append(f"prices assume: {plan['summary']}")
     return lines

@@ -23,6 +23,7 @@ from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.figures import stage_figures, timeline_figure
 from profiling.report.page import ABSENT, e, figure_html, human_bytes, key_values, number, page
 from profiling.report.sources import Entry, ReportData, load_cloudwatch, load_run_dir, natural_key
+from profiling.report.summary import summary_section
 
 # Per-child timelines beyond this many are left out (slow children first): the file stays small.
 MAX_TIMELINES = 48
@@ -280,13 +281,13 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
     """
     apples = find_bad_apples(data)
     stages = data.stages()
-    body = [_overview(data, apples)]
+    body = [summary_section(data, advice, apples), _overview(data, apples)]  # the answer first, the plots after
     if data.complete:
         body.append(_stage_sections(data, apples))
         body.append(_bad_apple_section(data, apples))
         body.append(_timelines(data, apples))
         body.append(_contract_section(data))
-        nav = [("overview", "Overview"), *((f"stage-{s}", s) for s in stages)]
+        nav = [("summary", "Summary"), ("overview", "Overview"), *((f"stage-{s}", s) for s in stages)]
     else:
         drilled = fleetpage.drill_down(data, apples, MAX_FLEET_TIMELINES)
         shown = drilled if data.has_timelines else []
@@ -295,7 +296,8 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
         body.append(_bad_apple_section(data, apples))
         body.append(_timelines(data, apples, drilled))
         body.append(fleetpage.contract_section(data))
-        nav = [("overview", "Overview"), ("fleet-time", "Over time"), *((f"stage-{s}", s) for s in stages)]
+        nav = [("summary", "Summary"), ("overview", "Overview"), ("fleet-time", "Over time"),
+               *((f"stage-{s}", s) for s in stages)]
     body.append(advice_section(advice))
     nav += [("bad-apples", "Bad apples"), ("timelines", "Timelines"), ("contract", "Contract"),
             ("advice", "Recommendation")]

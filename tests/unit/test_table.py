@@ -29,7 +29,7 @@ def test_every_column_heading_says_its_unit() -> None:
     console = Console(width=250, record=True)
     console.print(render_stage_table({"download": profile_row(full_profile())}, "run"))
     heading = console.export_text().splitlines()[2]
-    assert len(TABLE_METRICS) == 13
+    assert len(TABLE_METRICS) == 15
     for label in ("duration s", "read MiB", "written MiB", "write µs/call", "MiB/s moved", "dev ms/write",
                   "dev queue", "peak dirty MiB", "io stall ms"):
         assert label in heading, heading
