@@ -13,7 +13,7 @@ what `iobatch report --compare` and `iobatch lab` write.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 from profiling import runfiles
 from profiling.metrics import METRICS_BY_NAME, Better
 from profiling.report.advice import advice_as_data, findings_of
-from profiling.report.page import e, figure_html, page
+from profiling.report.page import e, figure_html, human_bytes, number, page
 from profiling.report.sources import ReportData, load_run_dir
 
 # The figures compared per stage; which way each gets better is its definition's (MetricSpec.better).
@@ -116,6 +116,44 @@ def _stage_figure(stage: str, runs: Sequence[ReportData], names: Sequence[str]) 
     return fig
 
 
+# Two runs did the same work when their images and bytes per child differ by less than this share.
+SAME_WORK_SHARE = 0.1
+
+
+def _per_child(row: Mapping[str, float | None], name: str) -> float | None:
+    """A stage's total `name` (a summed figure) over its children: the mean child's."""
+    total, children = row.get(name), row.get("children")
+    return None if total is None or not children else total / children
+
+
+def _workloads(runs: Sequence[ReportData], names: Sequence[str],
+               summaries: Sequence[Mapping[str, Mapping[str, float | None]]]) -> tuple[str, bool]:
+    """The work each run did (children, images and bytes downloaded per child), and whether it differs: a
+    duration ratio of runs that did different work compares work, not speed."""
+    work = [(r.child_count(), _per_child(s.get("download", {}), "Items"),
+             _per_child(s.get("download", {}), "WriteBytes")) for r, s in zip(runs, summaries, strict=True)]
+    differ = any(a is not None and b is not None and abs(b - a) > SAME_WORK_SHARE * max(a, b)
+                 for a, b in zip(work[0][1:], work[1][1:], strict=True))
+    rows = "".join(f"<tr><td class=l>{e(n)}</td><td>{c:,}</td><td>{e(number(i))}</td><td>{e(human_bytes(b))}</td>"
+                   "</tr>" for n, (c, i, b) in zip(names, work, strict=True))
+    table = ("<table id=compare-workloads><tr><th class=l>run</th><th>children</th><th>images per child</th>"
+             f"<th>downloaded per child</th></tr>{rows}</table>")
+    if differ:
+        table += ("<p class=flag id=compare-work-differs>The runs did different work: their durations compare the "
+                  "work, not the speed. Compare the per-GiB and per-image columns below.</p>")
+    return table, differ
+
+
+def _per_unit(row: Mapping[str, float | None]) -> tuple[float | None, float | None]:
+    """A stage's median duration per GiB the mean child moved, and per image it handled."""
+    duration = row.get("StageDuration")
+    moved = max(_per_child(row, "ReadBytes") or 0.0, _per_child(row, "WriteBytes") or 0.0)
+    images = _per_child(row, "Items")
+    if duration is None:
+        return None, None
+    return (duration / (moved / 2**30) if moved else None), (duration / images if images else None)
+
+
 def _findings(advice: Sequence[Any], names: Sequence[str]) -> str:
     parts = ["<section id=compare-findings><h2>Findings</h2>"]
     data = [advice_as_data(a) for a in advice]
@@ -156,14 +194,23 @@ def render_comparison(a: ReportData, b: ReportData, *, names: Sequence[str] = ("
     body.append("</dl>")
     if only:
         body.append(f"<p class=note>Stages in one run only, not compared: {e(', '.join(only))}.</p>")
-    head = "<tr><th class=l>stage</th>" + "".join(f"<th>duration {e(n)}</th>" for n in names) + "<th>ratio</th></tr>"
+    work, differ = _workloads(runs, names, summaries)
+    body.append(work)
+    head = ("<tr><th class=l>stage</th>" + "".join(f"<th>duration {e(n)}</th>" for n in names) + "<th>ratio</th>"
+            + ("<th>ratio per GiB moved</th><th>ratio per image</th>" if differ else "") + "</tr>")
     rows = []
     for stage in stages:
         d = [summaries[i].get(stage, {}).get("StageDuration") for i in (0, 1)]
-        text, css = ratio_text(d[0], d[1], True)
+        text, css = ratio_text(d[0], d[1], not differ or None)
+        cells = ""
+        if differ:
+            units = [_per_unit(summaries[i].get(stage, {})) for i in (0, 1)]
+            for k in (0, 1):
+                unit_text, unit_css = ratio_text(units[0][k], units[1][k], True)
+                cells += f"<td class='{unit_css}'>{e(unit_text)}</td>"
         rows.append(f"<tr><td class=l><a href='#compare-{e(stage)}'>{e(stage)}</a></td>"
                     + "".join(f"<td>{e(METRICS_BY_NAME['StageDuration'].display(v))} s</td>" for v in d)
-                    + f"<td class='{css}'>{e(text)}</td></tr>")
+                    + f"<td class='{css}'>{e(text)}</td>{cells}</tr>")
     body.append(f"<table id=compare-summary>{head}{''.join(rows)}</table></section>")
     for stage in stages:
         rows_ab = (summaries[0].get(stage, {}), summaries[1].get(stage, {}))

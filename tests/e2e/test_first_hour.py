@@ -138,3 +138,24 @@ def test_the_page_opens_with_its_summary(demo: dict[str, Any]) -> None:
                    "fleet-size issue) brings it under 3 MB")
 def test_the_page_of_a_small_run_weighs_at_most_3_mb(demo: dict[str, Any]) -> None:
     assert runfiles.report_path(demo["run_dir"]).stat().st_size <= 3 * 2**20
+
+
+def test_compare_of_runs_that_did_different_work_says_so(demo: dict[str, Any]) -> None:
+    # The same images (cached), one a child instead of two: half the work per child.
+    half = demo["root"] / "half"
+    done = iobatch("demo", "--images", "2", "--image-mib", "25", "--images-per-child", "1", "--workers", "2",
+                   "--run-dir", str(half), "--no-progress", "--no-report", env=demo["env"])
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = demo["root"] / "compare.html"
+    done = iobatch("report", "--compare", str(demo["run_dir"]), str(half), "--out", str(out), env=demo["env"])
+    assert done.returncode == 0, done.stderr
+    page = out.read_text(encoding="utf-8")
+    workloads = page[page.index("<table id=compare-workloads>"):]
+    workloads = workloads[:workloads.index("</table>")]
+    assert ">2</td>" in workloads and ">1</td>" in workloads  # images per child, both shown
+    assert "id=compare-work-differs" in page and "ratio per GiB moved" in page and "ratio per image" in page
+    # Half the work in a shorter time is not shown as faster: the raw duration ratio carries no colour.
+    summary = page[page.index("<table id=compare-summary>"):]
+    row = summary[summary.index("#compare-process"):]
+    row = row[:row.index("</tr>")]
+    assert row.count("class=''") >= 1
