@@ -4,7 +4,9 @@
                DURATION or a range, parse_run_side) as ReportData
     badapples  the children and instances whose throughput holds a stage back
     figures    the per-stage plots (one small function per kind, in a table) and the timelines
-    advice     the recommendation section, from the advisor's Advice.to_dict()
+    advice     the recommendation section, from the advisor's Advice.to_dict(), and the demo's last lines
+    summary    the section the report opens with: time per stage and what bounds it, the top finding, the
+               bad apples, the files with the most time in calls
     page       the HTML shell, figures with one shared template, numbers with their units
     html       the report of one run, and writing it
     compare    two runs side by side, per stage, and writing that

@@ -30,6 +30,10 @@ STAGE_PLOTS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("dirty", "Peak dirty page cache against the dirty threshold", ("PeakDirtyBytes", "DirtyThresholdBytes")),
     ("io-stall", "I/O stall (PSI) per child", ("IoStallSome", "IoStallFull")),
 )
+# A limit higher than the bars by more than this factor is named, not drawn: the bars would be a pixel high.
+OFF_SCALE_SHARE = 0.1
+# The stall axis reaches at least this share of the stage's median duration.
+STALL_AXIS_SHARE = 0.05
 # Samples per child timeline; longer timelines keep the peak of each bucket, so a stall stays visible.
 MAX_TIMELINE_POINTS = 1500
 
@@ -101,12 +105,20 @@ def _plot_bars_with_median(fig: go.Figure, specs: Sequence[MetricSpec], view: St
 
 
 def _plot_against_limit(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) -> None:
-    """One bar per child of the main metric, and the second metric (a limit) as a dashed line."""
+    """One bar per child of the main metric, and the second metric (a limit) as a dashed line; a limit so far
+    above the bars that they would be a pixel high is named instead of drawn (OFF_SCALE_SHARE)."""
     main, limit = specs
-    fig.add_trace(go.Bar(x=view.children, y=view.series(main), name=main.label, marker_color=view.colors,
+    values = view.series(main)
+    fig.add_trace(go.Bar(x=view.children, y=values, name=main.label, marker_color=view.colors,
                          hovertext=view.hover))
     limits = view.series(limit)
-    if any(v is not None for v in limits):
+    top = max((v for v in values if v is not None), default=0.0)
+    highest = max((v for v in limits if v is not None), default=None)
+    if highest is not None and top < OFF_SCALE_SHARE * highest:
+        fig.add_annotation(text=f"{limit.label}: {limit.display(highest * limit.scale)}, off this scale (the "
+                           f"highest bar is {top / highest:.0%} of it)", showarrow=False, xref="paper",
+                           yref="paper", x=0.5, y=1.02, font={"size": 12, "color": COLORS["threshold"]})
+    elif highest is not None:
         fig.add_trace(go.Scatter(
             x=view.children, y=limits, name=limit.label, mode="lines+markers",
             line={"color": COLORS["threshold"], "dash": "dash"}, marker={"symbol": "line-ew-open"},
@@ -116,14 +128,26 @@ def _plot_against_limit(fig: go.Figure, specs: Sequence[MetricSpec], view: Stage
 
 
 def _plot_grouped(fig: go.Figure, specs: Sequence[MetricSpec], view: StageView) -> None:
-    """Side-by-side bars per child, one colour per metric the run measured."""
+    """Side-by-side bars per child, one colour per metric the run measured. A stall is judged against the
+    stage: the axis reaches at least STALL_AXIS_SHARE of the stage's median duration, so a stall of a
+    fraction of a millisecond is not drawn full height."""
+    top = 0.0
     for spec, color in zip(specs, ("#e377c2", "#8c564b"), strict=True):
         series = view.series(spec)
         if any(v is not None for v in series):
+            top = max([top, *(v for v in series if v is not None)])
             fig.add_trace(go.Bar(x=view.children, y=series, name=spec.label, marker_color=color,
                                  hovertext=view.hover))
     fig.update_layout(barmode="group")
     fig.update_yaxes(title_text=specs[0].scoped_label, rangemode="tozero")
+    durations = [e.profile.duration_s for e in view.entries if e.profile.duration_s > 0]
+    if durations and specs[0].display_unit == "ms":
+        floor = STALL_AXIS_SHARE * median(durations) * 1000
+        if top < floor:
+            fig.update_yaxes(range=[0, floor])
+            fig.add_annotation(text=f"axis: {STALL_AXIS_SHARE:.0%} of the stage's median duration", showarrow=False,
+                               xref="paper", yref="paper", x=1, y=1.02, xanchor="right",
+                               font={"size": 11, "color": "#888"})
     _category_axis(fig, view)
 
 
@@ -148,7 +172,7 @@ def stage_figures(entries: Sequence[Entry], flagged: set[str]) -> list[tuple[str
         unit = f" ({main.display_unit})" if main.display_unit else ""
         _base_layout(fig, title + unit)
         if all(v is None for v in view.series(main)):
-            _no_data(fig, main.description.lower() or main.name)
+            _no_data(fig, _why_absent(main, view))
         else:
             PLOTTERS[plot_id](fig, specs, view)
         figures.append((plot_id, fig))
@@ -175,9 +199,19 @@ def _base_layout(fig: go.Figure, title: str, height: int = 320) -> go.Figure:
     return fig
 
 
-def _no_data(fig: go.Figure, what: str) -> None:
+def _why_absent(spec: MetricSpec, view: StageView) -> str:
+    """Why no child has `spec`: a per-request figure of a device that completed no such request was measured
+    (there was nothing to average), anything else was not measured."""
+    ops = {"DeviceWriteLatency": "device_write_ops", "DeviceReadLatency": "device_read_ops"}.get(spec.name)
+    if ops and any(getattr(e.profile, ops) == 0 for e in view.entries):
+        kind = "writes" if "Write" in spec.name else "reads"
+        return f"nothing to show: the scratch device completed no {kind} in this stage"
+    return f"no data: this run did not measure {spec.description.lower() or spec.name}"
+
+
+def _no_data(fig: go.Figure, text: str) -> None:
     fig.add_annotation(
-        text=f"no data: this run did not measure {what}",
+        text=text,
         showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5, font={"size": 13, "color": "#888"},
     )
     fig.update_xaxes(visible=False)

@@ -159,3 +159,29 @@ def test_compare_of_runs_that_did_different_work_says_so(demo: dict[str, Any]) -
     row = summary[summary.index("#compare-process"):]
     row = row[:row.index("</tr>")]
     assert row.count("class=''") >= 1
+
+
+def test_the_plots_keep_a_scale_a_reader_can_trust(demo: dict[str, Any]) -> None:
+    from profiling.report import load_run_dir, stage_figures
+    from profiling.report.figures import OFF_SCALE_SHARE, STALL_AXIS_SHARE
+
+    data = load_run_dir(demo["run_dir"])
+    for stage in data.stages():
+        entries = data.of_stage(stage)
+        figures = dict(stage_figures(entries, set()))
+        peaks = [x.profile.peak_dirty_bytes or 0 for x in entries]
+        limits = [x.profile.dirty_threshold_bytes for x in entries if x.profile.dirty_threshold_bytes]
+        texts = [a.text for a in figures["dirty"].layout.annotations]
+        if limits and max(peaks) < OFF_SCALE_SHARE * max(limits):  # a 4 GiB limit over 100 MiB bars
+            assert any("off this scale" in t for t in texts) and len(figures["dirty"].data) == 1, texts
+        else:
+            assert len(figures["dirty"].data) == 2
+        stalls = [x.profile.io_stall_some_ms for x in entries if x.profile.io_stall_some_ms is not None]
+        durations = sorted(x.profile.duration_s for x in entries)
+        floor = STALL_AXIS_SHARE * durations[len(durations) // 2] * 1000
+        if stalls and max(stalls) < floor:
+            assert figures["io-stall"].layout.yaxis.range[1] >= floor * 0.99
+        latency = figures["write-latency"]
+        if all(x.profile.device_write_latency_ms is None for x in entries):
+            assert any(x.profile.device_write_ops == 0 for x in entries)
+            assert latency.layout.annotations[0].text.startswith("nothing to show: the scratch device completed no")
