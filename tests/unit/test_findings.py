@@ -117,6 +117,38 @@ def test_download_network_bound() -> None:
     assert found.cost_s_per_child == pytest.approx(40 - 125 / 122.0703125, abs=0.1)
     waits = codes(batch(download_s=40.0, stall_ms=30_000.0))
     assert "DOWNLOAD_NETWORK_BOUND" not in waits and "STAGE_IO_BOUND" in waits
+    # An S3 endpoint on the host (the demo's): no network was crossed, so none is blamed.
+    loopback = dataclasses.replace(PLAN, network_loopback=True)
+    assert "DOWNLOAD_NETWORK_BOUND" not in codes(batch(download_s=40.0, stall_ms=200.0), loopback)
+
+
+def on(volume_type: str, profiles: list[StageProfile]) -> list[StageProfile]:
+    return [dataclasses.replace(p, properties={**p.properties, "VolumeType": volume_type}) for p in profiles]
+
+
+def test_a_volume_the_profiles_did_not_run_on_is_a_what_if_after_the_costs_of_now() -> None:
+    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=4_000, current_volume=Volume("st1", 125))
+    workload = batch(images=40, dirty_throttle_ms=9_000.0)
+    now = advise(on("st1", workload), heavy).findings
+    assert next(f for f in now if f.code == "BURST_CREDITS").what_if is None
+    local = advise(on("local", workload), heavy).findings
+    credits = next(f for f in local if f.code == "BURST_CREDITS")
+    assert credits.what_if == "st1 125 GiB" and credits.title.startswith("if this ran on st1 125 GiB: burst")
+    # A measured pause is a cost now wherever it ran; every what-if comes after every cost of now.
+    assert next(f for f in local if f.code == "DIRTY_PAUSE").what_if is None
+    kinds = [f.what_if is not None for f in local]
+    assert kinds == sorted(kinds) and kinds[0] is False
+
+
+def test_severity_follows_the_cost_and_the_costliest_comes_first() -> None:
+    found = [f for f in advise(batch(dirty_throttle_ms=9_000.0, device_utilization_pct=99.0, stall_ms=2_000.0),
+                               PLAN).findings if f.cost_s_per_child is not None]
+    costs = [f.cost_s_per_child or 0.0 for f in found]
+    assert costs == sorted(costs, reverse=True) and found[0].code == "DIRTY_PAUSE"
+    child_s = 1.5 + 20 + 3
+    for f in found:
+        share = (f.cost_s_per_child or 0.0) / child_s
+        assert f.severity == ("high" if share >= 0.25 else "medium" if share >= 0.05 else "low"), f
 
 
 def test_scratch_smaller_than_the_childrens_images() -> None:
