@@ -17,6 +17,8 @@ from profiling.metrics import StageProfile
 from profiling.report.page import ABSENT, e, field_value, human_bytes, key_values, number, seconds
 
 SEVERITY_ORDER = ("high", "medium", "low", "info")
+# A tuned download within this share of the untuned one gains no time: the change is for memory and risk.
+SAME_TIME_SHARE = 0.05
 # The fields this section shows in its own places; any other top-level field goes under "other fields".
 SHOWN = ("findings", "recommended", "candidates", "write_cache", "untuned_download_s", "burst", "cdk_args",
          "cdk_context", "plan", "workload", "prices")
@@ -117,6 +119,9 @@ def _recommendation(advice: Mapping[str, Any]) -> str:
         if chosen and untuned is not None and chosen.get("download_s") is not None:
             effect = (f" Predicted download on {e(rec)}: {e(seconds(untuned))} with the kernel's defaults, "
                       f"{e(seconds(chosen['download_s']))} with these.")
+            if untuned <= chosen["download_s"] * (1 + SAME_TIME_SHARE):
+                effect += (" No time is gained: the kernel's defaults already absorb this burst, and the smaller "
+                           "limit only keeps less unwritten data at risk and less memory pinned.")
         parts.append(f"<p><b>Write cache: {e(', '.join(settings))}</b>, sized for a burst of "
                      f"{e(human_bytes(cache.get('burst_bytes')))} per instance.{effect}</p>")
         if cache.get("tradeoff"):
@@ -179,6 +184,9 @@ def advice_section(advice: Any) -> str:
         parts.append("<p class=note>No recommendation was given to this report.</p></section>")
         return "".join(parts)
     findings = findings_of(data)
+    raw_plan = data.get("plan")
+    if isinstance(raw_plan, Mapping) and raw_plan.get("summary"):
+        parts.append(f"<p id=advice-plan>Every price below assumes this plan: {e(raw_plan['summary'])}.</p>")
     if findings:
         parts.append("<h3>Findings</h3>" + findings_table(findings))
     elif isinstance(data.get("findings"), list):

@@ -122,7 +122,7 @@ def test_a_profile_says_its_device_figures_are_shared_by_the_children_on_the_dev
             register.leave()
     assert profile.device == device.name and profile.device_sharers == 2
     headers = [str(column.header) for column in render_stage_table({"process": profile_row(profile)}, "c").columns]
-    assert "dev queue [device]" in headers and "peak dirty MiB [host]" in headers and "read MiB" in headers
+    assert "dev queue [device]" in headers and "peak dirty MiB [host]" in headers and "read MiB, net incl." in headers
 def _killed_profiler(scratch_root: Path) -> None:
     """A profiler that joined the register of `scratch_root` and died by SIGKILL-like exit (no leave)."""
     child = subprocess.run([sys.executable, "-c", "import os; from profiling.probes.sharing import DeviceRegister; "
