@@ -1,8 +1,8 @@
 """The per-stage console table, with the columns and formats of metrics.TABLE_METRICS.
 
-It follows the terminal: a stage a row when the console is at least WIDE_COLUMNS wide, else transposed (a
-metric a row, a stage a column), which fits 100 columns for the pipeline's stages. Numbers are never cut
-(each column is at least as wide as its longest figure); headings wrap instead. Headings are plain text, so
+It follows the terminal: a stage a row when the console is at least WIDE_COLUMNS wide and every column fits
+whole (its heading on one line, its longest figure), else transposed (a metric a row, a stage a column), which
+fits 100 columns for the pipeline's stages: neither a heading nor a number is ever cut. Headings are plain text, so
 the scope tags `[device]` and `[host]` are shown, not read as markup.
 """
 
@@ -16,7 +16,7 @@ from rich.text import Text
 from profiling.metrics import METRICS_BY_NAME, TABLE_METRICS, MetricSpec, StageProfile
 
 _EITHER = ("NetworkSent", "HostNetworkSent", "NetworkReceived", "HostNetworkReceived")
-# Below this many columns the table is transposed: 16 columns of figures do not fit side by side.
+# Below this many columns the table is always transposed: 16 columns of figures do not fit side by side.
 WIDE_COLUMNS = 150
 
 
@@ -37,18 +37,20 @@ def render_stage_table(rows: Mapping[str, Mapping[str, float | None]], title: st
     'children' entry, when present, is shown too) for a console `width` columns wide (None: wide)."""
     specs = _specs(rows)
     with_children = any("children" in row for row in rows.values())
-    if width is not None and width < WIDE_COLUMNS:
-        return _transposed(rows, title, specs, with_children)
-    table = Table(title=title, title_justify="left")
     columns: list[tuple[Text, list[str]]] = [(Text("stage"), list(rows))]
     if with_children:
         columns.append((Text("children"), [_children(row) for row in rows.values()]))
     # A figure that is not the child's own says what it is of: "dev queue [device]".
     columns.extend((Text(spec.scoped_label), [spec.display(row.get(spec.name)) for row in rows.values()])
                    for spec in specs)
-    for n, (head, cells) in enumerate(columns):
-        table.add_column(head, justify="left" if n == 0 else "right", style="bold" if n == 0 else None,
-                         no_wrap=n > 0, min_width=max((len(c) for c in cells), default=1))
+    # Side by side only when every column fits its heading on one line and its longest figure (rich's own
+    # shrinking cuts headings, and numbers too, when it has to squeeze 16 columns).
+    needed = 1 + sum(3 + max([len(head.plain)] + [len(c) for c in cells]) for head, cells in columns)
+    if width is not None and (width < WIDE_COLUMNS or width < needed):
+        return _transposed(rows, title, specs, with_children)
+    table = Table(title=title, title_justify="left")
+    for n, (head, _) in enumerate(columns):
+        table.add_column(head, justify="left" if n == 0 else "right", style="bold" if n == 0 else None, no_wrap=True)
     for i in range(len(rows)):
         table.add_row(*(cells[i] for _, cells in columns))
     return table

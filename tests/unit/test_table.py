@@ -33,3 +33,20 @@ def test_every_column_heading_says_its_unit() -> None:
     for label in ("duration s", "read MiB", "written MiB", "write µs/call", "MiB/s moved", "dev ms/write",
                   "dev queue", "peak dirty MiB", "io stall ms"):
         assert label in heading, heading
+
+
+def test_the_table_follows_the_terminal_and_never_cuts_a_number() -> None:
+    from rich.console import Console
+
+    rows = {stage: profile_row(full_profile(stage=stage, net_received_bytes=400 * 2**20)) for stage in
+            ("download", "process", "upload", "process/features")}
+    for width in (80, 100, 120, 150, 200, 245, 246, 300):
+        console = Console(width=width, record=True)
+        console.print(render_stage_table(rows, "run", width))
+        text = console.export_text()
+        lines = [line.rstrip() for line in text.splitlines()]
+        assert max(len(line) for line in lines) <= width, (width, text)
+        assert "…" not in text and "10,000" in text and "39.06" in text and "400" in text, (width, text)
+        transposed = any(line.startswith("┃ metric") for line in lines)
+        assert transposed == (width < 246), (width, text)  # side by side, every heading whole: 246 columns
+        assert "[device]" in text and "[host]" in text  # plain text, not rich markup
