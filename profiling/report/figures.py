@@ -296,8 +296,12 @@ def _seconds(value: float) -> str:
     return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.3g} s"
 
 
-def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
-    """One child's stages on one time axis: throughput, dirty and writeback against the threshold, PSI."""
+def timeline_figure(child: str, entries: Sequence[Entry], run_span: tuple[float, float] | None = None) -> go.Figure:
+    """One child's stages on one time axis: throughput, dirty and writeback against the threshold, PSI.
+
+    With `run_span` (the run's first start and last end, epoch seconds) every child is drawn on the run's
+    time axis, the same for all: children that ran at once line up, so contention shows where it happens.
+    Without it the axis starts at the child's first stage."""
     tput = METRICS_BY_NAME["Throughput"]
     dirty = METRICS_BY_NAME["PeakDirtyBytes"]
     wback = METRICS_BY_NAME["PeakWritebackBytes"]
@@ -313,7 +317,7 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
     )
     fig.update_annotations(font={"size": 12})  # the subplot titles; stage labels come after
     ordered = sorted(entries, key=lambda e: e.profile.started_at)
-    origin = ordered[0].profile.started_at if ordered else 0.0
+    origin = run_span[0] if run_span else (ordered[0].profile.started_at if ordered else 0.0)
     # Traces, shapes and labels are collected and added at once: plotly validates on every add, and
     # one call per trace costs seconds on a large run.
     traces: list[go.Scatter] = []
@@ -376,8 +380,11 @@ def timeline_figure(child: str, entries: Sequence[Entry]) -> go.Figure:
         yaxis=top_axis,
         yaxis2={"title_text": dirty.display_unit, "rangemode": "tozero"},
         yaxis3={"title_text": stall.display_unit, "rangemode": "tozero"},
-        xaxis3={"title_text": "seconds since the child's first stage"},
+        xaxis3={"title_text": "seconds since the run's first stage" if run_span else
+                "seconds since the child's first stage"},
     )
+    if run_span:
+        fig.update_xaxes(range=[0, round(run_span[1] - run_span[0], 3)])
     return fig
 
 

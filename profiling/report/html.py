@@ -263,12 +263,15 @@ def _timelines(data: ReportData, apples: Sequence[BadApple], children: Sequence[
                     "apples, then the children that took longest in each stage.</p>")
     elif len(ordered) > len(shown):
         body.append(f"<p class=note>Showing {len(shown)} of {len(ordered)} children (bad apples first).</p>")
+    span = (min(x.profile.started_at for x in entries),  # not empty: some child has samples
+            max(x.profile.started_at + x.profile.duration_s for x in entries))
+    body.append("<p class=note>Every child on one time axis: children that ran at once line up.</p>")
     for n, child in enumerate(shown):
         mine = [x for x in entries if x.child == child]
         mark = " <span class=flag>(bad apple)</span>" if child in slow else ""
         body.append(f"<h3 id='timeline-of-{e(child)}'>{e(child)}{mark}</h3>")
         body.append(f"<div class='plot timeline' data-child='{e(child)}'>"
-                    f"{figure_html(timeline_figure(child, mine), f'timeline-{n}')}</div>")
+                    f"{figure_html(timeline_figure(child, mine, span), f'timeline-{n}')}</div>")
     body.append("</section>")
     return "".join(body)
 

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from profiling import runfiles
+from profiling.report import load_run_dir
 from profiling.report.advice import takeaways
 
 REPO = Path(__file__).resolve().parents[2]
@@ -189,3 +190,13 @@ def test_the_plots_keep_a_scale_a_reader_can_trust(demo: dict[str, Any]) -> None
         if all(x.profile.device_write_latency_ms is None for x in entries):
             assert any(x.profile.device_write_ops == 0 for x in entries)
             assert latency.layout.annotations[0].text.startswith("nothing to show: the scratch device completed no")
+
+
+def test_the_timelines_share_the_runs_time_axis(demo: dict[str, Any]) -> None:
+    page = runfiles.report_path(demo["run_dir"]).read_text(encoding="utf-8")
+    data = load_run_dir(demo["run_dir"])
+    start = min(x.profile.started_at for x in data.entries)
+    end = max(x.profile.started_at + x.profile.duration_s for x in data.entries)
+    ranges = re.findall(r'"xaxis3":\{"anchor":"y3".*?"range":\[0,([0-9.]+)\]', page)
+    assert len(ranges) == len(data.children()) == 2 and {float(r) for r in ranges} == {round(end - start, 3)}
+    assert "seconds since the run's first stage" in page
