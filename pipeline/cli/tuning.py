@@ -231,7 +231,8 @@ def lab(
             raise UsageError("--advise runs the pipeline: leave out --workload writer")
         _advise_loop(config, plan, run_dir, lines, as_json)
         return
-    run_batch = lab_batch(plan, run_dir, stdout=lines) if workload == "pipeline" else None
+    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind) if workload == "pipeline" \
+        else None
     try:
         runs = run_comparison(config, plan, run_batch=run_batch, say=say)
     except LabError as exc:
@@ -306,7 +307,7 @@ def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: boo
     from tuning.lab.loop import render_loop, run_advise_loop
     from tuning.plan import AdviseError
 
-    run_batch = lab_batch(plan, run_dir, stdout=lines)
+    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind)
 
     def run_profiles(number: int, setting: str, scratch: Path) -> list[Any]:
         run_batch(number, setting, scratch)

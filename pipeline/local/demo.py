@@ -61,6 +61,7 @@ class DemoOptions:
     # leaves no dirty pages on the instance, while the embedded server's copy of the dataset would share the
     # kernel's dirty limit with the download being measured (measured: BENCHMARKS.md, the advisor in the lab).
     settle_inputs: bool = False
+    volume_type: str = "local"  # the profiles' VolumeType: the lab sets the type of the volume it emulates
 
 
 @dataclass
@@ -158,7 +159,7 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
                        images_per_child=options.images_per_child, workers=options.workers,
                        scratch_root=options.scratch_root, env=env, slow_child=options.slow_child,
                        sidecar=options.sidecar, train_size=options.train_size, force=True, contract=options.contract,
-                       process_command=options.process_command,
+                       process_command=options.process_command, volume_type=options.volume_type,
                        job_id=f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
         batch = run_local(run, progress=progress, say=say)
         profiles = list(runfiles.read_profiles(run_dir))  # none when the sidecar was off
@@ -262,12 +263,15 @@ def lab_dataset(plan: ComparePlan, *, say: Callable[[str], None] = print) -> Pat
     return dataset_cache(spec).parent.resolve()
 
 
-def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None) -> RunBatch:
+def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None,
+              volume_type: str = "local") -> RunBatch:
     """The lab's batch (tuning.lab.RunBatch): the demo's synthetic batch of `plan`'s shape on the lab volume.
 
     Run `number` under `setting` keeps its run directory (profiles, logs, EMF) in `run_dir`, off the lab volume;
-    the embedded server's data (the dataset and the outputs, twice the batch's bytes) is deleted once the run
-    succeeded, so a loop of many runs does not fill the disk (a failed run keeps it). The children's lines go to
+    its profiles say they ran on `volume_type` (the emulated volume's, so the advisor judges that volume as
+    measured, not as a what-if); the embedded server's data (the dataset and the outputs, twice the batch's
+    bytes) is deleted once the run succeeded, so a loop of many runs does not fill the disk (a failed run keeps
+    it). The children's lines go to
     `stdout` (default: this process's). A run with failed children is a UsageError, so the comparison stops
     rather than compare broken runs.
     """
@@ -275,7 +279,7 @@ def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None)
     def run_batch(number: int, setting: str, scratch: Path) -> dict[str, dict[str, float | None]]:
         options = DemoOptions(images=plan.images, image_mib=plan.image_mib, images_per_child=plan.images_per_child,
                               workers=plan.workers, run_dir=lab_run_dir(run_dir, number, setting),
-                              scratch_root=scratch, report=False, settle_inputs=True)
+                              scratch_root=scratch, report=False, settle_inputs=True, volume_type=volume_type)
         with contextlib.redirect_stdout(stdout or sys.stdout):
             result = run_demo(options, progress=False, say=lambda _: None)
         if result.batch.failed:

@@ -46,6 +46,8 @@ class LocalRun:
     job_id: str = ""
     contract: Path | None = None
     process_command: str = DEFAULT_PROCESS_COMMAND  # the process stage (pipeline/process.py)
+    # What the profiles say scratch is (VolumeType): this machine's disk, or the volume the lab emulates there.
+    volume_type: str = "local"
 
 
 #: The demo's embedded S3 server's data (the dataset and the outputs) in a run directory.
@@ -146,7 +148,7 @@ def run_local(run: LocalRun, *, progress: bool | None = None, say: Callable[[str
     template = JobSettings(input=run.input, output=run.output, manifest=frozen.manifest, scratch_root=scratch,
                            images_per_child=run.images_per_child, array_index=0, job_id=job_id,
                            s3_endpoint=run.endpoint, train_size=run.train_size, skip_bad_images=run.skip_bad_images,
-                           force=run.force, volume_type="local", process_command=run.process_command)
+                           force=run.force, volume_type=run.volume_type, process_command=run.process_command)
     batch = LocalBatch(template=template, children=frozen.children, workers=run.workers, run_dir=run.run_dir,
                        env=run.env, sidecar=run.sidecar, slow_child=run.slow_child,
                        slow_child_bps=run.slow_child_bps, contract=run.contract)
