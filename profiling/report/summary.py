@@ -99,9 +99,10 @@ def file_rows(data: ReportData) -> list[dict[str, Any]]:
     rows = []
     for entry in data.entries:
         files = (entry.profile.calls or {}).get("files")
-        by_path = files.get("by_path") if isinstance(files, Mapping) else None
-        if not isinstance(by_path, Mapping):
+        if not isinstance(files, Mapping) or not isinstance(files.get("by_path"), Mapping):
             continue
+        by_path = files["by_path"]
+        records = {str(r.get("path")): r for r in files.get("records") or [] if isinstance(r, Mapping)}
         for path, calls in by_path.items():
             if not isinstance(calls, Mapping) or not path:
                 continue
@@ -114,8 +115,28 @@ def file_rows(data: ReportData) -> list[dict[str, Any]]:
                 "read": stats.get("read", {}), "write": stats.get("write", {}),
                 "slowest": None if slowest is None else (slowest[0], slowest[1].get("max_us"),
                                                          slowest[1].get("max_bytes")),
+                "pattern": _pattern(records.get(str(path)), stats),
             })
     return sorted(rows, key=lambda r: -r["time_us"])
+
+
+def _pattern(record: Mapping[str, Any] | None, stats: Mapping[str, Mapping[str, Any]]) -> str:
+    """The access pattern as Darshan counts it: per read and write, how many calls were consecutive (at the
+    offset where the last ended) and sequential (past it), and the commonest sizes."""
+    if not record:
+        return ABSENT
+    parts = []
+    for call in ("read", "write"):
+        counts = record.get(call)
+        total = int((stats.get(call) or {}).get("count") or 0)
+        if isinstance(counts, Mapping) and total:
+            parts.append(f"{call}s: {int(counts.get('consecutive') or 0):,} consecutive, "
+                         f"{int(counts.get('sequential') or 0):,} sequential of {total:,}")
+    sizes = [f"{human_bytes(a.get('bytes'))} x{int(a.get('count') or 0):,}" for a in record.get("access_sizes") or []
+             if isinstance(a, Mapping) and a.get("bytes")]
+    if sizes:
+        parts.append("sizes " + ", ".join(sizes[:3]))
+    return "; ".join(parts) or ABSENT
 
 
 def _io(stats: Mapping[str, Any]) -> str:
@@ -132,7 +153,7 @@ def _files_table(data: ReportData) -> str:
         return ("<p id=no-file-records class=note>No per-file records: they come from the eBPF probe, which did "
                 "not run for this run (it needs root, or the stack's profilerEbpf).</p>")
     head = ("<tr><th class=l>file</th><th class=l>child</th><th class=l>stage</th><th>time in calls</th>"
-            "<th>calls</th><th>reads</th><th>writes</th><th>slowest call</th></tr>")
+            "<th>calls</th><th>reads</th><th>writes</th><th>slowest call</th><th class=l>access pattern</th></tr>")
     body = []
     for r in rows[:TOP_FILES]:
         slow = r["slowest"]
@@ -142,12 +163,13 @@ def _files_table(data: ReportData) -> str:
         body.append(f"<tr class=file-row><td class=l><code>{e(r['path'])}</code></td><td class=l>{e(r['child'])}</td>"
                     f"<td class=l>{e(r['stage'])}</td><td>{e(seconds(r['time_us'] / 1e6))}</td>"
                     f"<td>{r['calls']:,}</td><td>{e(_io(r['read']))}</td><td>{e(_io(r['write']))}</td>"
-                    f"<td>{e(slowest)}</td></tr>")
+                    f"<td>{e(slowest)}</td><td class=wrap>{e(r['pattern'])}</td></tr>")
     return (f"<h3>Files with the most time in calls (top {min(TOP_FILES, len(rows))} of {len(rows)})</h3>"
             f"<table id=files-table>{head}{''.join(body)}</table><p class=note>Per child and stage, from the eBPF "
             "probe's per-file records: time spent in read, write, open, close and fsync on the file; reads and "
             "writes as calls x mean size = bytes (a file read several times over shows more bytes than it "
-            "holds).</p>")
+            "holds); the access pattern as Darshan counts it (consecutive: at the offset where the last call "
+            "ended; sequential: past it) with the commonest sizes.</p>")
 
 
 def summary_section(data: ReportData, advice: Any, apples: Sequence[BadApple]) -> str:

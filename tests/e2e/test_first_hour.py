@@ -135,6 +135,8 @@ def test_the_page_opens_with_its_summary(demo: dict[str, Any]) -> None:
 
     if ebpf.available() is None:
         assert summary.count("class=file-row") == 10 and "input/00000-" in summary
+        # The downloads write each image front to back: Darshan's pattern, from eBPF's per-file records.
+        assert re.search(r"writes: [0-9,]+ consecutive, [0-9,]+ sequential of [0-9,]+; sizes", summary)
     else:
         assert "id=no-file-records" in summary
 
