@@ -33,11 +33,12 @@ def _implied_plan(inputs: list[Path]) -> Any:
 
     for path in inputs:
         if path.is_dir() and runfiles.is_run_dir(path):
-            try:
+            try:  # a damaged file is named by the profile reader afterwards, with its own exit code
                 run = runfiles.read_run(path)
+                profiles = list(runfiles.read_profiles(path))
             except (OSError, ValueError):
                 continue
-            plan = local_plan(list(runfiles.read_profiles(path)), run)
+            plan = local_plan(profiles, run)
             if plan is not None:
                 return plan
     return None
