@@ -141,8 +141,6 @@ def test_the_page_opens_with_its_summary(demo: dict[str, Any]) -> None:
         assert "id=no-file-records" in summary
 
 
-@pytest.mark.xfail(strict=True, reason="plotly's full bundle is 4.8 MB of the page: the partial bundle (the "
-                   "fleet-size issue) brings it under 3 MB")
 def test_the_page_of_a_small_run_weighs_at_most_3_mb(demo: dict[str, Any]) -> None:
     assert runfiles.report_path(demo["run_dir"]).stat().st_size <= 3 * 2**20
 
