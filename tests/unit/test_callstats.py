@@ -80,5 +80,5 @@ def test_the_probe_modules_import_one_way() -> None:
     assert imports("ebpf_maps") == {"profiling.probes.callstats"}
     assert imports("interpose") == {"profiling.probes.callstats"}
     assert imports("ebpf") == {"profiling.probes.callstats", "profiling.probes.cgroup", "profiling.probes.ebpf_host",
-                               "profiling.probes.libbpf", "profiling.probes.procfs"}
-    assert imports("ebpf_host") == {"profiling.probes.libbpf"}
+                               "profiling.probes.ebpf_maps", "profiling.probes.libbpf", "profiling.probes.procfs"}
+    assert imports("ebpf_host") == {"profiling.probes.ebpf_maps", "profiling.probes.libbpf"}
