@@ -59,7 +59,8 @@ def prepared_scratch(tmp_path: Path) -> Iterator[Path]:
     try:
         script = HostTuning(dirty_ratio=None, dirty_background_ratio=None,
                             mount_point=str(mount_point)).render_script(device=device)
-        env = {**os.environ, "IOBATCH_FSTAB": "", "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf")}
+        env = {**os.environ, "IOBATCH_FSTAB": "", "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"),
+               "IOBATCH_IMDS": ""}
         done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120,
                               check=False)
         assert done.returncode == 0, done.stderr

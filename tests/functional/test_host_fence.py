@@ -29,7 +29,7 @@ def run_failing_setup(tmp_path: Path, *, ecs_agent: bool) -> tuple[subprocess.Co
     mount_point.mkdir()
     (mount_point / SCRATCH_READY_MARKER).write_text("prepared on an earlier boot\n")
     script = HostTuning(mount_point=str(mount_point)).render_script(device="/dev/iobatch-no-such-disk")
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IOBATCH_FSTAB": "",
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IOBATCH_FSTAB": "", "IOBATCH_IMDS": "",
            "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf")}
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60, check=False)
     calls = log.read_text().splitlines() if log.exists() else []

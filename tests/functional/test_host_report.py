@@ -40,7 +40,7 @@ def test_a_failed_setup_writes_its_reason_to_the_log_group_before_shutting_down(
     script = HostTuning(mount_point=str(mount_point)).render_script(
         device="/dev/iobatch-no-such-disk", report=HostReport("/aws/batch/iobatch", "eu-west-1", "iobatch"))
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "IOBATCH_FSTAB": "",
-           "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_IMDS": "http://imds.invalid"}
+           "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_IMDS": "http://127.0.0.1:1"}
     result = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode == 1, result.stderr
     calls = log.read_text().splitlines()

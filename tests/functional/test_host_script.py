@@ -73,7 +73,9 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
 
 
 def run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": ""}
+    # No IMDS: this machine is no EC2 instance, and its link-local address is never a target.
+    env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": "",
+           "IOBATCH_IMDS": ""}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 

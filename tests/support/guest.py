@@ -90,7 +90,8 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, c
     conf.write_text(CONTAINERS_CONF)
     (work / "child_job.py").write_text(CHILD_JOB)
     lines = ["set -u", f"export CONTAINERS_CONF={q(str(conf))}",
-             f"bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
+             # The guest has no IMDS (and no route to one): the instance file is left out.
+             f"IOBATCH_IMDS= bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
              "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
     if trace_pauses:
         lines += [f"echo 8192 > {TRACE}/buffer_size_kb",
