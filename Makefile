@@ -29,7 +29,7 @@ CDK_ARGS ?=
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
-	@echo "make test    run the whole suite (unit, functional, synth, e2e, faults)"
+	@echo "make test    run the whole suite (unit, functional, synth, e2e, faults, guest, localstack)"
 	@echo "make synth   cdk synth the stack offline with the pinned CLI"
 	@echo "make bootstrap / deploy / destroy   the CDK CLI with CDK_ARGS (setup-deploy: only what deploying needs)"
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
