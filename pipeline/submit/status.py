@@ -26,6 +26,11 @@ FINISHED = ("SUCCEEDED", "FAILED")
 RUNNING_LISTED = 1000  # running children listed per parent and poll (one ListJobs page), for the slowest
 SLOWEST_SHOWN = 5
 FAILED_LINES = 10  # failed children shown one a line; the rest are counted by exit code
+# Children RUNNABLE this long after submission with none started: Batch cannot place them. AWS Batch's
+# troubleshooting guide ("Jobs stuck in a RUNNABLE status") names the causes: no instance type fits the job's
+# vCPUs and memory, the compute environment at its max vCPUs, or hosts that cannot join the cluster (here: a host
+# that fails its scratch setup shuts down, counted by the stack's host-setup alarm).
+RUNNABLE_WARN_MS = 15 * 60 * 1000
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class JobProgress:
     images: int
     images_per_child: int
     counts: Mapping[str, int]
+    created_ms: int | None = None  # when it was submitted (DescribeJobs createdAt)
 
     @property
     def images_done(self) -> int:
@@ -128,7 +134,22 @@ class BatchStatus:
                              for (code, reason), n in self.failed_by_exit()],
             "slowestRunning": [{"jobId": r.job_id, "index": r.index, "startedAt": r.started_ms}
                                for r in self.slowest],
+            "stuckRunnable": self.stuck_runnable(),
         }
+
+    def stuck_runnable(self) -> str | None:
+        """One line when children have waited RUNNABLE past RUNNABLE_WARN_MS with none ever started, else None."""
+        created = [j.created_ms for j in self.jobs if j.created_ms]
+        started = self.count("STARTING", "RUNNING", "SUCCEEDED", "FAILED")
+        if not created or started or not self.count("RUNNABLE") or not self.now_ms:
+            return None
+        waited = self.now_ms - min(created)
+        if waited < RUNNABLE_WARN_MS:
+            return None
+        return (f"{self.count('RUNNABLE')} children RUNNABLE for {waited / 60000:.0f} min and none started: Batch "
+                "cannot place them. Check the stack's host-setup alarm (hosts failing their scratch setup), the "
+                "compute environment's status and max vCPUs, and that an instance type fits the job's vCPUs and "
+                "memory")
 
     def failed_by_exit(self) -> list[tuple[tuple[int | None, str], int]]:
         """The failed children described, counted by (exit code, reason), most first."""
@@ -152,6 +173,8 @@ class BatchStatus:
             shown = ", ".join(f"exit {'-' if code is None else code} ({reason or 'no reason given'}): {n}"
                               for (code, reason), n in self.failed_by_exit()[:5])
             out.append(f"failed by exit code, of {len(self.failed)} described: {shown}")
+        if (stuck := self.stuck_runnable()) is not None:
+            out.append("warning: " + stuck)
         if self.slowest:
             out.append("slowest running: " + ", ".join(
                 f"child {r.index} for {max(0, self.now_ms - r.started_ms) / 60000:.1f} min" for r in self.slowest))
@@ -257,8 +280,10 @@ def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff |
                     elif status == "RUNNING" and counts[status] <= RUNNING_LISTED:
                         running += _running([child], offset)
         images = _int_tag(tags, TAG_IMAGES, size * per_child)
+        created = parent.get("createdAt")
         progress.append(JobProgress(job_id, str(parent.get("jobName", "")), str(parent.get("status", "")),
-                                    size, offset, images, per_child, counts))
+                                    size, offset, images, per_child, counts,
+                                    created if isinstance(created, int) and not isinstance(created, bool) else None))
     slowest = tuple(sorted(running, key=lambda r: (r.started_ms, r.index))[:SLOWEST_SHOWN])
     return BatchStatus(tuple(progress), _failed_children(batch_client, backoff, failed_summaries[:max_failed]),
                        slowest, int(time.time() * 1000))

@@ -249,3 +249,19 @@ def test_a_20000_child_poll_makes_a_few_calls_and_prints_a_summary() -> None:
     # b (offset 10,000) runs its children 2,000-5,009; the fake starts them in index order
     assert lines[-1].startswith("slowest running: child 12000 for ")
     assert [r.index for r in state.slowest] == [12_000, 12_001, 12_002, 12_003, 12_004]
+
+
+def test_children_runnable_too_long_with_none_started_are_named_once() -> None:
+    minute = 60_000
+
+    def status(waited_min: int, **counts: int) -> sub.BatchStatus:
+        job = sub.JobProgress("j", "iobatch-x", "PENDING", 20_000, 0, 20_000, 1, counts, created_ms=1_000_000)
+        return sub.BatchStatus((job,), (), (), 1_000_000 + waited_min * minute)
+
+    stuck = status(20, RUNNABLE=20_000)
+    warnings = [line for line in stuck.lines() if line.startswith("warning: ")]
+    assert len(warnings) == 1 and "20000 children RUNNABLE for 20 min" in warnings[0], stuck.lines()
+    assert "host-setup alarm" in warnings[0] and stuck.to_json()["stuckRunnable"] == warnings[0][9:]
+    assert status(10, RUNNABLE=20_000).stuck_runnable() is None  # not yet past the 15 minutes
+    assert status(60, RUNNABLE=19_999, RUNNING=1).stuck_runnable() is None  # a host is working
+    assert status(60, RUNNABLE=19_000, SUCCEEDED=1_000).stuck_runnable() is None
