@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 CDK_ARGS ?=
 
 .PHONY: setup bpf guest demo test test-shifted-clock lint synth bench clean help
-.PHONY: setup-deploy bootstrap deploy destroy localstack
+.PHONY: setup-deploy setup-demo bootstrap deploy destroy localstack
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
@@ -67,27 +67,39 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-# Debian packages for the container build, the eBPF probe's build, the slow-disk lab, the report's browser test and the
-# shifted-clock test run (faketime).
-$(TOOLS)/.system-packages: Makefile
+# Debian packages, as root: `make setup` (the tests) installs all of SYSTEM_PACKAGES: the container build, the eBPF
+# probe's build, the slow-disk lab, the report's browser test, the shifted-clock run (faketime) and the cgroup v2
+# guest. `make demo` installs only what the demo runs: the eBPF probe's build and the lab's volume.
+DEMO_PACKAGES := clang libbpf-dev xfsprogs fuse3
+define install-packages
 	@mkdir -p $(TOOLS)
-	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	@missing=$$(for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing Debian packages: $$missing"; \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	  else \
-	    echo "note: not root, so not installing $$missing; the tests that need them will skip"; exit 0; \
+	    echo "note: not root, so not installing $$missing; what needs them says so and is skipped"; exit 0; \
 	  fi; \
 	fi
 	touch $@
+endef
+
+$(TOOLS)/.system-packages: Makefile
+	$(call install-packages,$(SYSTEM_PACKAGES))
+
+$(TOOLS)/.demo-packages: Makefile
+	$(call install-packages,$(DEMO_PACKAGES))
+
+# What `make demo` needs: the Python environment, the S3 server, the interposer and the eBPF probe.
+setup-demo: $(VENV)/.installed $(TOOLS)/bin/versitygw $(TOOLS)/.demo-packages interposer bpf
 
 interposer: $(VENV)/.installed
 	@if [ -f profiling/interpose/Makefile ]; then $(MAKE) --no-print-directory -C profiling/interpose; fi
 
 # The eBPF probe's CO-RE program (profiling/bpf): needs clang and libbpf-dev (installed above as root) and builds
 # from the committed x86_64 vmlinux.h, not this machine's BTF; elsewhere the probe says why it is off and the rest works.
-bpf: $(TOOLS)/.system-packages
+bpf: $(TOOLS)/.demo-packages
 	@if command -v clang >/dev/null && [ -f /usr/include/bpf/bpf_helpers.h ] && [ "$$(uname -m)" = x86_64 ]; \
 	then $(MAKE) --no-print-directory -C profiling/bpf; \
 	else echo "note: not building the eBPF probe (needs clang and libbpf-dev, on x86_64)"; fi
@@ -115,7 +127,7 @@ $(LOCALSTACK_VENV)/.installed: Makefile
 	       >>$(TOOLS)/localstack-install.log 2>&1; then touch $@; \
 	else echo "note: LocalStack did not install (see $(TOOLS)/localstack-install.log): the localstack tests will skip"; fi
 
-demo: setup
+demo: setup-demo
 	$(PY) -m pipeline.cli demo $(DEMO_ARGS)
 
 test: setup
