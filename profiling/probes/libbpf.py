@@ -176,15 +176,20 @@ def run_iterator_fd(prog_fd: int) -> bytes:
         fd = int(lib.bpf_iter_create(link))
         if fd < 0:
             raise _fail("running the task iterator")
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-            return b"".join(chunks)
-        finally:
-            os.close(fd)
+        return _read_all(fd)
     finally:
         os.close(link)
+
+
+def _read_all(fd: int) -> bytes:
+    """Everything an iterator's file descriptor gives, then the descriptor closed."""
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 class BpfObject:
@@ -278,13 +283,7 @@ class BpfObject:
             fd = self._lib.bpf_iter_create(self._lib.bpf_link__fd(link))
             if fd < 0:
                 raise _fail(f"running iterator {name}")
-            try:
-                chunks = []
-                while chunk := os.read(fd, 65536):
-                    chunks.append(chunk)
-                return b"".join(chunks)
-            finally:
-                os.close(fd)
+            return _read_all(fd)
         finally:
             self._lib.bpf_link__destroy(link)
 

@@ -14,13 +14,15 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from profiling import runfiles
 from profiling.emf import profiles_from_emf, stage_key
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.numbers import number
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
+
+T = TypeVar("T")
 
 # EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
 MERGE_WINDOW = 4096
@@ -258,33 +260,26 @@ def _unreadable(file: Path, exc: OSError) -> ReportInputError:
                             "regular files the report can read; remove or fix that one")
 
 
-def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
+def _reading(file: Path, read: Callable[[Path], Iterable[T]]) -> Iterator[T]:
+    """What `read` gives of `file`, its damage or unreadability turned into the report's one-line errors."""
     try:
-        for profile in runfiles.read_profiles(file):
-            yield profile, file.stem
+        yield from read(file)
     except runfiles.DamagedFileError as exc:
         raise DamagedInputError(f"{exc}: {exc.fix}") from None
     except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
         raise _unreadable(file, exc) from None
+
+
+def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
+    return ((profile, file.stem) for profile in _reading(file, runfiles.read_profiles))
 
 
 def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
-    try:
-        yield from runfiles.read_profile_points(file)
-    except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: {exc.fix}") from None
-    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
-        raise _unreadable(file, exc) from None
+    return _reading(file, runfiles.read_profile_points)
 
 
 def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
-    try:
-        for profile in runfiles.read_emf(file):
-            yield profile, file.stem
-    except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: {exc.fix}") from None
-    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
-        raise _unreadable(file, exc) from None
+    return ((profile, file.stem) for profile in _reading(file, runfiles.read_emf))
 
 
 def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None = None) -> ReportData:
