@@ -17,9 +17,9 @@ mount -t debugfs debugfs /sys/kernel/debug 2>/dev/null
 mkdir -p /dev/pts /dev/shm /dev/mqueue
 mount -t devpts -o gid=5,mode=620,ptmxmode=666 devpts /dev/pts
 mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+# /run is the guest's own (a host's lab state there is not the guest's); /tmp and /var/tmp stay the overlay's, so
+# a checkout or a test's files under them are seen at their paths, and what the guest writes there stays in RAM.
 mount -t tmpfs -o mode=0755 tmpfs /run
-mount -t tmpfs -o mode=1777 tmpfs /tmp
-mount -t tmpfs -o mode=1777 tmpfs /var/tmp
 # Enable every controller down the tree, as a systemd host with Delegate=yes does for its containers.
 controllers=$(cat /sys/fs/cgroup/cgroup.controllers)
 for c in $controllers; do echo "+$c" > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null; done
