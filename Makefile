@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 TOOLS := .tools
 VERSITYGW_VERSION := v1.8.0
-SYSTEM_PACKAGES := podman buildah debootstrap clang libbpf-dev bpftool chromium strace xfsprogs faketime fuse3 runc \
+SYSTEM_PACKAGES := podman buildah debootstrap clang libbpf-dev bpftool chromium strace xfsprogs datefudge fuse3 runc \
   qemu-system-x86 qemu-utils busybox-static crun kmod
 # The cgroup v2 guest's kernel (tuning/guest): Debian 12's generic 6.1 kernel, this ABI first.
 GUEST_KERNEL_ABI := 6.1.0-56
@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 CDK_ARGS ?=
 
 .PHONY: setup bpf guest demo test test-shifted-clock lint synth bench clean help
-.PHONY: setup-deploy setup-demo bootstrap deploy destroy localstack
+.PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
 	@echo "make demo    run the main job on the embedded S3 server and print where outputs and report are"
@@ -35,8 +35,12 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 
-setup: $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages interposer bpf guest
-setup: localstack
+setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages
+setup: interposer bpf guest localstack
+	@echo "[$$(date -u +%T)] set up"
+
+setup-start:
+	@echo "[$$(date -u +%T)] setting up"
 
 # Deploying needs only the Python environment, the pinned CDK CLI and a container builder for the job image (no Go,
 # no root, none of the test tools): `make setup-deploy`, then `make bootstrap` and `make deploy`.
@@ -68,7 +72,7 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 # Debian packages, as root: `make setup` (the tests) installs all of SYSTEM_PACKAGES: the container build, the eBPF
-# probe's build, the slow-disk lab, the report's browser test, the shifted-clock run (faketime) and the cgroup v2
+# probe's build, the slow-disk lab, the report's browser test, the shifted-clock run (datefudge) and the cgroup v2
 # guest. `make demo` installs only what the demo runs: the eBPF probe's build and the lab's volume.
 DEMO_PACKAGES := clang libbpf-dev xfsprogs fuse3
 define install-packages
@@ -113,40 +117,46 @@ guest: $(TOOLS)/.system-packages $(VENV)/.installed
 	    || $(PY) -m tuning.guest.assets $(TOOLS)/guest; }; \
 	else echo "note: not preparing the cgroup v2 guest (needs root, qemu-system-x86 and busybox-static)"; fi
 
-# LocalStack's free runtime (S3, CloudWatch Logs) for the localstack test tier, in its own virtualenv: 4.13.1 is the
-# newest on Python 3.11; each pin below prevents a start-up error. Without network or Python it says so once and the
-# tier skips.
+# LocalStack's free runtime (S3, CloudWatch Logs) for the localstack test tier, in its own virtualenv, every package
+# pinned in requirements-localstack.lock (installed without a resolver). Without network or Python it says so once
+# and the tier skips.
 LOCALSTACK_VENV := $(TOOLS)/localstack-venv
-LOCALSTACK_PINS := 'localstack-core[runtime]==4.13.1' 'cbor2<6' 'pyopenssl<25' 'cryptography<45' 'service-identity==24.2.0'
 localstack: $(LOCALSTACK_VENV)/.installed
 
-$(LOCALSTACK_VENV)/.installed: Makefile
+$(LOCALSTACK_VENV)/.installed: requirements-localstack.lock
 	@mkdir -p $(TOOLS)
 	@if { test -x $(LOCALSTACK_VENV)/bin/python || $(PYTHON) -m venv $(LOCALSTACK_VENV); } >$(TOOLS)/localstack-install.log 2>&1 \
-	    && $(LOCALSTACK_VENV)/bin/pip install --quiet --disable-pip-version-check $(LOCALSTACK_PINS) \
+	    && $(LOCALSTACK_VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps -r requirements-localstack.lock \
 	       >>$(TOOLS)/localstack-install.log 2>&1; then touch $@; \
 	else echo "note: LocalStack did not install (see $(TOOLS)/localstack-install.log): the localstack tests will skip"; fi
 
 demo: setup-demo
 	$(PY) -m pipeline.cli demo $(DEMO_ARGS)
 
+# Each step says when it starts (UTC), and pytest names its 20 slowest tests: where a run's time goes.
 test: setup
+	@echo "[$$(date -u +%T)] lint"
 	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
 	$(PY) -m mypy
+	@echo "[$$(date -u +%T)] the shifted clock"
 	$(MAKE) --no-print-directory test-shifted-clock
-	$(PY) -m pytest $(PYTEST_ARGS)
+	@echo "[$$(date -u +%T)] the suite"
+	$(PY) -m pytest --durations=20 $(PYTEST_ARGS)
 
 # No test may depend on today's date or the time zone: the unit tier again, 400 days ahead and at UTC+14
-# (a POSIX TZ string, so no tz database is needed). libfaketime moves the clock for Python, not for Go binaries,
-# which is why only the unit tier (no S3 server, no s5cmd) runs shifted.
-SHIFTED_CLOCK := +400d
+# (a POSIX TZ string, so no tz database is needed). datefudge moves only the wall clock (time, gettimeofday,
+# clock_gettime's CLOCK_REALTIME) for Python and what it starts, not for Go binaries, which is why only the unit tier
+# (no S3 server, no s5cmd) runs shifted. Not libfaketime: its 0.9.10 moves the monotonic clock too, and Python's
+# timed waits (threading.Event.wait(0.5)) then wait 400 days, or time.sleep fails (EINVAL) when told not to.
+# Each test has 5 minutes here; one still running after 2 prints every thread's stack.
+SHIFTED_DAYS := 400
 test-shifted-clock: setup
-	@if command -v faketime >/dev/null 2>&1; then \
-	  echo "unit tier with the clock $(SHIFTED_CLOCK) ahead, TZ UTC+14:"; \
-	  TZ=IOB-14 faketime -f "$(SHIFTED_CLOCK)" $(PY) -m pytest -m unit -q \
-	    -p no:cacheprovider; \
+	@if command -v datefudge >/dev/null 2>&1; then \
+	  echo "unit tier with the clock $(SHIFTED_DAYS) days ahead, TZ UTC+14:"; \
+	  TZ=IOB-14 datefudge "$$(date -u -d '+$(SHIFTED_DAYS) days' '+%F %T UTC')" $(PY) -m pytest -m unit -q \
+	    -p no:cacheprovider -o timeout=300 -o faulthandler_timeout=120; \
 	else \
-	  echo "skipped: the shifted-clock unit run needs faketime (make setup installs it as root)"; \
+	  echo "skipped: the shifted-clock unit run needs datefudge (make setup installs it as root)"; \
 	fi
 
 lint: setup
