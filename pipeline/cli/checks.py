@@ -36,14 +36,25 @@ def _writable(folder: Path) -> bool:
     return os.access(folder, os.W_OK | os.X_OK)
 
 
+def _unusable(path: Path, flag: str, exc: OSError) -> UsageError:
+    """A path stat itself fails on: a name too long for the file system, a loop of links."""
+    shown = str(path) if len(str(path)) <= 80 else str(path)[:80] + "..."
+    return UsageError(f"{flag} {shown} cannot be used ({exc.strerror}): give a shorter, plain path")
+
+
 def output_file(path: Path, flag: str) -> Path:
     """A file the command will write: not a directory, in an existing folder it may write to."""
-    if path.is_dir():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+        folder = path.absolute().parent
+        folder_ok = folder.is_dir()
+    except OSError as exc:
+        raise _unusable(path, flag, exc) from None
+    if is_dir:
         raise UsageError(f"{flag} {path} is a directory: give a file path")
-    folder = path.absolute().parent
-    if not folder.is_dir():
+    if not folder_ok:
         raise UsageError(f"{flag} {path}: the folder {folder} does not exist: create it or give another path")
-    if not _writable(folder) or (path.exists() and not os.access(path, os.W_OK)):
+    if not _writable(folder) or (exists and not os.access(path, os.W_OK)):
         raise UsageError(f"{flag} {path} is not writable: give a path you may write to")
     return path
 
@@ -69,9 +80,8 @@ def output_dir(path: Path, flag: str) -> Path:
     try:
         is_file = path.exists() and not path.is_dir()
         existing = _nearest_existing(path)
-    except OSError as exc:  # a name too long for the file system, a loop of links: stat itself fails
-        shown = str(path) if len(str(path)) <= 80 else str(path)[:80] + "..."
-        raise UsageError(f"{flag} {shown} cannot be used ({exc.strerror}): give a shorter, plain path") from None
+    except OSError as exc:
+        raise _unusable(path, flag, exc) from None
     if is_file:
         raise UsageError(f"{flag} {path} is a file: give a directory")
     if not existing.is_dir():
