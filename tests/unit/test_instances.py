@@ -3,8 +3,15 @@ advisor share."""
 
 from __future__ import annotations
 
-import pytest
+import json
+from pathlib import Path
 
+import pytest
+from typer.testing import CliRunner
+
+from infra.settings import StackSettings
+from pipeline.cli import app
+from tests.support.profiles import batch
 from tuning.instances import (
     INSTANCE_TYPES,
     children_per_host,
@@ -51,3 +58,24 @@ def test_job_memory_is_the_stacks() -> None:
 def test_children_per_host_is_the_lesser_of_vcpus_and_memory(name: str, vcpus_per_job: int, children: int) -> None:
     kind = lookup(name)
     assert kind is not None and children_per_host(kind, vcpus_per_job) == children
+
+
+def test_advise_for_an_instance_type_plans_what_the_stack_runs(tmp_path: Path) -> None:
+    profiles = tmp_path / "part-00000.jsonl"
+    profiles.write_text("".join(json.dumps(p.to_dict()) + "\n" for p in batch(images=80)))
+    result = CliRunner().invoke(app, ["advise", str(profiles), "--instance-type", "r6i.xlarge", "--jobs-per-day",
+                                      "500", "--json"])
+    assert result.exit_code == 0, result.output
+    advice = json.loads(result.output)
+    plan, context = advice["plan"], advice["cdk_context"]
+    assert (plan["instance_type"], plan["jobs_per_instance"], plan["memory_gib"]) == ("r6i.xlarge", 2, 32)
+    assert plan["job_memory_gib"] == 6.75 and round(plan["instance_ebs_mibps"], 1) == 149.0  # 1,250 Mbps
+    # The advice deploys as it planned: the stack runs the same children per host on that type.
+    settings = StackSettings.from_context(context)
+    assert settings.instance_types == ("r6i.xlarge",) and settings.children_per_host == 2
+    kind = lookup("r6i.xlarge")
+    assert kind is not None and children_per_host(kind, settings.vcpus_per_job) == settings.children_per_host
+    # The stack's job does not fit a 4 GiB host: no limit per child is assumed (one given is checked instead).
+    local = CliRunner().invoke(app, ["advise", str(profiles), "--jobs-per-instance", "2", "--memory-gib", "4",
+                                     "--jobs-per-day", "10", "--json"])
+    assert local.exit_code == 0 and json.loads(local.output)["plan"]["job_memory_gib"] is None
