@@ -19,6 +19,14 @@ from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
 from tuning.ebs import Volume, VolumeError
 from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
 from tuning.host import HostTuning, HostTuningError
+from tuning.instances import (
+    DEFAULT_CHILDREN_PER_HOST,
+    DEFAULT_VCPUS_PER_JOB,
+    PROFILER_MEMORY_MIB,
+    children_per_host,
+    task_memory_mib,
+    types_of,
+)
 
 _NAME = re.compile(r"^[a-z][a-z0-9-]{1,30}[a-z0-9]$")
 _VPC_ID = re.compile(r"^vpc-[0-9a-f]{8,17}$")
@@ -34,7 +42,8 @@ PROFILER_INTERPOSE_KEY = "profilerInterpose"
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
-    "instanceTypes", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes", "retryAttempts",
+    "instanceTypes", "childrenPerHost", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes",
+    "retryAttempts",
     "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY,
     "profilerContract", "processCommand", "jobImage",
 )
@@ -57,10 +66,15 @@ class StackSettings:
     pipeline_name: str = "iobatch"
     vpc_id: str | None = None
     volume: Volume = field(default_factory=Volume)  # the scratch volume on every host
-    instance_types: tuple[str, ...] = ("m6i", "c6i", "r6i")
+    # Exact types by default: the ones the scratch volume is sized for (children_per_host), each with memory enough
+    # per vCPU for the default job at one per core (c6i's 2 GiB per vCPU is not).
+    instance_types: tuple[str, ...] = ("m6i.xlarge", "m6i.2xlarge", "r6i.xlarge", "r6i.2xlarge")
+    # The most children one host's scratch volume is sized for (the advisor's plan: jobs per instance); synth
+    # refuses instance types on which Batch would run more at once (each would get less than its share).
+    children_per_host: int = DEFAULT_CHILDREN_PER_HOST
     max_vcpus: int = 256
     min_vcpus: int = 0
-    vcpus_per_job: int = 2
+    vcpus_per_job: int = DEFAULT_VCPUS_PER_JOB
     spot: bool = False
     job_timeout_minutes: int = 120
     retry_attempts: int = 3
@@ -88,14 +102,13 @@ class StackSettings:
 
     @property
     def memory_per_job_mib(self) -> int:
-        """Memory for one job: 3.5 GiB per vCPU, so a 2-vCPU job fits four to an m6i.2xlarge
-        (8 vCPUs, 32 GiB) with room left for the ECS agent and the page cache."""
-        return self.vcpus_per_job * 3584
+        """Memory for one job (tuning.instances.task_memory_mib: 3.5 GiB per vCPU)."""
+        return task_memory_mib(self.vcpus_per_job)
 
     @property
     def profiler_memory_mib(self) -> int:
         """The sidecar's share of the job's memory."""
-        return 256
+        return PROFILER_MEMORY_MIB
 
     @property
     def profiler_vcpus(self) -> int:
@@ -125,6 +138,7 @@ class StackSettings:
             vpc_id=_optional_text(ctx, "vpcId"),
             volume=volume,
             instance_types=_list(ctx, "instanceTypes", base.instance_types),
+            children_per_host=_int(ctx, "childrenPerHost", base.children_per_host),
             max_vcpus=_int(ctx, "maxvCpus", base.max_vcpus),
             min_vcpus=_int(ctx, "minvCpus", base.min_vcpus),
             vcpus_per_job=_int(ctx, "vcpusPerJob", base.vcpus_per_job),
@@ -173,6 +187,9 @@ class StackSettings:
             raise SettingsError(f"vcpusPerJob {self.vcpus_per_job} is outside 1-64")
         if self.vcpus_per_job > self.max_vcpus:
             raise SettingsError(f"vcpusPerJob {self.vcpus_per_job} exceeds maxvCpus {self.max_vcpus}")
+        if not 1 <= self.children_per_host <= 256:
+            raise SettingsError(f"childrenPerHost {self.children_per_host} is outside 1-256")
+        self._validate_hosts()
         if not 1 <= self.job_timeout_minutes <= 14 * 24 * 60:
             raise SettingsError(f"jobTimeoutMinutes {self.job_timeout_minutes} is outside 1-20160")
         if not 1 <= self.retry_attempts <= 10:
@@ -188,6 +205,35 @@ class StackSettings:
             raise SettingsError(f"jobImage {self.job_image[:80]!r} is not an image reference: give e.g. "
                                 "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-iobatch:1")
 
+    def _validate_hosts(self) -> None:
+        """Every instance type the table knows (tuning.instances) that instanceTypes lets Batch launch holds the
+        default job at one per core (memory per vCPU), and runs at most childrenPerHost children at once, so none
+        gets less than its share of the scratch volume. Types the table does not know are not checked."""
+        task_gib = self.memory_per_job_mib / 1024
+        for entry in self.instance_types:
+            kinds = types_of(entry)
+            for kind in kinds:
+                per_cpu = kind.vcpus // self.vcpus_per_job
+                children = children_per_host(kind, self.vcpus_per_job)
+                if children < per_cpu:
+                    raise SettingsError(
+                        f"instanceTypes entry {entry!r}: {kind.name} has {kind.memory_gib / kind.vcpus:g} GiB per vCPU "
+                        f"and holds {children} jobs of {task_gib:g} GiB (vcpusPerJob {self.vcpus_per_job}) on "
+                        f"{kind.vcpus} vCPUs, leaving {kind.vcpus - children * self.vcpus_per_job} idle: use a "
+                        "family with more memory per vCPU (m6i, r6i)")
+            most = max(kinds, key=lambda k: children_per_host(k, self.vcpus_per_job), default=None)
+            children = 0 if most is None else children_per_host(most, self.vcpus_per_job)
+            if most is not None and children > self.children_per_host:
+                launch = (most.name if entry.strip().lower() == most.name
+                          else f"{entry!r} lets Batch launch {most.name}, which")
+                volume, planned = self.volume, self.children_per_host
+                raise SettingsError(
+                    f"instanceTypes entry {launch} runs {children} children at once: each gets "
+                    f"{volume.size_gib / children:,.0f} GiB and {volume.baseline_mibps / children:,.1f} MiB/s of "
+                    f"{volume.label}, less than the plan's share (childrenPerHost {planned}: "
+                    f"{volume.size_gib / planned:,.0f} GiB, {volume.baseline_mibps / planned:,.1f} MiB/s): give exact "
+                    "types that run at most that many (e.g. m6i.2xlarge), or a larger childrenPerHost and volume")
+
     def to_context(self) -> dict[str, str]:
         """The context keys that rebuild these settings (strings, as `-c` passes them)."""
         ctx = {
@@ -196,6 +242,7 @@ class StackSettings:
             "maxvCpus": str(self.max_vcpus),
             "minvCpus": str(self.min_vcpus),
             "vcpusPerJob": str(self.vcpus_per_job),
+            "childrenPerHost": str(self.children_per_host),
             "spot": str(self.spot).lower(),
             "profilerEbpf": str(self.profiler_ebpf).lower(),
             PROFILER_INTERPOSE_KEY: str(self.profiler_interpose).lower(),

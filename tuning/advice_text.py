@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice
+from tuning.cachedomain import domains
 from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
 
@@ -53,6 +54,7 @@ def render(advice: Advice) -> str:
         f"{advice.untuned_download_s:,.1f} s untuned vs {rec.download_s:,.1f} s tuned on {rec.volume.label}"
         + (". The defaults already absorb the burst; the smaller limit keeps less data at risk and less "
            "memory pinned." if cache.default_freerun_bytes >= cache.burst_bytes * CACHE_HEADROOM else "."),
+        *_own_cache(advice),
         f"Durability: {cache.tradeoff}",
         f"Mount options (valid for kernel {plan.kernel_release or 'current'}): "
         f"{cache.tuning.mount_option_string()}",
@@ -78,3 +80,19 @@ def render_findings(advice: Advice) -> list[str]:
                                                 if f.context else ""))
     lines.append("")
     return lines
+
+
+def _own_cache(advice: Advice) -> list[str]:
+    """Each child's own write cache (its container's) against the host's, under the stack's settings now and the
+    advised ones (empty when the plan gives the children no memory limit)."""
+    plan = advice.plan
+    if plan.job_memory_bytes is None:
+        return []
+    now, advised = (domains(t, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+                    for t in (plan.current_tuning, advice.cache.tuning))
+    own_now = now.container.limit_bytes if now.container else 0
+    own_advised = advised.container.limit_bytes if advised.container else 0
+    return [f"Per child: each child's write cache is its container's ({plan.job_memory_gib:g} GiB): its own dirty "
+            f"limit is {own_now / GIB:.2f} GiB under the stack's settings now ({now.tighter}'s domain the tighter; the "
+            f"host's is {now.host.limit_bytes / GIB:.2f} GiB for {plan.jobs_per_instance}) and "
+            f"{own_advised / GIB:.2f} GiB advised: vm.dirty_* reach a child in proportion to its memory."]

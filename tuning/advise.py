@@ -30,6 +30,7 @@ from typing import Any
 
 from profiling import emf, runfiles
 from profiling.metrics import StageProfile, median
+from tuning.cachedomain import domains, host_bytes_for_child_limit
 from tuning.ebs import GIB, MIB, Volume
 from tuning.findings import Finding, Situation, find
 from tuning.host import KERNEL_DEFAULTS, HostTuning
@@ -122,6 +123,7 @@ class Advice:
         return {
             "plan": {
                 "jobs_per_instance": self.plan.jobs_per_instance, "memory_gib": self.plan.memory_gib,
+                "job_memory_gib": self.plan.job_memory_gib, "instance_type": self.plan.instance_type,
                 "jobs_per_day": self.plan.jobs_per_day, "instance_ebs_mibps": self.plan.instance_ebs_mibps,
                 "kernel_release": self.plan.kernel_release, "waves_per_day": self.plan.waves_per_day,
                 "instance_usd_per_hour": self.plan.instance_usd_per_hour, "assumed": self.plan.assumed,
@@ -173,14 +175,13 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     workload = workload_from_profiles(profiles, io_size_kib=plan.io_size_kib, random_pct=plan.random_pct)
     cache = advise_cache(workload, plan)
     volumes = list(candidates) if candidates else default_candidates(workload, plan)
-    dirty_bytes = cache.tuning.dirty_bytes or 0
-    background = cache.tuning.dirty_background_bytes or 0
-    tuned = WriteCache(dirty_bytes, background)
+    tuned = _cache(cache.tuning, plan)
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
     untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
+    context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
                   _burst_note(recommended), tuple(findings))
@@ -190,17 +191,11 @@ def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload,
                cache: CacheAdvice, recommended: Volume) -> Situation:
     """The stack's volume and cache as they are now, replayed under the plan, for the findings."""
     volume, tuning = plan.current_volume, plan.current_tuning
-    if tuning.dirty_bytes:
-        current_cache = WriteCache(tuning.dirty_bytes, tuning.dirty_background_bytes or 0)
-    elif tuning.dirty_ratio:
-        current_cache = WriteCache.from_ratios(plan.memory_bytes, tuning.dirty_ratio,
-                                               tuning.dirty_background_ratio or 0)
-    else:
-        current_cache = _kernel_default_cache(plan)
-    now = _evaluate(volume, workload, plan, current_cache)
+    current = domains(tuning, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+    now = _evaluate(volume, workload, plan, current.effective)
     advised = _evaluate(volume, workload, plan, tuned, waves=1)
     return Situation(plan, profiles, workload, volume, tuning, now.download_s, now.steady_download_s,
-                     now.credits_run_out_h, advised.download_s, cache.tuning, recommended)
+                     now.credits_run_out_h, advised.download_s, cache.tuning, recommended, current)
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult:
@@ -218,15 +213,25 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
 
     Writers run free until dirty data reaches (background + limit) / 2. With the background limit at
     half the hard limit, that point is 3/4 of the limit, so limit = burst x headroom / 0.75, capped by
-    the memory budget.
+    the memory budget. When each child has a memory limit, its own domain must pass its own burst too: the host's
+    dirty_bytes reaches it in proportion to its memory (tuning.cachedomain), so the host's limit is raised until
+    the child's own is its burst x headroom / 0.75, within the budget's share of the child's memory.
     """
-    burst = plan.jobs_per_instance * max(s.write_bytes for s in workload.stages)
+    per_child = max(s.write_bytes for s in workload.stages)
+    burst = plan.jobs_per_instance * per_child
     budget = int(plan.memory_bytes * plan.cache_budget_pct / 100)
     want = math.ceil(burst * CACHE_HEADROOM / 0.75)
+    child_fits = True
+    job_bytes = plan.job_memory_bytes
+    if job_bytes is not None:
+        child_want = math.ceil(per_child * CACHE_HEADROOM / 0.75)
+        child_budget = int(job_bytes * plan.cache_budget_pct / 100)
+        child_fits = child_want <= child_budget
+        want = max(want, host_bytes_for_child_limit(min(child_want, child_budget), plan.memory_bytes, job_bytes))
     limit = max(min(want, budget), 64 * MIB)
     limit = math.ceil(limit / MIB) * MIB
     background = limit // 2
-    fits = want <= budget
+    fits = want <= budget and child_fits
     tuning = HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=limit,
                         dirty_background_bytes=background)
     tuning.validate(plan.kernel_release)
@@ -239,7 +244,12 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
         "uploaded. Dirty pages cannot be reclaimed until written, so this memory is not available to "
         "the jobs while the burst drains."
     )
-    if not fits:
+    if not child_fits:
+        tradeoff += (
+            f" Each child's own write cache is the dirty ratio of its {plan.job_memory_gib:g} GiB (its container's): "
+            f"its burst of {per_child / GIB:.2f} GiB does not fit in {plan.cache_budget_pct:.0f}% of that; more "
+            "memory per job (vcpusPerJob) would let it fit.")
+    elif not fits:
         tradeoff += (
             f" Absorbing the burst ({burst / GIB:.2f} GiB) needs a {want / GIB:.2f} GiB limit, more than the "
             f"{plan.cache_budget_pct:.0f}% memory budget ({budget / GIB:.2f} GiB): past "
@@ -249,10 +259,18 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
     return CacheAdvice(tuning, burst, budget, fits, default.freerun_bytes, tradeoff)
 
 
+def _cache(tuning: HostTuning, plan: Plan) -> WriteCache:
+    """The write cache the plan's children meet under `tuning`: the host's, or their containers' when tighter."""
+    return domains(tuning, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance).effective
+
+
 def _kernel_default_cache(plan: Plan) -> WriteCache:
-    ratio = KERNEL_DEFAULTS.dirty_ratio or 20
-    background = KERNEL_DEFAULTS.dirty_background_ratio or 10
-    return WriteCache.from_ratios(plan.memory_bytes, ratio, background)
+    return _cache(KERNEL_DEFAULTS, plan)
+
+
+def default_cache_domain(plan: Plan) -> str:
+    """Which domain pauses the children under the kernel's defaults: 'container' or 'host'."""
+    return domains(KERNEL_DEFAULTS, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance).tighter
 
 
 def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:

@@ -26,21 +26,16 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 from profiling.bounds import SHORT_STAGE_S
-from profiling.metrics import STAGES, StageProfile, by_call, median
+from profiling.metrics import STAGES, by_call, median
 from profiling.outliers import find_slow
+from tuning.dirtypause import dirty_pause
 from tuning.ebs import GIB, MIB, Volume
-from tuning.host import HostTuning
-from tuning.plan import Plan, Workload
 from tuning.simulator import WriteCache
+from tuning.situation import SEVERITIES, Finding, Situation, _finding, _shared, _values
 
-DAYS_PER_MONTH = 30
-SEVERITIES = ("high", "medium", "low", "info")
-# Writers count as paused when the dirty-throttle pause (eBPF) is at least this long in a stage.
-DIRTY_PAUSE_MIN_MS = 100.0
+__all__ = ["CHECKS", "Finding", "Situation", "find", "graded"]
 # A stage waits on I/O when PSI io stall is at least this share of its duration; CPU-bound below the other.
 IO_BOUND_SHARE = 0.5
 CPU_BOUND_SHARE = 0.1
@@ -63,132 +58,7 @@ SEVERITY_SHARES = (0.25, 0.05)
 COST_FLOOR_S = 0.5
 COST_FLOOR_SHARE = 0.02
 
-
-@dataclass(frozen=True)
-class Finding:
-    """One named finding; `to_dict()` is the JSON shape the report renders."""
-
-    code: str
-    severity: str  # one of SEVERITIES
-    title: str
-    evidence: str
-    fix: str
-    cost_s_per_child: float | None
-    cost_usd_per_month: float | None
-    context: dict[str, str] = field(default_factory=dict)
-    stage: str | None = None  # the stage it is about, when one
-    what_if: str | None = None  # the modelled volume (e.g. "st1 500 GiB") when the run did not run on it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "code": self.code, "severity": self.severity, "title": self.title, "evidence": self.evidence,
-            "fix": self.fix,
-            "cost_s_per_child": None if self.cost_s_per_child is None else round(self.cost_s_per_child, 1),
-            "cost_usd_per_month": None if self.cost_usd_per_month is None else round(self.cost_usd_per_month, 2),
-            "context": dict(self.context), "stage": self.stage, "what_if": self.what_if,
-        }
-
-
-@dataclass(frozen=True)
-class Situation:
-    """What the findings are judged on: the plan, the profiles and the advisor's results."""
-
-    plan: Plan
-    profiles: Sequence[StageProfile]
-    workload: Workload
-    volume: Volume  # the stack's scratch volume now
-    tuning: HostTuning  # the stack's write-cache settings now
-    current_download_s: float  # the stack's volume and cache, first round of the day (simulated)
-    current_steady_download_s: float  # the same, late in the day
-    current_credits_run_out_h: float | None
-    tuned_download_s: float  # the stack's volume with the advised cache
-    advised_tuning: HostTuning
-    recommended: Volume
-
-    def usd_per_month(self, cost_s_per_child: float | None) -> float | None:
-        """Instance dollars per month (per instance) that `cost_s_per_child` seconds per child cost."""
-        if cost_s_per_child is None:
-            return None
-        rounds = self.plan.jobs_per_day / self.plan.jobs_per_instance
-        return cost_s_per_child * rounds * DAYS_PER_MONTH * self.plan.instance_usd_per_hour / 3600
-
-    def of_stage(self, stage: str) -> list[StageProfile]:
-        return [p for p in self.profiles if p.stage == stage and p.outcome == "ok"]
-
-    @property
-    def what_if(self) -> str | None:
-        """The stack's volume when the profiles say they ran on another type (e.g. VolumeType `local`), else None."""
-        measured = {p.properties.get("VolumeType") for p in self.profiles} - {None, ""}
-        # Profiles that do not say (older ones) are taken as run on the stack's volume, as before.
-        return None if not measured or measured == {self.volume.kind} else self.volume.label
-
-    def sharers(self, stage: str) -> int:
-        """The most children profiled on the scratch device at once during `stage` (1 when not known)."""
-        return max((p.device_sharers or 1 for p in self.of_stage(stage)), default=1)
-
-    def child_s(self) -> float:
-        """The median child's time in its top-level stages."""
-        per_child: dict[str, float] = {}
-        for p in self.profiles:
-            if p.outcome == "ok" and "/" not in p.stage:
-                key = p.properties.get("ArrayIndex") or p.properties.get("JobId") or ""
-                per_child[key] = per_child.get(key, 0.0) + p.duration_s
-        return median(list(per_child.values())) if per_child else 0.0
-
-
-def _values(profiles: Sequence[StageProfile], get: Callable[[StageProfile], float | None]) -> list[float]:
-    return [v for v in (get(p) for p in profiles) if v is not None]
-
-
-def _finding(s: Situation, code: str, severity: str, title: str, evidence: str, fix: str,
-             cost: float | None, context: dict[str, str] | None = None, *, stage: str | None = None,
-             modelled: bool = False) -> Finding:
-    """A finding; `modelled` when it judges the stack's volume by its model rather than by what was measured:
-    a what-if when the run did not run on that volume type."""
-    what_if = s.what_if if modelled else None
-    if what_if:
-        title = f"if this ran on {what_if}: {title[0].lower()}{title[1:]}"
-    return Finding(code, severity, title, evidence, fix, cost, s.usd_per_month(cost), context or {}, stage, what_if)
-
-
-def _shared(s: Situation, stage: str) -> str:
-    """The scope of a device figure: '' when the child had the device to itself."""
-    n = s.sharers(stage)
-    return f" (device-wide: {n} children shared the scratch disk, their writeback included)" if n > 1 else ""
-
-
 # ---- the checks: each returns its findings (usually none or one) -------------------------------------
-
-
-def dirty_pause(s: Situation) -> list[Finding]:
-    """Writers paused by the dirty limit: eBPF's pause, or dirty data at the limit's freerun point."""
-    out = []
-    for stage in STAGES:
-        rows = s.of_stage(stage)
-        pauses = _values(rows, lambda p: p.dirty_throttle_ms)
-        at_limit = [p for p in rows if p.peak_dirty_bytes and p.dirty_threshold_bytes
-                    and p.dirty_background_threshold_bytes is not None
-                    and p.peak_dirty_bytes >= (p.dirty_threshold_bytes + p.dirty_background_threshold_bytes) / 2]
-        pause = median(pauses) if pauses else None
-        if not (pause is not None and pause >= DIRTY_PAUSE_MIN_MS) and len(at_limit) * 2 <= len(rows):
-            continue
-        cost: float | None
-        modelled = False
-        if pause is not None and pause >= DIRTY_PAUSE_MIN_MS:
-            evidence = f"{stage}: writers paused {pause / 1000:.1f} s per child in balance_dirty_pages (median)"
-            cost = pause / 1000
-        else:
-            modelled = stage == "download"
-            evidence = (f"{stage}: dirty data reached the point where the kernel pauses writers in "
-                        f"{len(at_limit)} of {len(rows)} children")
-            cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
-        t = s.advised_tuning
-        out.append(_finding(
-            s, "DIRTY_PAUSE", "high", f"Writers paused by the dirty limit ({stage})", evidence,
-            f"raise the write cache to vm.dirty_bytes={t.dirty_bytes} / vm.dirty_background_bytes="
-            f"{t.dirty_background_bytes} so one instance's burst passes without pauses",
-            cost, t.to_context(), stage=stage, modelled=modelled))
-    return out
 
 
 def credits(s: Situation) -> list[Finding]:

@@ -38,6 +38,10 @@ class Plan:
     jobs_per_instance: int
     memory_gib: float
     jobs_per_day: int  # per instance: each instance has its own scratch volume
+    # Each child's memory limit (the job container's MEMORY, tuning.instances.job_memory_mib): its own write cache is
+    # the dirty ratio of it (tuning.cachedomain). None: the children have no memory limit (the host's cache only).
+    job_memory_gib: float | None = None
+    instance_type: str | None = None  # the instance type the plan's figures came from, when one
     instance_ebs_mibps: float | None = None
     kernel_release: str | None = None
     cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
@@ -59,6 +63,9 @@ class Plan:
             raise AdviseError(f"jobs per instance {self.jobs_per_instance} must be at least 1")
         if not self.memory_gib > 0:
             raise AdviseError(f"instance memory {self.memory_gib} GiB must be positive, e.g. --memory-gib 16")
+        if self.job_memory_gib is not None and not 0 < self.job_memory_gib <= self.memory_gib:
+            raise AdviseError(f"job memory {self.job_memory_gib:g} GiB is not within the instance's "
+                              f"{self.memory_gib:g} GiB: give e.g. --job-memory-gib 6.75")
         if self.jobs_per_day < 1:
             raise AdviseError(f"jobs per day {self.jobs_per_day} must be at least 1")
         if self.instance_ebs_mibps is not None and not self.instance_ebs_mibps > 0:
@@ -80,12 +87,25 @@ class Plan:
         return int(self.memory_gib * GIB)
 
     @property
+    def host_context(self) -> dict[str, str]:
+        """The stack's context keys for the host the plan names (none when it names no instance type)."""
+        if self.instance_type is None:
+            return {}
+        return {"instanceTypes": self.instance_type, "childrenPerHost": str(self.jobs_per_instance)}
+
+    @property
+    def job_memory_bytes(self) -> int | None:
+        return None if self.job_memory_gib is None else int(self.job_memory_gib * GIB)
+
+    @property
     def waves_per_day(self) -> int:
         return math.ceil(self.jobs_per_day / self.jobs_per_instance)
 
     def describe(self) -> str:
         """The plan in one line, with what it assumes: what every price of the advice depends on."""
-        return (f"{self.jobs_per_instance} jobs per instance, {self.memory_gib:g} GiB memory, "
+        return ((f"{self.instance_type}: " if self.instance_type else "")
+                + f"{self.jobs_per_instance} jobs per instance, {self.memory_gib:g} GiB memory"
+                + (f" ({self.job_memory_gib:g} GiB per job)" if self.job_memory_gib is not None else "") + ", "
                 f"{self.jobs_per_day:,} jobs per instance per day, instance ${self.instance_usd_per_hour:g}/h"
                 + (f" ({self.assumed})" if self.assumed else ""))
 

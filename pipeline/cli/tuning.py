@@ -11,6 +11,7 @@ import typer
 
 from pipeline.errors import PermanentError, UsageError
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
+from tuning.instances import DEFAULT_VCPUS_PER_JOB, children_per_host, job_memory_mib
 
 # The lab's own flags: each round runs two whole batches; a larger time scale leaves a credit bucket of less
 # than a MiB; the loop file is sparse but its file system is built in full; the largest EC2 instances hold
@@ -61,6 +62,25 @@ def _plan_figures(inputs: list[Path], given: tuple[int | None, float | None, int
         implied.network_loopback
 
 
+def _instance(name: str | None, vcpus_per_job: int) -> Any:
+    """--instance-type from the table (tuning.instances), or None; a type it does not know, or one that cannot
+    hold a job, is a usage error naming the flag."""
+    if name is None:
+        return None
+    from tuning.instances import children_per_host, known_types_text, lookup, task_memory_mib
+
+    kind = lookup(name)
+    if kind is None:
+        raise UsageError(f"--instance-type {name[:40]!r} is not in the instance table: use one of "
+                         f"{known_types_text()} (see `iobatch advise --help`), or give --memory-gib and "
+                         "--jobs-per-instance instead")
+    if children_per_host(kind, vcpus_per_job) == 0:
+        raise UsageError(f"--instance-type {kind.name} ({kind.vcpus} vCPUs, {kind.memory_gib} GiB) cannot hold one "
+                         f"job of {vcpus_per_job} vCPUs and {task_memory_mib(vcpus_per_job) / 1024:g} GiB "
+                         "(--vcpus-per-job): give a larger type")
+    return kind
+
+
 def advise(
     inputs: list[Path] = typer.Argument(None, metavar="RUN_DIR_OR_FILE", help="Run directories, profile .jsonl files "
                                         "or EMF files (local, or downloaded from CloudWatch Logs)."),
@@ -94,6 +114,20 @@ def advise(
                                                 "per hour, to price findings."),
     instance_network_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The "
                                                         "instance's network bandwidth in MiB/s."),
+    instance_type: str | None = typer.Option(None, metavar="TYPE", help="An EC2 instance type of the project's table "
+                                             "(m6i, c6i, r6i, m6id, c6id, r6id, i4i; .large to .32xlarge and .metal; "
+                                             "tuning/instances.py, AWS's figures): its memory, EBS baseline bandwidth "
+                                             "and the children Batch runs on it (vCPUs / --vcpus-per-job, fewer when "
+                                             "its memory holds fewer) are the plan's defaults."),
+    vcpus_per_job: int = typer.Option(DEFAULT_VCPUS_PER_JOB, min=1, max=64, metavar="N", help="The stack's "
+                                      "vcpusPerJob: children per host with --instance-type, and the job memory's "
+                                      "default."),
+    job_memory_gib: float | None = typer.Option(None, min=0.25, max=32768, metavar="GIB", help="Each child's memory "
+                                                "limit (the job container's MEMORY): its own write cache is the dirty "
+                                                "ratio of it, not of the host's memory. Default: the stack's for "
+                                                "--vcpus-per-job (3.5 GiB per vCPU less the profiler's 256 MiB: 6.75 "
+                                                "GiB for 2); none for a local run's own plan (its children had no "
+                                                "limit) or when it exceeds --memory-gib."),
     as_json: bool = typer.Option(False, "--json", help="Print the advice as JSON."),
 ) -> None:
     """Recommend a scratch volume, write-cache settings and mount options from a run's profiles, and print
@@ -108,11 +142,20 @@ def advise(
     from tuning.host import HostTuningError
     from tuning.plan import AdviseError, Plan, parse_candidate
 
+    kind = _instance(instance_type, vcpus_per_job)
+    if kind is not None:
+        jobs_per_instance = jobs_per_instance or children_per_host(kind, vcpus_per_job)
+        memory_gib = memory_gib or float(kind.memory_gib)
+        instance_ebs_mibps = instance_ebs_mibps or kind.ebs_baseline_mibps
     (per_instance, memory, per_day), assumed, loopback = _plan_figures(
         list(inputs or []), (jobs_per_instance, memory_gib, jobs_per_day))
+    if job_memory_gib is None and memory_gib is not None:  # a local run's own plan: its children had no limit
+        stack_default = job_memory_mib(vcpus_per_job) / 1024
+        job_memory_gib = stack_default if stack_default <= memory else None
     try:
         plan = Plan(
             jobs_per_instance=per_instance, memory_gib=memory, jobs_per_day=per_day, assumed=assumed,
+            job_memory_gib=job_memory_gib, instance_type=None if kind is None else kind.name,
             network_loopback=loopback, instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel,
             cache_budget_pct=cache_budget_pct,
             io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,

@@ -85,3 +85,8 @@ def test_bad_context_stops_the_app_with_the_key_named() -> None:
         build_app({"mountOptions": "noatime,nobarrier,nofail"})
     with pytest.raises(SettingsError, match="instanceTypes entry 'q9z'"):
         build_app({"instanceTypes": "q9z"})
+    # The families of old: c6i cannot hold the default job at one per core, and m6i.32xlarge runs 64 children.
+    with pytest.raises(SettingsError, match=r"entry 'm6i' lets Batch launch m6i.32xlarge, which runs 64 children"):
+        build_app({"instanceTypes": '["m6i", "c6i", "r6i"]'})
+    with pytest.raises(SettingsError, match=r"c6i\.2xlarge has 2 GiB per vCPU"):
+        build_app({"instanceTypes": "c6i.2xlarge"})

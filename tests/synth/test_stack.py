@@ -9,6 +9,7 @@ from typing import Any
 from aws_cdk import assertions
 
 from infra.dashboard import dashboard_metrics, slowest_download_query
+from infra.settings import StackSettings
 from pipeline.interface import (
     AWS_ENV,
     CONTAINER_COMMANDS,
@@ -93,7 +94,8 @@ def test_compute_environment_pins_the_launch_template_version(synthesized: Synth
         "Version": {"Fn::GetAtt": [lt_id, "LatestVersionNumber"]},
     }
     assert resources["Ec2Configuration"] == [{"ImageType": "ECS_AL2023"}]
-    assert resources["InstanceTypes"] == ["m6i", "c6i", "r6i"]
+    # Exact types, the ones the volume plan assumes (tests/unit/test_stack_settings.py: they fit the default job).
+    assert resources["InstanceTypes"] == list(StackSettings().instance_types)
     assert resources["AllocationStrategy"] == "BEST_FIT_PROGRESSIVE"
     assert (resources["MinvCpus"], resources["MaxvCpus"]) == (0, 256)
     assert env["Type"] == "MANAGED"

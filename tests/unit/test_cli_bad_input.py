@@ -182,6 +182,16 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                                "'--jobs-per-day'"),
     "advise-random-pct-nan": lambda d: Case(["advise", str(d), "--random-pct", "nan"], EXIT_USAGE, "'--random-pct'"),
     "advise-memory-zero": lambda d: Case(["advise", str(d), "--memory-gib", "0"], EXIT_USAGE, "'--memory-gib'"),
+    "advise-instance-type-unknown": lambda d: Case(["advise", str(d), "--instance-type", "m7i.large"], EXIT_USAGE,
+                                                   "--instance-type 'm7i.large' is not in the instance table: use "
+                                                   "one of m6i.{large..32xlarge,metal}"),
+    "advise-instance-type-too-small": lambda d: Case(["advise", str(d), "--instance-type", "c6i.large"], EXIT_USAGE,
+                                                     "--instance-type c6i.large (2 vCPUs, 4 GiB) cannot hold one job"),
+    "advise-vcpus-per-job-zero": lambda d: Case(["advise", str(d), "--vcpus-per-job", "0"], EXIT_USAGE,
+                                                "'--vcpus-per-job'"),
+    "advise-job-memory-over-host": lambda d: Case(["advise", str(_run_dir(d, _profile_line())), "--jobs-per-instance",
+                                                   "1", "--memory-gib", "4", "--jobs-per-day", "1", "--job-memory-gib",
+                                                   "8"], EXIT_USAGE, "job memory 8 GiB is not within the instance's 4"),
     # lab: its flags are checked before it asks for root or touches a kernel setting
     "lab-rounds-huge": lambda d: Case(["lab", "--rounds", "1000"], EXIT_USAGE, "'--rounds'"),
     "lab-workers-huge": lambda d: Case(["lab", "--workers", "100000"], EXIT_USAGE, "'--workers'"),

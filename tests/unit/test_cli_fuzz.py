@@ -65,7 +65,8 @@ COMMAND_FLAGS: dict[str, list[str]] = {
     "process": ["--train-size"],
     "report": ["--out", "--from-cloudwatch", "--since", "--namespace", "--region", "--logs-endpoint", "--advice"],
     "advise": ["--jobs-per-instance", "--memory-gib", "--jobs-per-day", "--instance-ebs-mibps", "--kernel",
-               "--candidate", "--cache-budget-pct", "--io-size-kib"],
+               "--candidate", "--cache-budget-pct", "--io-size-kib", "--instance-type", "--vcpus-per-job",
+               "--job-memory-gib"],
     # the lab's runs boot the guest or, on this machine, change kernel settings: stubbed above, so only its checks
     # run
     "lab": ["--volume", "--memory-gib", "--workload", "--workers", "--images", "--image-mib", "--images-per-child",

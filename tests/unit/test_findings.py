@@ -10,39 +10,12 @@ import pytest
 
 from profiling.metrics import StageProfile
 from profiling.probes.callstats import NO_SIZE, Stats, calls_dict
+from tests.support.profiles import IMAGE, batch, child
 from tuning.advise import advise
-from tuning.ebs import GIB, MIB, Volume
+from tuning.ebs import GIB, Volume
 from tuning.findings import CHECKS, Finding, find
 from tuning.host import HostTuning
 from tuning.plan import Plan
-
-IMAGE = 25 * MIB
-
-
-def child(i: int, *, download_s: float = 1.5, stall_ms: float = 300.0, images: int = 5,
-          **download: object) -> list[StageProfile]:
-    """One clean child: a download at 83 MiB/s (near the st1's burst) that waits a little on I/O, a
-    CPU-bound process stage with a small shard, and an upload."""
-    size = images * IMAGE
-    props = {"ArrayIndex": str(i)}
-    fields: dict[str, object] = dict(
-        read_bytes=size, write_bytes=size, storage_write_bytes=size, device_write_bytes=size,
-        device_write_ops=size // MIB, io_stall_some_ms=stall_ms,
-        device_utilization_pct=40.0, device_queue_depth=1.0, peak_dirty_bytes=size,
-        dirty_threshold_bytes=4 * GIB, dirty_background_threshold_bytes=2 * GIB, properties=props)
-    fields.update(download)
-    return [
-        StageProfile("download", "ok", 0.0, download_s, **fields),  # type: ignore[arg-type]
-        StageProfile("process", "ok", 12.0, 20.0, read_bytes=size, write_bytes=size // 8,
-                     storage_write_bytes=size // 8, io_stall_some_ms=100.0, properties=props),
-        StageProfile("upload", "ok", 32.0, 3.0, read_bytes=size // 8, write_bytes=size // 8,
-                     io_stall_some_ms=100.0, properties=props),
-    ]
-
-
-def batch(children: int = 6, **download: object) -> list[StageProfile]:
-    return [p for i in range(children) for p in child(i, **download)]
-
 
 PLAN = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=40)
 

@@ -7,6 +7,7 @@ import pytest
 from infra.settings import CONTEXT_KEYS, SettingsError, StackSettings
 from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
 from tuning.ebs import Volume, VolumeError
+from tuning.instances import children_per_host, types_of
 
 
 def test_defaults() -> None:
@@ -46,6 +47,7 @@ def test_round_trip_through_context() -> None:
     ({"retryAttempts": 11}, "retryAttempts 11 is outside 1-10"),
     ({"mountOptions": "noatime"}, "lack 'nofail'"),
     ({"dirtyRatio": 10, "dirtyBackgroundRatio": 20}, "not below dirty_ratio=10"),
+    ({"childrenPerHost": 0}, "childrenPerHost 0 is outside 1-256"),
 ])
 def test_bad_context_names_the_key_and_the_fix(ctx: dict[str, object], message: str) -> None:
     with pytest.raises(SettingsError, match=message):
@@ -89,3 +91,33 @@ def test_stack_reads_the_volume_exactly_as_the_model_does(ctx: dict[str, object]
 
 def test_stack_context_keys_include_the_models() -> None:
     assert set(VOLUME_CONTEXT_KEYS) <= set(CONTEXT_KEYS)
+
+
+def test_the_default_instance_types_fit_the_default_job_at_one_per_core() -> None:
+    settings = StackSettings()
+    assert settings.instance_types and all(types_of(e) for e in settings.instance_types)
+    for kind in (k for e in settings.instance_types for k in types_of(e)):
+        fits = children_per_host(kind, settings.vcpus_per_job)
+        assert fits == kind.vcpus // settings.vcpus_per_job <= settings.children_per_host, kind.name
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    # c6i: 2 GiB per vCPU cannot hold a 2-vCPU 7 GiB job at one per core (two on 8 vCPUs).
+    ({"instanceTypes": "c6i.2xlarge"}, r"c6i.2xlarge has 2 GiB per vCPU and holds 2 jobs of 7 GiB .* 4 idle"),
+    ({"instanceTypes": "m6i.2xlarge,c6i"}, r"entry 'c6i': c6i.large has 2 GiB per vCPU and holds 0 jobs"),
+    # A family: Batch may launch its largest size, where 64 children share the one volume.
+    ({"instanceTypes": "m6i"}, r"entry 'm6i' lets Batch launch m6i.32xlarge, which runs 64 children at once: each "
+                               r"gets 8 GiB and 0.3 MiB/s of st1 500 GiB, less than the plan's share "
+                               r"\(childrenPerHost 4: 125 GiB, 4.9 MiB/s\)"),
+    ({"instanceTypes": "m6i.2xlarge", "vcpusPerJob": 1}, "entry m6i.2xlarge runs 8 children at once"),
+    ({"instanceTypes": "r6i.4xlarge", "childrenPerHost": 7}, "runs 8 children"),
+])
+def test_synth_refuses_hosts_that_give_a_child_less_than_the_plan(ctx: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        StackSettings.from_context(ctx)
+
+
+def test_hosts_within_the_plan_and_types_the_table_does_not_know_pass() -> None:
+    assert StackSettings.from_context({"instanceTypes": "m6i", "childrenPerHost": 64}).children_per_host == 64
+    assert StackSettings.from_context({"instanceTypes": "r6i.4xlarge", "childrenPerHost": 8}).instance_types
+    assert StackSettings.from_context({"instanceTypes": "m7i.48xlarge"}).instance_types == ("m7i.48xlarge",)

@@ -1,0 +1,145 @@
+"""The EC2 instance types the stack can launch, and how many children Batch packs onto one. Pure; imports nothing of
+the project, so the stack (infra) and the advisor share it: one owner of a job's memory and of children per host.
+
+Figures are AWS's, from the "Amazon EC2 Instance Types" guide (Specifications: general purpose, compute optimized,
+memory optimized, storage optimized; its "Amazon EBS specifications" tables, which the EC2 User Guide's "Amazon
+EBS-optimized instance types" page repeats, and its "Instance store specifications" tables, which "Instance store
+volume limits for EC2 instances" repeats), as published in 2024:
+
+- vCPUs and memory (GiB): the "Performance specifications" tables. Within a family memory per vCPU is fixed
+  (m6i/m6id 4 GiB, c6i/c6id 2 GiB, r6i/r6id and i4i 8 GiB), so a row is its size's vCPUs x that ratio (derived;
+  the tables agree for every size listed here).
+- EBS bandwidth, baseline / maximum, in Mbps as AWS gives it: sizes up to 4xlarge burst to the maximum "for 30
+  minutes at least once every 24 hours" and otherwise hold the baseline; larger sizes have one figure. The MiB/s
+  the advisor uses is derived: Mbps x 10^6 / 8 / 2^20.
+- Instance store: count x size in GB (10^9 bytes), NVMe SSD, for m6id/c6id/r6id and i4i; none for m6i/c6i/r6i.
+
+Batch places a job on a host whose registered memory holds the job's MEMORY ("Compute resource memory
+management", AWS Batch User Guide: the ECS agent registers the memory the OS reports, less than the installed
+memory (7985 of 8192 MiB on an m4.large), and the Batch AMI reserves 32 MiB more, ECS_RESERVED_MEMORY).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# A job's memory: 3.5 GiB per vCPU of vcpusPerJob (the whole job: the job container and the profiler sidecar), so a
+# 2-vCPU job fits four to an m6i.2xlarge (8 vCPUs, 32 GiB) with room left for the ECS agent and the page cache.
+MEMORY_PER_VCPU_MIB = 3584
+# The stack's default vcpusPerJob, and the most children its default scratch volume is sized for (four 2-vCPU jobs on
+# an m6i.2xlarge: st1 500 GiB gives each 125 GiB and 5 MiB/s of baseline).
+DEFAULT_VCPUS_PER_JOB = 2
+DEFAULT_CHILDREN_PER_HOST = 4
+# The profiler sidecar's share of it; the job container's MEMORY (its cgroup's memory.max) is the rest.
+PROFILER_MEMORY_MIB = 256
+# Registered memory: what the OS reports, about this share of the installed memory (7985 / 8192 MiB on the Batch
+# doc's m4.large; an approximation: it varies a little with the kernel and the instance), less ECS_RESERVED_MEMORY.
+REGISTERED_SHARE = 7985 / 8192
+ECS_RESERVED_MEMORY_MIB = 32
+
+SIZES = ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", "32xlarge", "metal")
+_VCPUS = (2, 4, 8, 16, 32, 48, 64, 96, 128, 128)
+# EBS baseline / maximum bandwidth per size, Mbps (the same for m6i, c6i, r6i and their d variants; i4i.large 625).
+_EBS_BASELINE_MBPS = (650, 1250, 2500, 5000, 10000, 15000, 20000, 30000, 40000, 40000)
+_EBS_MAX_MBPS = (10000, 10000, 10000, 10000, 10000, 15000, 20000, 30000, 40000, 40000)
+# Instance store per size: (volumes, GB each).
+_STORE_6ID = ((1, 118), (1, 237), (1, 474), (1, 950), (1, 1900), (2, 1425), (2, 1900), (4, 1425), (4, 1900),
+              (4, 1900))
+_STORE_I4I = ((1, 468), (1, 937), (1, 1875), (1, 3750), (2, 3750), (3, 3750), (4, 3750), (6, 3750), (8, 3750),
+              (8, 3750))
+# Family -> (memory GiB per vCPU, instance store per size or None).
+_FAMILIES: dict[str, tuple[int, tuple[tuple[int, int], ...] | None]] = {
+    "m6i": (4, None), "c6i": (2, None), "r6i": (8, None),
+    "m6id": (4, _STORE_6ID), "c6id": (2, _STORE_6ID), "r6id": (8, _STORE_6ID), "i4i": (8, _STORE_I4I),
+}
+
+
+@dataclass(frozen=True)
+class InstanceType:
+    """One instance type's figures (see the module's sources)."""
+
+    name: str
+    vcpus: int
+    memory_gib: int
+    ebs_baseline_mbps: int
+    ebs_max_mbps: int
+    store_volumes: int = 0  # instance store NVMe volumes
+    store_volume_gb: int = 0  # GB (10^9 bytes) each
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @property
+    def ebs_baseline_mibps(self) -> float:
+        """The sustained EBS bandwidth in MiB/s (derived from AWS's Mbps)."""
+        return self.ebs_baseline_mbps * 1e6 / 8 / 2**20
+
+    @property
+    def store_gb(self) -> int:
+        """The instance store's size in all, GB; 0 when the type has none."""
+        return self.store_volumes * self.store_volume_gb
+
+    @property
+    def registered_memory_mib(self) -> int:
+        """The memory the ECS agent offers to jobs (an approximation: REGISTERED_SHARE)."""
+        return int(self.memory_gib * 1024 * REGISTERED_SHARE) - ECS_RESERVED_MEMORY_MIB
+
+    def describe(self) -> str:
+        store = f", instance store {self.store_volumes} x {self.store_volume_gb} GB" if self.store_volumes else ""
+        return (f"{self.name}: {self.vcpus} vCPUs, {self.memory_gib} GiB, EBS {self.ebs_baseline_mibps:,.0f} MiB/s "
+                f"baseline{store}")
+
+
+def _table() -> dict[str, InstanceType]:
+    table = {}
+    for family, (gib_per_vcpu, store) in _FAMILIES.items():
+        for i, size in enumerate(SIZES):
+            baseline = 625 if (family, size) == ("i4i", "large") else _EBS_BASELINE_MBPS[i]
+            volumes, each = store[i] if store else (0, 0)
+            name = f"{family}.{size}"
+            table[name] = InstanceType(name, _VCPUS[i], _VCPUS[i] * gib_per_vcpu, baseline, _EBS_MAX_MBPS[i],
+                                       volumes, each)
+    return table
+
+
+INSTANCE_TYPES: dict[str, InstanceType] = _table()
+FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def lookup(name: str) -> InstanceType | None:
+    """An instance type of the table by its name (m6i.2xlarge), or None."""
+    return INSTANCE_TYPES.get(name.strip().lower())
+
+
+def types_of(entry: str) -> list[InstanceType]:
+    """The table's types an instanceTypes entry lets Batch launch: a family's every size, or the one type; [] when
+    the table does not know it."""
+    entry = entry.strip().lower()
+    if "." in entry:
+        found = lookup(entry)
+        return [found] if found else []
+    return [t for t in INSTANCE_TYPES.values() if t.family == entry]
+
+
+def task_memory_mib(vcpus_per_job: int) -> int:
+    """A job's MEMORY in all (the job container and the profiler), what Batch places by."""
+    return vcpus_per_job * MEMORY_PER_VCPU_MIB
+
+
+def job_memory_mib(vcpus_per_job: int) -> int:
+    """The job container's MEMORY: its memory cgroup's limit, which sizes its own write cache."""
+    return task_memory_mib(vcpus_per_job) - PROFILER_MEMORY_MIB
+
+
+def children_per_host(instance: InstanceType, vcpus_per_job: int) -> int:
+    """How many jobs Batch runs at once on `instance`: its vCPUs // vcpusPerJob, limited by its registered memory
+    // the job's MEMORY (0: the job does not fit)."""
+    by_cpu = instance.vcpus // vcpus_per_job
+    by_memory = instance.registered_memory_mib // task_memory_mib(vcpus_per_job)
+    return max(0, min(by_cpu, by_memory))
+
+
+def known_types_text() -> str:
+    """The families the table knows, for an error message."""
+    return ", ".join(f"{f}.{{{SIZES[0]}..{SIZES[-2]},{SIZES[-1]}}}" for f in FAMILIES)
