@@ -68,12 +68,10 @@ def _is_bpffs(path: Path) -> bool:
 
 
 def ensure_bpffs(root: Path) -> None:
-    """Mount bpffs at the root's parent when nothing is mounted there (a host whose init did not; left mounted,
-    as systemd does at boot). Raises BpfError when the root is not in bpffs afterwards."""
+    """Check that the root's parent is bpffs (systemd mounts it at boot on Amazon Linux 2023; a container binds the
+    host's). Never mounted here: a mount made by one profiler would outlive it, and unmounting it under the other
+    profilers' pins is no one's to do. Raises BpfError naming the fix when it is not."""
     parent = root.parent
-    if not _is_bpffs(parent):
-        parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mount", "-t", "bpf", "bpf", str(parent)], check=False, capture_output=True)
     if not _is_bpffs(parent):
         raise BpfError(f"{parent} is not bpffs: mount it (`mount -t bpf bpf {parent}`, or bind-mount the host's "
                        f"into the container) so the host's profilers share one copy of the programs")
