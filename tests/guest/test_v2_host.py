@@ -1,6 +1,7 @@
 """The guest tier: a Batch host in a box (tuning/guest), Debian 12's 6.1 kernel with cgroup v2 under QEMU.
 
-Each test is one boot (7-15 s to the first command under TCG on two idle cores, more on busy ones). They check
+Each test is one boot (7-15 s to the first command under TCG on two idle cores, more on busy ones), but for the
+checks without a scratch disk, which share the tier's first boot (tests/guest/conftest.py). They check
 the guest itself (kernel line, controllers, BTF, no QEMU left behind, even on a timeout), the scratch disk
 throttled like an st1 volume at baseline, and two Batch children at once in containers on that disk, each
 profiled by the real sidecar from its own cgroup v2 files. Skips with one line where the guest cannot boot.
@@ -9,18 +10,19 @@ profiled by the real sidecar from its own cgroup v2 files. Skips with one line w
 from __future__ import annotations
 
 import re
-import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from pipeline.interface import JOB_CONTAINER, PROFILER_CONTAINER
-from tests.support.guest import children_script, job_memory, pause_freeruns, stage_profiles, template_user_data
+from tests.support.firstboot import EBPF_EXACT, FirstBoot, qemu_running
+from tests.support.guest import Wave, children_script, job_memory, pause_freeruns, stage_profiles, template_user_data
 from tests.support.synth import synthesize
 from tuning.ebs import MIB, Volume
-from tuning.guest.machine import Guest, GuestError, unavailable
+from tuning.guest.machine import Guest, GuestError, GuestResult, unavailable
 from tuning.guest.qemu import ScratchDisk, scratch_throttle
 
 if reason := unavailable():
@@ -31,10 +33,6 @@ BOOT_TIMEOUT = 420  # a boot and a short command on two busy cores under TCG
 ST1 = Volume("st1", 500)
 
 
-def qemu_running(share: Path) -> bool:
-    return subprocess.run(["pgrep", "-f", f"qemu-system.*{share}"], capture_output=True).returncode == 0
-
-
 def scratch_image(tmp_path: Path, gib: int = 1) -> Path:
     image = tmp_path / "scratch.img"
     with image.open("wb") as stream:
@@ -42,40 +40,26 @@ def scratch_image(tmp_path: Path, gib: int = 1) -> Path:
     return image
 
 
-# The exact-count eBPF tests of this suite, run again inside the guest: CO-RE relocates the object built against
-# this machine's kernel onto 6.1's, and the counts must hold there too. Their files live on the guest's tmpfs: on the
-# 9p share the per-file records miss a file written with pwrite (9p's own write path), which no Batch host has.
-EBPF_EXACT = ("tests/functional/test_ebpf.py::test_counts_every_write_of_the_process_tree",
-              "tests/functional/test_ebpf.py::test_min_and_max_are_exact_with_one_slow_call",
-              "tests/functional/test_ebpf.py::test_a_job_in_a_pid_namespace_is_found_and_counted",
-              "tests/functional/test_ebpf_files.py::test_two_files_exact_per_file_with_their_access_pattern")
-
-
-def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_holds_there(tmp_path: Path) -> None:
-    facts = ("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux && echo btf; "
-             "echo made-in-guest > handed-back")
-    pytest_in_guest = (f"cd {REPO} && {sys.executable} -m pytest -q -p no:cacheprovider -o addopts= "
-                       "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT)
-                       + f" > {tmp_path}/ebpf.log 2>&1; echo ebpf=$?")
-    with Guest(vcpus=2, memory_mib=2048, share=tmp_path) as guest:
-        result = guest.run(f"{facts}; {pytest_in_guest}", timeout=BOOT_TIMEOUT)
+def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_holds_there(
+        first_boot: FirstBoot) -> None:
+    result, share = first_boot.result, first_boot.share
     assert result.returncode == 0, result.stderr
     release, controllers, btf = result.stdout.split("\n")[:3]
     assert release.startswith("6.1."), release
     assert {"io", "memory", "cpu", "pids"} <= set(controllers.split()), controllers
     assert btf == "btf"
-    assert (tmp_path / "handed-back").read_text() == "made-in-guest\n"
-    log = (tmp_path / "ebpf.log").read_text()
+    assert (share / "handed-back").read_text() == "made-in-guest\n"
+    log = (share / "ebpf.log").read_text()
     assert "ebpf=0" in result.stdout and f"{len(EBPF_EXACT)} passed" in log, log[-3000:]
-    assert not qemu_running(tmp_path)
+    assert not first_boot.qemu_left
 
 
 def test_a_guest_past_its_timeout_is_killed(tmp_path: Path) -> None:
     with Guest(vcpus=1, memory_mib=512, share=tmp_path) as guest:
         start = time.monotonic()
         with pytest.raises(GuestError, match="did not finish within"):
-            guest.run("sleep 3600", timeout=20)
-    assert time.monotonic() - start < 40
+            guest.run("sleep 3600", timeout=8)
+    assert time.monotonic() - start < 25
     assert not qemu_running(tmp_path)
 
 
@@ -101,25 +85,44 @@ def test_the_scratch_disk_runs_at_the_volume_baseline_and_charges_small_io_as_1_
     assert ios_per_s < ST1.baseline_mibps * 1.2, f"{ios_per_s:.1f} small I/Os a second: not charged as 1 MiB each"
 
 
-def test_two_children_in_containers_get_their_own_cgroup_figures(tmp_path: Path) -> None:
-    """Two children at once on one throttled scratch volume prepared by the template's user data, each a job
-    container with the job definition's memory limit and the real sidecar beside it: each child's device bytes,
-    io stall and dirty pages come from its own cgroup v2, never the other's."""
+@dataclass(frozen=True)
+class PackedHost:
+    result: GuestResult
+    work: Path
+
+
+WRITTEN = {"child-a": 24, "child-b": 72}  # MiB, with fsync inside the stage
+SMALL_MIB, SMALL_MEMORY_MIB = 160, 192
+
+
+@pytest.fixture(scope="module")
+def packed_host(tmp_path_factory: pytest.TempPathFactory) -> PackedHost:
+    """One boot, one throttled scratch volume prepared by the template's user data, two waves of Batch children,
+    each a job container with a memory limit and the real sidecar beside it: first two children at once with the
+    job definition's memory (at most 768 MiB: the guest has 2 GiB), then one in a 192 MiB container."""
+    work = tmp_path_factory.mktemp("packed-host")
     template = synthesize().template
-    user_data = tmp_path / "user-data.sh"
+    user_data = work / "user-data.sh"
     user_data.write_text(template_user_data(template))
     memory = job_memory(template)
-    written = {"child-a": 24, "child-b": 72}  # MiB, with fsync inside the stage
-    script = children_script(work=tmp_path, user_data=user_data, python=sys.executable,
-                             iobatch=str(Path(sys.executable).with_name("iobatch")), children=written,
-                             job_memory_mib=min(memory[JOB_CONTAINER], 768),
+    waves = [Wave(WRITTEN, min(memory[JOB_CONTAINER], 768)),
+             Wave({"small": SMALL_MIB}, SMALL_MEMORY_MIB, trace_pauses=True)]
+    script = children_script(work=work, user_data=user_data, python=sys.executable,
+                             iobatch=str(Path(sys.executable).with_name("iobatch")), waves=waves,
                              profiler_memory_mib=memory[PROFILER_CONTAINER])
-    disk = ScratchDisk(scratch_image(tmp_path), scratch_throttle(ST1, credits_mib=0))
-    with Guest(vcpus=2, memory_mib=2048, share=tmp_path, scratch=disk) as guest:
+    disk = ScratchDisk(scratch_image(work), scratch_throttle(ST1, credits_mib=0))
+    with Guest(vcpus=2, memory_mib=2048, share=work, scratch=disk) as guest:
         result = guest.run(script, timeout=BOOT_TIMEOUT)
+    return PackedHost(result, work)
+
+
+def test_two_children_in_containers_get_their_own_cgroup_figures(packed_host: PackedHost) -> None:
+    """Two children at once on one throttled volume: each child's device bytes, io stall and dirty pages come from
+    its own cgroup v2, never the other's."""
+    result = packed_host.result
     assert result.returncode == 0, result.stdout + result.stderr
-    for child, mib in written.items():
-        [stage] = stage_profiles(tmp_path / f"{child}.jsonl")
+    for child, mib in WRITTEN.items():
+        [stage] = stage_profiles(packed_host.work / f"{child}.jsonl")
         assert stage["outcome"] == "ok", result.stdout
         own = stage["own_device_write_bytes"]
         assert own is not None, (stage.get("notices"), result.stdout)
@@ -129,28 +132,19 @@ def test_two_children_in_containers_get_their_own_cgroup_figures(tmp_path: Path)
         assert stage["own_peak_writeback_bytes"] > 0
 
 
-def test_a_child_in_a_small_container_is_paused_by_its_own_write_cache_limit(tmp_path: Path) -> None:
+def test_a_child_in_a_small_container_is_paused_by_its_own_write_cache_limit(packed_host: PackedHost) -> None:
     """A child whose container has 192 MiB writes 160 MiB to the throttled volume: its memory cgroup's dirty
     threshold (about dirty_ratio x 192 MiB) is far below the host's (dirty_ratio of the guest's 2 GiB), so the
     kernel paces it by its own domain. The thresholds the profiler computes are the kernel's: their freerun point
     within 10 % of the one the balance_dirty_pages tracepoint reports for the writer's pauses."""
-    template = synthesize().template
-    user_data = tmp_path / "user-data.sh"
-    user_data.write_text(template_user_data(template))
-    script = children_script(work=tmp_path, user_data=user_data, python=sys.executable,
-                             iobatch=str(Path(sys.executable).with_name("iobatch")), children={"small": 160},
-                             job_memory_mib=192, profiler_memory_mib=job_memory(template)[PROFILER_CONTAINER],
-                             trace_pauses=True)
-    disk = ScratchDisk(scratch_image(tmp_path), scratch_throttle(ST1, credits_mib=0))
-    with Guest(vcpus=2, memory_mib=2048, share=tmp_path, scratch=disk) as guest:
-        result = guest.run(script, timeout=BOOT_TIMEOUT)
+    result = packed_host.result
     assert result.returncode == 0, result.stdout + result.stderr
-    [stage] = stage_profiles(tmp_path / "small.jsonl")
+    [stage] = stage_profiles(packed_host.work / "small.jsonl")
     own, host = stage["own_dirty_threshold_bytes"], stage["dirty_threshold_bytes"]
     assert own is not None and host is not None, stage.get("notices")
     assert own < host / 3, f"own {own / MIB:.0f} MiB is not far below the host's {host / MIB:.0f} MiB"
     assert stage["own_peak_dirty_bytes"] <= own * 1.1, "the child's dirty pages passed its own limit"
-    freeruns = sorted(pause_freeruns(tmp_path / "pauses.trace"))
+    freeruns = sorted(pause_freeruns(packed_host.work / "pauses.trace"))
     assert freeruns, "the writer was never paused"
     kernel = freeruns[len(freeruns) // 2] * 4096
     ours = (own + stage["own_dirty_background_threshold_bytes"]) / 2

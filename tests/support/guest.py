@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -79,12 +81,21 @@ def job_memory(template: dict[str, Any]) -> dict[str, int]:
 TRACE = "/sys/kernel/tracing"
 
 
-def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, children: dict[str, int],
-                    job_memory_mib: int, profiler_memory_mib: int, trace_pauses: bool = False) -> str:
-    """A bash script for the guest: prepare scratch with the user data, run each child (name -> MiB it writes) as
-    a job container plus its profiler at once, wait for them all, and print what podman said. With
+@dataclass(frozen=True)
+class Wave:
+    """Children started at once (name -> MiB each writes), each job container with `job_memory_mib`. With
     `trace_pauses`, the kernel's balance_dirty_pages tracepoint (each pause of a writer, with the limit of the
-    domain that paced it) is kept in WORK/pauses.trace."""
+    domain that paced it) is kept for this wave in WORK/pauses.trace."""
+
+    children: dict[str, int]
+    job_memory_mib: int
+    trace_pauses: bool = False
+
+
+def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, waves: Sequence[Wave],
+                    profiler_memory_mib: int) -> str:
+    """A bash script for the guest: prepare scratch with the user data, then each wave in turn: its children (a
+    job container plus its profiler each) at once, waited for, with what podman said printed."""
     q = shlex.quote
     conf = work / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
@@ -93,28 +104,30 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, c
              # The guest has no IMDS (and no route to one): the instance file is left out.
              f"IOBATCH_IMDS= bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
              "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
-    if trace_pauses:
-        lines += [f"echo 8192 > {TRACE}/buffer_size_kb",
-                  f"echo 1 > {TRACE}/events/writeback/balance_dirty_pages/enable"]
     common = ["--network", "host", "--security-opt", "unmask=/sys/dev/block",
               "--volume", f"{SCRATCH_MOUNT}:{SCRATCH_MOUNT}", "--volume", f"{work}:{work}"]
-    for name, mib in children.items():
-        task = f"{SCRATCH_MOUNT}/task-{name}"
-        sock = f"{task}/profiler.sock"
-        job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{job_memory_mib}m",
-               "--cpus", "1", *common, "--env", f"PYTHONPATH={REPO}", "--rootfs", "/run/rootfs",
-               python, str(work / "child_job.py"), sock, f"{task}/data", str(mib)]
-        profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
-                    "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
-                    "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
-                    iobatch, "sidecar", "--socket", sock, "--scratch-dir", task, "--interval", "0.2",
-                    "--no-call-probes", "--emf", str(work / f"{name}.emf"), "--profile-out",
-                    str(work / f"{name}.jsonl")]
-        lines += [f"mkdir -p {task}", " ".join(map(q, job)), " ".join(map(q, profiler))]
-    names = [f"{n}-job" for n in children] + [f"{n}-{PROFILER_CONTAINER}" for n in children]
-    lines += [f"podman wait {' '.join(names)}"] + [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
-    if trace_pauses:
-        lines += [f"grep balance_dirty_pages {TRACE}/trace > {q(str(work / 'pauses.trace'))}"]
+    for wave in waves:
+        if wave.trace_pauses:
+            lines += [f"echo 8192 > {TRACE}/buffer_size_kb", f"echo > {TRACE}/trace",
+                      f"echo 1 > {TRACE}/events/writeback/balance_dirty_pages/enable"]
+        for name, mib in wave.children.items():
+            task = f"{SCRATCH_MOUNT}/task-{name}"
+            sock = f"{task}/profiler.sock"
+            job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{wave.job_memory_mib}m",
+                   "--cpus", "1", *common, "--env", f"PYTHONPATH={REPO}", "--rootfs", "/run/rootfs",
+                   python, str(work / "child_job.py"), sock, f"{task}/data", str(mib)]
+            profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
+                        "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
+                        "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
+                        iobatch, "sidecar", "--socket", sock, "--scratch-dir", task, "--interval", "0.2",
+                        "--no-call-probes", "--emf", str(work / f"{name}.emf"), "--profile-out",
+                        str(work / f"{name}.jsonl")]
+            lines += [f"mkdir -p {task}", " ".join(map(q, job)), " ".join(map(q, profiler))]
+        names = [f"{n}-job" for n in wave.children] + [f"{n}-{PROFILER_CONTAINER}" for n in wave.children]
+        lines += [f"podman wait {' '.join(names)}"] + [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
+        if wave.trace_pauses:
+            lines += [f"echo 0 > {TRACE}/events/writeback/balance_dirty_pages/enable",
+                      f"grep balance_dirty_pages {TRACE}/trace > {q(str(work / 'pauses.trace'))}"]
     return "\n".join(lines) + "\n"
 
 
