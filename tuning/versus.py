@@ -121,12 +121,13 @@ def _children(st1: CandidateResult, alt: CandidateResult, plan: Plan) -> str:
 def _store(r: CandidateResult, st1: CandidateResult, round_bytes: int) -> str:
     v = r.volume
     assert isinstance(v, InstanceStore)
-    room = ("holds" if round_bytes <= v.size_gib * GIB else "is too small for") + f" a round's {round_bytes / GIB:,.1f} GiB"
+    fits = round_bytes <= v.size_gib * GIB
+    room = ("holds" if fits else "is too small for") + f" a round's {round_bytes / GIB:,.1f} GiB"
     price = (f"{r.monthly_usd:,.2f} USD/month over the instance without it" if r.monthly_usd is not None else
              f"not priced (in the instance's price: give nvme:{v.instance_type}:usd_per_hour=X, what it adds per "
              "hour)")
-    return (f"Instance store {v.instance_type}: {v.size_gib:,} GiB ({room}), at least {v.baseline_mibps:,.0f} MiB/s for the "
-            f"whole instance, no credits: a steady round takes {r.steady_round_s:,.1f} s (st1: "
+    return (f"Instance store {v.instance_type}: {v.size_gib:,} GiB ({room}), at least {v.baseline_mibps:,.0f} MiB/s "
+            f"for the whole instance, no credits: a steady round takes {r.steady_round_s:,.1f} s (st1: "
             f"{st1.steady_round_s:,.1f} s); {price}; erased with the instance, which suits scratch; compared only: "
             "the stack deploys EBS scratch.")
 
