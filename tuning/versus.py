@@ -10,14 +10,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from tuning.ebs import GIB, KIB, MIB
+from tuning.ebs import GIB, KIB, MIB, Volume
 from tuning.instancestore import ASSUMPTION, InstanceStore
+from tuning.plan import Plan, Workload
 
-if TYPE_CHECKING:  # advise imports this module
-    from tuning.advise import CandidateResult
-    from tuning.plan import Plan, Workload
+
+class CandidateResult(Protocol):
+    """What is read of tuning.advise.CandidateResult (advise imports this module, so not the class itself)."""
+
+    @property
+    def volume(self) -> Volume: ...
+    @property
+    def download_s(self) -> float: ...
+    @property
+    def steady_download_s(self) -> float: ...
+    @property
+    def steady_round_s(self) -> float: ...
+    @property
+    def credits_run_out_h(self) -> float | None: ...
+    @property
+    def fits_day(self) -> bool: ...
+    @property
+    def monthly_usd(self) -> float | None: ...
 
 SECONDS_PER_DAY = 86_400
 # The request size a what-if of random I/O uses when the workload's own is 1 MiB or more.
