@@ -33,7 +33,11 @@ def _implied_plan(inputs: list[Path]) -> Any:
     from profiling import runfiles
 
     for path in inputs:
-        if path.is_dir() and runfiles.is_run_dir(path):
+        try:
+            is_run = path.is_dir() and runfiles.is_run_dir(path)
+        except OSError:  # a name the file system refuses (over 255 bytes): reading the profiles names it
+            continue
+        if is_run:
             try:  # a damaged file is named by the profile reader afterwards, with its own exit code
                 run = runfiles.read_run(path)
                 profiles = list(runfiles.read_profiles(path))

@@ -200,6 +200,8 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                                   EXIT_USAGE, "usd_per_hour -1.0 must be a price of 0 or more"),
     "advise-candidate-nvme-iops": lambda d: Case(["advise", str(d), "-C", "nvme:m6id.2xlarge:iops=3000", *PLAN],
                                                  EXIT_USAGE, "'iops=3000' is not usd_per_hour=USD"),
+    "advise-input-name-too-long": lambda d: Case(["advise", "9" * 300], EXIT_USAGE, "--memory-gib, --jobs-per-day"
+                                                 " are missing"),
     "advise-volume-nvme": lambda d: Case(["advise", str(d), "--volume", "nvme:m6id.2xlarge", *PLAN], EXIT_USAGE,
                                          "instance store is a candidate to compare (advise --candidate), not a volume"),
     "advise-candidate-nvme-other-size": lambda d: Case(
