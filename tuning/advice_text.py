@@ -33,7 +33,7 @@ def render(advice: Advice) -> str:
             "-" if c.time_to_durable_s is None else f"{c.time_to_durable_s:,.1f}",
             f"{c.steady_download_s:,.1f}" + ("" if c.fits_day else " (over 24 h)"),
             "never" if c.credits_run_out_h is None else f"after {c.credits_run_out_h:.1f} h",
-            f"{c.monthly_usd:,.2f}",
+            "not priced" if c.monthly_usd is None else f"{c.monthly_usd:,.2f}",
         ))
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines.append("  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
@@ -45,6 +45,8 @@ def render(advice: Advice) -> str:
         f"Recommended volume: {rec.volume.label} (*): the cheapest within {RECOMMEND_SLACK:.2f}x of the "
         f"fastest steady-state round.",
         advice.burst_note,
+        *(["", "st1 against the candidates without credits (this plan's figures):"] if advice.comparison else []),
+        *(f"  {line}" for line in advice.comparison),
         "",
         f"Write cache: vm.dirty_bytes={cache.tuning.dirty_bytes} ({(cache.tuning.dirty_bytes or 0) / GIB:.2f} "
         f"GiB), vm.dirty_background_bytes={cache.tuning.dirty_background_bytes} "

@@ -34,9 +34,11 @@ from tuning.cachedomain import domains, host_bytes_for_child_limit
 from tuning.ebs import GIB, MIB, Volume
 from tuning.findings import Finding, Situation, find
 from tuning.host import KERNEL_DEFAULTS, HostTuning
+from tuning.instancestore import InstanceStore, check_fits_plan, same_size_stores
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
 from tuning.simulator import SimResult, WriteCache, simulate
+from tuning.versus import compare
 
 # A candidate counts as "as fast" as the fastest when its steady round is within this factor.
 RECOMMEND_SLACK = 1.10
@@ -63,12 +65,13 @@ class CandidateResult:
     time_to_durable_s: float | None  # the first round: until its writes are all on the volume
     credits_run_out_h: float | None  # hours into the day; None when they last
     fits_day: bool
-    monthly_usd: float
+    monthly_usd: float | None  # None: not priced (an instance store whose share of the instance price is not given)
     sim: SimResult = field(repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "volume": self.volume.label, "type": self.volume.kind, "size_gib": self.volume.size_gib,
+            "instance_type": getattr(self.volume, "instance_type", None),
             "iops": self.volume.iops, "throughput_mibps": self.volume.throughput_mibps,
             "baseline_mibps": round(self.volume.baseline_mibps, 2),
             "burst_mibps": round(self.volume.burst_mibps, 2),
@@ -113,6 +116,7 @@ class Advice:
     context: dict[str, str]
     burst_note: str
     findings: tuple[Finding, ...] = ()
+    comparison: tuple[str, ...] = ()  # st1 against gp3 and instance store on this plan (tuning.versus)
 
     @property
     def cdk_args(self) -> str:
@@ -144,6 +148,7 @@ class Advice:
             "untuned_download_s": round(self.untuned_download_s, 1),
             "write_cache": self.cache.to_json(),
             "burst": self.burst_note,
+            "comparison": list(self.comparison),
             "cdk_context": self.context,
             "cdk_args": self.cdk_args,
             "findings": [f.to_dict() for f in self.findings],
@@ -175,6 +180,11 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     workload = workload_from_profiles(profiles, io_size_kib=plan.io_size_kib, random_pct=plan.random_pct)
     cache = advise_cache(workload, plan)
     volumes = list(candidates) if candidates else default_candidates(workload, plan)
+    for volume in volumes:
+        misfit = check_fits_plan(volume, plan.memory_gib, plan.instance_type) if isinstance(
+            volume, InstanceStore) else None
+        if misfit:
+            raise AdviseError(misfit)
     tuned = _cache(cache.tuning, plan)
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
@@ -184,7 +194,7 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
-                  _burst_note(recommended), tuple(findings))
+                  _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)))
 
 
 def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,
@@ -199,13 +209,17 @@ def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload,
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult:
-    """The cheapest candidate that fits the day and is within RECOMMEND_SLACK of the fastest."""
-    if not results:
-        raise AdviseError("no candidate volumes to compare: give at least one --candidate")
-    pool = [r for r in results if r.fits_day] or list(results)
+    """The cheapest EBS candidate that fits the day and is within RECOMMEND_SLACK of the fastest EBS candidate.
+
+    Instance store is compared (tuning.versus), never recommended: the stack deploys EBS scratch only."""
+    ebs = [r for r in results if not isinstance(r.volume, InstanceStore)]
+    if not ebs:
+        raise AdviseError("no EBS candidate to recommend: give at least one EBS --candidate (e.g. st1:500) beside "
+                          "instance store, which the stack does not deploy")
+    pool = [r for r in ebs if r.fits_day] or ebs
     fastest = min(r.steady_round_s for r in pool)
     good = [r for r in pool if r.steady_round_s <= fastest * RECOMMEND_SLACK]
-    return min(good, key=lambda r: (r.monthly_usd, r.steady_round_s))
+    return min(good, key=lambda r: (r.monthly_usd or 0.0, r.steady_round_s))
 
 
 def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
@@ -274,7 +288,8 @@ def default_cache_domain(plan: Plan) -> str:
 
 
 def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:
-    """st1, sc1, gp2 and gp3 (baseline and 250 MiB/s) sized for a round's data with room to spare."""
+    """st1, sc1, gp2 and gp3 (baseline and 250 MiB/s) sized for a round's data with room to spare, and the
+    instance stores of the plan's instance size when it names one (tuning.instancestore.same_size_stores)."""
     per_round = plan.jobs_per_instance * sum(s.write_bytes for s in workload.stages)
     need_gib = max(1, math.ceil(per_round * 2 / GIB))
     hdd = max(125, need_gib)
@@ -287,6 +302,7 @@ def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:
         Volume("gp2", max(ssd, 200)),
         Volume("gp3", ssd),
         Volume("gp3", max(ssd, 2), iops=3000, throughput_mibps=250),
+        *same_size_stores(plan.instance_type),
     ]
 
 
@@ -295,7 +311,9 @@ def _evaluate(volume: Volume, workload: Workload, plan: Plan, cache: WriteCache,
     rounds = min(plan.waves_per_day, MAX_WAVES) if waves is None else waves
     round_floor = sum(s.floor_s for s in workload.stages)
     gap = max(0.0, SECONDS_PER_DAY / plan.waves_per_day - round_floor)
-    cap = plan.instance_ebs_mibps * MIB if plan.instance_ebs_mibps else None
+    # The instance's EBS bandwidth caps EBS volumes only; its instance store is local.
+    ebs_cap = plan.instance_ebs_mibps and not isinstance(volume, InstanceStore)
+    cap = plan.instance_ebs_mibps * MIB if ebs_cap and plan.instance_ebs_mibps else None
     sim = simulate(volume, workload.stages, concurrency=plan.jobs_per_instance, waves=rounds, gap_s=gap,
                    cache=cache, instance_cap_bps=cap, sample_every_s=60.0)
     first = sim.waves[0]

@@ -13,6 +13,12 @@ volume limits for EC2 instances" repeats), as published in 2024:
   minutes at least once every 24 hours" and otherwise hold the baseline; larger sizes have one figure. The MiB/s
   the advisor uses is derived: Mbps x 10^6 / 8 / 2^20.
 - Instance store: count x size in GB (10^9 bytes), NVMe SSD, for m6id/c6id/r6id and i4i; none for m6i/c6i/r6i.
+- Instance store IOPS: the "Instance store specifications" tables' "100% Random Read IOPS" and "Write IOPS", per
+  instance (all its volumes together), measured by AWS at a 4 KiB block size; m6id, c6id and r6id share one column.
+  Read from the copy of those tables in Netflix-Skunkworks/service-capacity-modeling
+  (service_capacity_modeling/hardware/profiles/shapes/aws/auto_m6id.json, auto_c6id.json, auto_r6id.json,
+  auto_i4i.json: read_io_per_s / write_io_per_s). The tables give no sequential throughput; tuning.instancestore
+  says what the advisor assumes from the IOPS. .metal is taken as its 32xlarge (the copy has no .metal row).
 
 Batch places a job on a host whose registered memory holds the job's MEMORY ("Compute resource memory
 management", AWS Batch User Guide: the ECS agent registers the memory the OS reports, less than the installed
@@ -47,6 +53,14 @@ _STORE_6ID = ((1, 118), (1, 237), (1, 474), (1, 950), (1, 1900), (2, 1425), (2, 
               (4, 1900))
 _STORE_I4I = ((1, 468), (1, 937), (1, 1875), (1, 3750), (2, 3750), (3, 3750), (4, 3750), (6, 3750), (8, 3750),
               (8, 3750))
+# Instance store 4 KiB IOPS per size: (100 % random read, write), per instance.
+_IOPS_6ID = ((33_542, 16_771), (67_083, 33_542), (134_166, 67_084), (268_332, 134_168), (536_664, 268_336),
+             (804_996, 402_504), (1_073_328, 536_672), (1_609_992, 805_008), (2_146_656, 1_073_344),
+             (2_146_656, 1_073_344))
+_IOPS_I4I = ((50_000, 27_500), (100_000, 55_000), (200_000, 110_000), (400_000, 220_000), (800_000, 440_000),
+             (1_200_000, 660_000), (1_600_000, 880_000), (2_400_000, 1_320_000), (3_200_000, 1_760_000),
+             (3_200_000, 1_760_000))
+_STORE_IOPS = {"m6id": _IOPS_6ID, "c6id": _IOPS_6ID, "r6id": _IOPS_6ID, "i4i": _IOPS_I4I}
 # Family -> (memory GiB per vCPU, instance store per size or None).
 _FAMILIES: dict[str, tuple[int, tuple[tuple[int, int], ...] | None]] = {
     "m6i": (4, None), "c6i": (2, None), "r6i": (8, None),
@@ -65,6 +79,8 @@ class InstanceType:
     ebs_max_mbps: int
     store_volumes: int = 0  # instance store NVMe volumes
     store_volume_gb: int = 0  # GB (10^9 bytes) each
+    store_read_iops: int = 0  # the instance store's 100 % random read IOPS at 4 KiB, all volumes together
+    store_write_iops: int = 0  # its write IOPS at 4 KiB
 
     @property
     def family(self) -> str:
@@ -97,9 +113,10 @@ def _table() -> dict[str, InstanceType]:
         for i, size in enumerate(SIZES):
             baseline = 625 if (family, size) == ("i4i", "large") else _EBS_BASELINE_MBPS[i]
             volumes, each = store[i] if store else (0, 0)
+            read, write = _STORE_IOPS[family][i] if family in _STORE_IOPS else (0, 0)
             name = f"{family}.{size}"
             table[name] = InstanceType(name, _VCPUS[i], _VCPUS[i] * gib_per_vcpu, baseline, _EBS_MAX_MBPS[i],
-                                       volumes, each)
+                                       volumes, each, read, write)
     return table
 
 

@@ -15,6 +15,7 @@ from profiling.metrics import STAGES, StageProfile, median
 from profiling.numbers import number, whole_number
 from tuning.ebs import GIB, MIB, Volume, VolumeError
 from tuning.host import HostTuning
+from tuning.instancestore import parse_store
 from tuning.simulator import StageLoad
 
 # Default share of instance memory the write cache may hold (the jobs need the rest).
@@ -25,6 +26,8 @@ MIN_FLOOR_SHARE = 0.1
 # A measured random share counts only from a stage that moved this much on the device: the share is the
 # device's (other children's requests included), and a few requests say nothing of a stage's pattern.
 MIN_SHARE_DEVICE_BYTES = 16 * MIB
+# A candidate naming instance store: nvme:INSTANCE_TYPE (or instance-store:INSTANCE_TYPE).
+STORE_WORDS = ("nvme", "instance-store")
 
 
 class AdviseError(ValueError):
@@ -205,19 +208,27 @@ def _io_size(of_stage: Sequence[StageProfile]) -> float | None:
 
 
 
-def parse_candidate(text: str) -> Volume:
-    """'st1:500', 'gp3:200:iops=4000:throughput=250' or 'io2:100:iops=3000' -> Volume."""
+def parse_candidate(text: str, *, instance_store: bool = False) -> Volume:
+    """'st1:500', 'gp3:200:iops=4000:throughput=250' or 'io2:100:iops=3000' -> Volume; with `instance_store`,
+    also 'nvme:m6id.2xlarge[:usd_per_hour=0.09]' -> InstanceStore (tuning.instancestore)."""
     parts = [p.strip() for p in text.split(":")]
+    store = parts[0].lower() in STORE_WORDS
     if len(parts) < 2:
-        raise AdviseError(f"candidate {text!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500")
-    size = whole_number(parts[1])
-    if size is None:
+        raise AdviseError(f"candidate {text[:80]!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500"
+                          + (", or nvme:INSTANCE_TYPE" if instance_store else ""))
+    if store and not instance_store:
+        raise AdviseError(f"{text[:80]!r}: instance store is a candidate to compare (advise --candidate), not a volume "
+                          "the stack or the lab runs: give an EBS volume, e.g. st1:500")
+    size = None if store else whole_number(parts[1])
+    if size is None and not store:
         raise AdviseError(f"candidate {text[:80]!r}: size {parts[1][:24]!r} is not a whole number of GiB")
+    keys = ("usd_per_hour",) if store else ("iops", "throughput")
     extra: dict[str, float] = {}
     for part in parts[2:]:
         key, _, value = part.partition("=")
-        if key not in ("iops", "throughput") or not value:
-            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not iops=N or throughput=MIBPS")
+        if key not in keys or not value:
+            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not "
+                              + ("usd_per_hour=USD" if store else "iops=N or throughput=MIBPS"))
         if key in extra:  # which one would count? neither: say so
             raise AdviseError(f"candidate {text[:80]!r} gives {key} twice: give it once")
         amount = number(value)
@@ -225,8 +236,10 @@ def parse_candidate(text: str) -> Volume:
             raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not a number")
         extra[key] = amount
     try:
-        return Volume(parts[0], size,
+        if store:
+            return parse_store(text, parts[1], extra)
+        return Volume(parts[0], size or 0,
                       iops=int(extra["iops"]) if "iops" in extra else None,
                       throughput_mibps=extra.get("throughput"))
     except VolumeError as exc:
-        raise AdviseError(f"candidate {text!r}: {exc}") from None
+        raise AdviseError(f"candidate {text[:80]!r}: {exc}") from None

@@ -33,7 +33,11 @@ def _implied_plan(inputs: list[Path]) -> Any:
     from profiling import runfiles
 
     for path in inputs:
-        if path.is_dir() and runfiles.is_run_dir(path):
+        try:
+            is_run = path.is_dir() and runfiles.is_run_dir(path)
+        except OSError:  # a name the file system refuses (over 255 bytes): reading the profiles names it
+            continue
+        if is_run:
             try:  # a damaged file is named by the profile reader afterwards, with its own exit code
                 run = runfiles.read_run(path)
                 profiles = list(runfiles.read_profiles(path))
@@ -99,7 +103,11 @@ def advise(
                                       "(default: a current kernel)."),
     candidate: list[str] = typer.Option([], "--candidate", "-C", metavar="VOLUME", help="A volume to compare, "
                                         "repeatable: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
-                                        "throughput=250. Default: st1, sc1, gp2 and gp3 sized for the data."),
+                                        "iops=6000:throughput=500; or an instance store, nvme:INSTANCE_TYPE[:usd_per_"
+                                        "hour=USD] (m6id, c6id, r6id, i4i of the plan's size; USD: what the store adds "
+                                        "to the hourly price, else not priced), compared but never recommended (the "
+                                        "stack deploys EBS scratch). Default: st1, sc1, gp2 and gp3 sized for the "
+                                        "data, and the stores of --instance-type's size."),
     cache_budget_pct: float = typer.Option(40.0, min=1, max=90, metavar="PCT", help="Share of instance memory the "
                                            "write cache may hold."),
     io_size_kib: int | None = typer.Option(None, min=1, max=16384, metavar="KIB", help="Block I/O size to assume "
@@ -160,7 +168,7 @@ def advise(
             cache_budget_pct=cache_budget_pct,
             io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,
             instance_network_mibps=instance_network_mibps, current_volume=parse_candidate(volume))
-        volumes = [parse_candidate(text) for text in candidate]
+        volumes = [parse_candidate(text, instance_store=True) for text in candidate]
         profiles = load_profiles(list(inputs or []))
         result = make_advice(profiles, plan, volumes or None)
     except DamagedFileError as exc:  # one rule with the report: a damaged or newer-schema file is bad input, 65

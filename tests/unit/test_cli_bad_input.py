@@ -27,6 +27,7 @@ from tests.support.profiles import full_profile
 HEADER = "2,monitortimeframe,1s\n"
 JOB_ID = "876da822-4198-45f2-a252-6cea32512ea8"  # the shape of an AWS Batch job id
 RULE = "n{},/,write,all,count,1\n"
+PLAN = ["--jobs-per-instance", "4", "--memory-gib", "32", "--jobs-per-day", "8"]  # advise's plan, given in full
 
 
 @dataclass
@@ -192,6 +193,23 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "advise-job-memory-over-host": lambda d: Case(["advise", str(_run_dir(d, _profile_line())), "--jobs-per-instance",
                                                    "1", "--memory-gib", "4", "--jobs-per-day", "1", "--job-memory-gib",
                                                    "8"], EXIT_USAGE, "job memory 8 GiB is not within the instance's 4"),
+    "advise-candidate-nvme-no-store": lambda d: Case(["advise", str(d), "--candidate", "nvme:m6i.2xlarge", *PLAN],
+                                                     EXIT_USAGE, "'m6i.2xlarge' is not an instance type with instance "
+                                                     "store"),
+    "advise-candidate-nvme-price": lambda d: Case(["advise", str(d), "-C", "nvme:m6id.2xlarge:usd_per_hour=-1", *PLAN],
+                                                  EXIT_USAGE, "usd_per_hour -1.0 must be a price of 0 or more"),
+    "advise-candidate-nvme-iops": lambda d: Case(["advise", str(d), "-C", "nvme:m6id.2xlarge:iops=3000", *PLAN],
+                                                 EXIT_USAGE, "'iops=3000' is not usd_per_hour=USD"),
+    "advise-input-name-too-long": lambda d: Case(["advise", "9" * 300], EXIT_USAGE, "--memory-gib, --jobs-per-day"
+                                                 " are missing"),
+    "advise-volume-nvme": lambda d: Case(["advise", str(d), "--volume", "nvme:m6id.2xlarge", *PLAN], EXIT_USAGE,
+                                         "instance store is a candidate to compare (advise --candidate), not a volume"),
+    "advise-candidate-nvme-other-size": lambda d: Case(
+        ["advise", str(_run_dir(d, _profile_line())), "--instance-type", "m6i.2xlarge", "--jobs-per-day", "8", "-C",
+         "st1:500", "-C", "nvme:m6id.4xlarge"], EXIT_USAGE, "is not the plan's size (m6i.2xlarge: 8 vCPUs, 32 GiB)"),
+    "advise-candidate-nvme-only": lambda d: Case(
+        ["advise", str(_run_dir(d, _profile_line())), "--instance-type", "m6id.2xlarge", "--jobs-per-day", "8", "-C",
+         "nvme:m6id.2xlarge"], EXIT_USAGE, "no EBS candidate to recommend"),
     # lab: its flags are checked before it asks for root or touches a kernel setting
     "lab-rounds-huge": lambda d: Case(["lab", "--rounds", "1000"], EXIT_USAGE, "'--rounds'"),
     "lab-workers-huge": lambda d: Case(["lab", "--workers", "100000"], EXIT_USAGE, "'--workers'"),
