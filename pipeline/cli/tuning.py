@@ -270,10 +270,10 @@ def lab(
         raise UsageError(str(exc)) from None
     plan = ComparePlan(tuned=tuned, memory_gib=memory_gib, rounds=rounds, workers=workers, images=images,
                        image_mib=image_mib, images_per_child=images_per_child)
-    if _lab_where(where) == "guest":
-        raise typer.Exit(_lab_in_guest(config, plan, run_dir, pipeline_batch=workload == "pipeline"))
     # With --json, stdout carries only the JSON: the lab's lines and the children's go to stderr.
     lines = sys.stderr if as_json else sys.stdout
+    if _lab_where(where) == "guest":
+        raise typer.Exit(_lab_in_guest(config, plan, run_dir, pipeline_batch=workload == "pipeline", lines=lines))
 
     def say(message: str) -> None:
         print(message, file=lines, flush=True)
@@ -316,18 +316,22 @@ def _lab_where(where: str) -> str:
     return "host"
 
 
-def _lab_in_guest(config: Any, plan: Any, run_dir: Path, *, pipeline_batch: bool) -> int:
-    """`iobatch lab` again inside the guest (tuning.lab.inguest), with the images generated here first."""
+def _lab_in_guest(config: Any, plan: Any, run_dir: Path, *, pipeline_batch: bool, lines: Any) -> int:
+    """`iobatch lab` again inside the guest (tuning.lab.inguest), with the images generated here first; this
+    side's lines go to `lines` (stderr with --json, where stdout is the lab's JSON from inside)."""
     from pipeline.local.demo import CACHE_ENV, lab_dataset
     from tuning.lab import LabError
     from tuning.lab.inguest import run_in_guest
 
-    env = {CACHE_ENV: str(lab_dataset(plan))} if pipeline_batch else {}
+    def say(message: str) -> None:
+        print(message, file=lines, flush=True)
+
+    env = {CACHE_ENV: str(lab_dataset(plan, say=say))} if pipeline_batch else {}
     argv = sys.argv[sys.argv.index("lab") + 1:] if "lab" in sys.argv else []
     try:
         return run_in_guest(argv, config, memory_gib=plan.memory_gib, vcpus=min(os.cpu_count() or 1, plan.workers + 1),
                             run_dir=run_dir, iobatch=str(Path(sys.executable).with_name("iobatch")), env=env,
-                            timeout=LAB_GUEST_TIMEOUT_S)
+                            timeout=LAB_GUEST_TIMEOUT_S, say=say)
     except LabError as exc:
         raise UsageError(str(exc)) from None
 

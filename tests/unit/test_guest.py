@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,24 @@ def test_the_lab_in_the_guest_runs_on_the_throttled_disk_with_the_bucket_scaled(
     config = LabConfig(initial_credits_mib=8000, time_scale=4)
     assert credits_for_qemu(config) == 2000
     assert credits_for_qemu(LabConfig(hold_empty=True)) == 0
+
+
+def test_lab_json_in_the_guest_leaves_stdout_to_the_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`iobatch lab --json` run in the guest: this side's lines (the guest's boot, the images made here) go to
+    stderr, so stdout is the JSON the lab inside prints (it was the boot line and then the JSON)."""
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    def fake_run(*_args: object, say: Callable[[str], None], **_kwargs: object) -> int:
+        say("lab: in the cgroup v2 guest")
+        print('{"runs": []}')
+        return 0
+
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", lambda where: "guest")
+    monkeypatch.setattr("pipeline.local.demo.lab_dataset", lambda plan, say: tmp_path)
+    monkeypatch.setattr("tuning.lab.inguest.run_in_guest", fake_run)
+    result = CliRunner().invoke(app, ["lab", "--json", "--run-dir", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {"runs": []}
+    assert "lab: in the cgroup v2 guest" in result.stderr
