@@ -1,5 +1,5 @@
 """One copy of the eBPF programs per host (profiling/probes/ebpf_host.py), against the truth: profilers in separate
-processes share one set of programs, two children writing different amounts at once get exact counts each, a
+processes share one set of programs, eight children writing different amounts at once get exact counts each, a
 profiler's SIGKILL does not break the others, and nothing stays loaded after the last profiler leaves, however it
 leaves."""
 
@@ -105,23 +105,30 @@ def _result(proc: subprocess.Popen[str]) -> dict[str, int]:
     return dict(json.loads(proc.stdout.readline()))
 
 
-def test_two_children_at_once_exact_each_on_one_set_of_programs(writebench: Path) -> None:
-    first = _profiler(writebench, 120_000, 4096)
+# Eight children of one host (a packed host runs one per core), each writing its own count and size.
+CHILDREN = [(120_000, 4096), (70_000, 512), (30_000, 1), (25_000, 8192), (20_000, 100), (15_000, 65536),
+            (10_000, 4096), (5_000, 1000)]
+
+
+def test_eight_children_at_once_exact_each_on_one_set_of_programs(writebench: Path) -> None:
+    first = _profiler(writebench, *CHILDREN[0])
     alone = ebpf_host.loaded_programs()
-    second = _profiler(writebench, 70_000, 512)
+    others = [_profiler(writebench, count, size) for count, size in CHILDREN[1:]]
+    everyone = [first, *others]
     try:
-        # One copy: the second profiler added its slot, not programs.
+        # One copy: each later profiler added its slot, not programs.
         assert alone and ebpf_host.loaded_programs() == alone and len(_builds()) == 1
-        assert _slots() == ["0", "1"]
-        _say(first)
-        _say(second)  # both children write at once
-        assert _result(first) == {"count": 120_000, "bytes": 120_000 * 4096}
-        assert _result(second) == {"count": 70_000, "bytes": 70_000 * 512}
+        assert _slots() == sorted(str(n) for n in range(len(CHILDREN)))
+        for proc in everyone:
+            _say(proc)  # every child writes at once
+        for proc, (count, size) in zip(everyone, CHILDREN, strict=True):
+            assert _result(proc) == {"count": count, "bytes": count * size}
         _finish(first)
         assert first.returncode == 0
-        assert ebpf_host.loaded_programs() == alone and _slots() == ["1"]  # the other still has them
+        # the others still have them
+        assert ebpf_host.loaded_programs() == alone and _slots() == sorted(str(n) for n in range(1, len(CHILDREN)))
     finally:
-        _finish(first, second)
+        _finish(*everyone)
     assert _gone_within(5)
 
 
