@@ -200,6 +200,12 @@ def handles_errors(func: F) -> F:
         except KeyboardInterrupt:
             fail("interrupted", EXIT_RETRYABLE)
         except OSError as exc:
+            # A path given with a name longer than the file system takes (255 bytes a name): stat itself fails,
+            # wherever the command first looks at it. One line naming the path; nothing was written under it.
+            if exc.errno == errno.ENAMETOOLONG:
+                name = str(exc.filename or "a path given")
+                fail(f"{name[:80] + '...' if len(name) > 80 else name}: a name in it is longer than the file "
+                     f"system takes ({exc.strerror}): give a shorter path", EXIT_USAGE)
             # A full volume under a file the command writes (a run directory, a report): one line naming the
             # file. Every file is written whole or not at all (profiling.files, runfiles.write_text_atomic).
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):

@@ -153,6 +153,9 @@ def _free_slot(build: Path, slot: int) -> None:
         (build / "slots" / str(slot)).rmdir()
 
 
+MAX_LEVELS = 64  # bits of iob_host.levels
+
+
 def _set_levels(build: Path, selection_fd: int) -> None:
     levels = layout.levels_of(libbpf.map_items(selection_fd, 8, layout.SELECT.size, layout.IOB_SLOTS))
     with _opened(build / "map_host") as fd:
@@ -322,6 +325,9 @@ class Slot:
 
     def select(self, cgroup: int, level: int, exclude_tgid: int) -> None:
         """Count the calls of cgroup `cgroup` (and the cgroups below it) in this slot."""
+        if not 0 <= level < MAX_LEVELS:  # iob_host.levels is a 64-bit mask of the depths in use
+            raise RuntimeError(f"cgroup v2 id {cgroup} is {level} levels deep: the probe watches cgroups up to "
+                               f"{MAX_LEVELS - 1} levels below the root")
         with host_lock(self.root), _opened(self.build / "map_selection") as fd:
             key = cgroup.to_bytes(8, "little")
             held = libbpf.map_lookup(fd, key, layout.SELECT.size)

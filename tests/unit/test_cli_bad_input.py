@@ -116,6 +116,9 @@ CASES: dict[str, Callable[[Path], Case]] = {
     # process: the built-in command
     "process-input-missing": lambda d: Case(["process", str(d / "none"), str(d / "new")], EXIT_USAGE,
                                             "is not a folder"),
+    # a name past the file system's 255 bytes, where the command first looks at it (found by the fuzz test)
+    "process-input-name-too-long": lambda d: Case(["process", "9" * 5000, str(d / "new")], EXIT_USAGE,
+                                                  "give a shorter path"),
     "process-train-size-text": lambda d: Case(["process", str(d), str(d / "new"), "--train-size", "big"],
                                               EXIT_USAGE, "WIDTHxHEIGHT"),
     # sidecar: never remove what it did not create

@@ -42,7 +42,10 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "profiling.report.write_report", "tuning.advise.advise", "tuning.lab.run_comparison", "tuning.lab.recover",
            "tuning.lab.loop.run_advise_loop", "pipeline.imaging.process_directory", "pipeline.job.main",
            # `lab` runs in the cgroup v2 guest by default where it can boot: the boot is its action.
-           "pipeline.cli.tuning._lab_in_guest"]
+           "pipeline.cli.tuning._lab_in_guest",
+           # `profile` starts its per-call probe on this process first (as root, carving it a cgroup): an action,
+           # and one that would be left running, the command that stops it being stubbed
+           "profiling.probes.start_command_probe"]
 
 ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "99999999999999999999", "", " ", "abc",
               "1.5", "0x10", "s3://", "s3://bkt/i/", "s3://B_AD/x", "http://", "http://127.0.0.1:0",

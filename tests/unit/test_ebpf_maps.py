@@ -7,6 +7,8 @@ import re
 import struct
 from pathlib import Path
 
+import pytest
+
 from profiling.probes import ebpf_maps as layout
 from profiling.probes.callstats import CALLS, NO_SIZE, Stats
 from profiling.probes.cgroup import v2_mount, v2_path
@@ -211,3 +213,14 @@ def test_a_slot_given_back_is_the_last_taken_again() -> None:
     assert layout.next_slot({1}, 2, 4) == 2  # slot 0 was given back: not taken again at once
     assert layout.next_slot({2, 3}, 6, 4) == 0  # round the ring past the taken ones
     assert layout.next_slot({0, 1, 2, 3}, 9, 4) is None
+
+
+def test_a_cgroup_deeper_than_the_depth_mask_is_refused_in_words() -> None:
+    """iob_host.levels is a 64-bit mask of the depths profilers select: a deeper cgroup is a RuntimeError (the
+    probe then says it did not start), never an OverflowError from the mask (found by the CLI fuzz, which left a
+    process carved 64 levels deep)."""
+    from profiling.probes import ebpf_host
+
+    slot = object.__new__(ebpf_host.Slot)  # refused before it touches the host's maps
+    with pytest.raises(RuntimeError, match="64 levels deep"):
+        slot.select(1234, 64, 0)
