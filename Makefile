@@ -35,8 +35,8 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 
-setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages
-setup: interposer bpf guest localstack
+setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages \
+  interposer bpf guest localstack
 	@echo "[$$(date -u +%T)] set up"
 
 setup-start:
