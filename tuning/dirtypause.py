@@ -19,7 +19,7 @@ from __future__ import annotations
 from profiling.metrics import STAGES, StageProfile, median
 from tuning.cachedomain import CONTAINER, HOST
 from tuning.ebs import GIB
-from tuning.situation import Finding, Situation, _finding, _values
+from tuning.situation import Finding, Situation, make_finding, values_of
 
 # Writers count as paused when the dirty-throttle pause (eBPF) is at least this long in a stage.
 DIRTY_PAUSE_MIN_MS = 100.0
@@ -79,7 +79,7 @@ def dirty_pause(s: Situation) -> list[Finding]:
     out = []
     for stage in STAGES:
         rows = s.of_stage(stage)
-        pauses = _values(rows, lambda p: p.dirty_throttle_ms)
+        pauses = values_of(rows, lambda p: p.dirty_throttle_ms)
         at_limit = [p for p in rows if max(_host_share(p) or 0.0, _own_share(p) or 0.0) >= 1.0]
         pause = median(pauses) if pauses else None
         if not (pause is not None and pause >= DIRTY_PAUSE_MIN_MS) and len(at_limit) * 2 <= len(rows):
@@ -95,7 +95,7 @@ def dirty_pause(s: Situation) -> list[Finding]:
                         f"{len(at_limit)} of {len(rows)} children")
             cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
         domain, why = paused_domain(s, rows)
-        out.append(_finding(
+        out.append(make_finding(
             s, "DIRTY_PAUSE", "high", f"Writers paused by the {domain}'s dirty limit ({stage})",
             evidence + (f"; {why}" if why else ""), _fix(s, domain), cost, s.advised_tuning.to_context(),
             stage=stage, modelled=modelled))

@@ -33,7 +33,7 @@ from profiling.outliers import find_slow
 from tuning.dirtypause import dirty_pause
 from tuning.ebs import GIB, MIB, Volume
 from tuning.simulator import WriteCache
-from tuning.situation import SEVERITIES, Finding, Situation, _finding, _shared, _values
+from tuning.situation import SEVERITIES, Finding, Situation, make_finding, shared_note, values_of
 
 __all__ = ["CHECKS", "Finding", "Situation", "find", "graded"]
 # A stage waits on I/O when PSI io stall is at least this share of its duration; CPU-bound below the other.
@@ -66,7 +66,7 @@ def credits(s: Situation) -> list[Finding]:
     if s.current_credits_run_out_h is None:
         return []
     cost = max(0.0, s.current_steady_download_s - s.current_download_s)
-    return [_finding(
+    return [make_finding(
         s, "BURST_CREDITS", "high", f"Burst credits of {s.volume.label} run out during the day",
         f"at {s.plan.jobs_per_day} jobs per instance per day the bucket runs dry "
         f"{s.current_credits_run_out_h:.1f} h into the day; a download then takes "
@@ -89,11 +89,11 @@ def hdd_random(s: Situation) -> list[Finding]:
         at_random = moved / base(io_size=load.io_size, bursting=False, random_share=load.random_share)
         if_sequential = moved / base(io_size=load.io_size, bursting=False)
         gp3 = Volume("gp3", max(1, s.volume.size_gib))
-        out.append(_finding(
+        out.append(make_finding(
             s, "HDD_RANDOM_IO", "high", f"Small random I/O on {s.volume.kind} ({load.name})",
             f"{load.name}: {load.random_share:.0%} of {moved / MIB:,.0f} MiB in random {load.io_size / 1024:,.0f} "
             f"KiB requests, each charged 1 MiB: {at_random:,.0f} s at baseline instead of {if_sequential:,.0f} s"
-            + _shared(s, load.name),
+            + shared_note(s, load.name),
             "write whole files sequentially" + (" (one part per file for s5cmd)" if load.name in ("download",
                                                                                               "upload") else "")
             + ", or move scratch to gp3", at_random - if_sequential, gp3.to_context(), stage=load.name,
@@ -106,18 +106,18 @@ def saturated(s: Situation) -> list[Finding]:
     out = []
     for stage in STAGES:
         rows = s.of_stage(stage)
-        util = _values(rows, lambda p: p.device_utilization_pct)
-        queue = _values(rows, lambda p: p.device_queue_depth)
+        util = values_of(rows, lambda p: p.device_utilization_pct)
+        queue = values_of(rows, lambda p: p.device_queue_depth)
         u = median(util) if util else None
         q = median(queue) if queue else None
         if not ((u is not None and u >= SATURATED_UTIL_PCT) or (q is not None and q >= SATURATED_QUEUE)):
             continue
-        stalls = _values(rows, lambda p: p.io_stall_some_ms)
+        stalls = values_of(rows, lambda p: p.io_stall_some_ms)
         cost = median(stalls) / 1000 if stalls else None
-        out.append(_finding(
+        out.append(make_finding(
             s, "DEVICE_SATURATED", "medium", f"Scratch device saturated ({stage})",
             f"{stage}: utilisation {'-' if u is None else f'{u:.0f}%'}, queue depth "
-            f"{'-' if q is None else f'{q:.1f}'} (median child)" + _shared(s, stage)
+            f"{'-' if q is None else f'{q:.1f}'} (median child)" + shared_note(s, stage)
             + ("" if cost is not None else "; io stall not measured, so not priced"),
             f"a faster volume ({s.recommended.label}) or fewer jobs per instance", cost,
             s.recommended.to_context(), stage=stage))
@@ -135,13 +135,13 @@ def bound(s: Situation) -> list[Finding]:
         stall = median([(p.io_stall_some_ms or 0.0) / 1000 for p in rows])
         share = stall / duration if duration else 0.0
         if share >= IO_BOUND_SHARE:
-            out.append(_finding(
+            out.append(make_finding(
                 s, "STAGE_IO_BOUND", "medium", f"{stage} waits on I/O",
                 f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}, median child)",
                 "a larger write cache or a faster volume (see the other findings)", stall, stage=stage))
         elif share < CPU_BOUND_SHARE and duration >= CPU_BOUND_MIN_S and stage == "process":
             # Only the process stage: a transfer stage that does not wait on the volume waits on the network.
-            out.append(_finding(
+            out.append(make_finding(
                 s, "STAGE_CPU_BOUND", "info", f"{stage} is CPU-bound",
                 f"{stage}: io stall {stall:.1f} s of {duration:.1f} s ({share:.0%}): storage settings will "
                 "not shorten it, so it is not priced", "more vCPUs per job (vcpusPerJob) or a faster instance",
@@ -154,8 +154,8 @@ def network_bound(s: Situation) -> list[Finding]:
     rows = [p for p in s.of_stage("download") if p.throughput_bps and p.duration_s > 0]
     if not rows or s.plan.network_loopback:  # an endpoint on this host: no network was crossed
         return []
-    rate = median(_values(rows, lambda p: p.throughput_bps))
-    stalls = _values(rows, lambda p: p.io_stall_some_ms)
+    rate = median(values_of(rows, lambda p: p.throughput_bps))
+    stalls = values_of(rows, lambda p: p.io_stall_some_ms)
     duration = median([p.duration_s for p in rows])
     stall_share = median(stalls) / 1000 / duration if stalls else None
     limits = [s.volume.burst_mibps * MIB]
@@ -169,7 +169,7 @@ def network_bound(s: Situation) -> list[Finding]:
         return []
     moved = median(known)
     cost = max(0.0, duration - moved / ceiling)
-    return [_finding(
+    return [make_finding(
         s, "DOWNLOAD_NETWORK_BOUND", "medium", "The download is network-bound",
         f"download at {rate / MIB:,.1f} MiB/s (median child), under {NETWORK_BOUND_SHARE:.0%} of "
         f"{ceiling / MIB:,.0f} MiB/s (the volume's burst" + (" and the instance's network" if len(limits) > 1
@@ -187,7 +187,7 @@ def scratch_too_small(s: Situation) -> list[Finding]:
         return []
     size = -(-need * 2 // GIB)
     round_s = sum(load.floor_s for load in s.workload.stages)
-    return [_finding(
+    return [make_finding(
         s, "SCRATCH_TOO_SMALL", "high", "Scratch is smaller than the children's images",
         f"{s.plan.jobs_per_instance} children x {per_child / GIB:.1f} GiB = {need / GIB:.1f} GiB on a "
         f"{s.volume.size_gib} GiB volume: children fail with a full scratch and are retried",
@@ -210,7 +210,7 @@ def stragglers(s: Situation) -> list[Finding]:
             continue
         typical = median([p.duration_s for p in rows])
         worst = max(keyed[o.key].duration_s for o in slow)
-        out.append(_finding(
+        out.append(make_finding(
             s, "STRAGGLERS", "medium", f"Slow children ({stage})",
             f"{stage}: children {', '.join(o.key for o in slow)} ran at "
             + ", ".join(f"{o.value / MIB:,.1f}" for o in slow) + f" MiB/s against a median of "
@@ -234,7 +234,7 @@ def cache_over_budget(s: Situation) -> list[Finding]:
     if limit <= budget:
         return []
     a = s.advised_tuning
-    return [_finding(
+    return [make_finding(
         s, "CACHE_OVER_BUDGET", "medium", "The write cache is larger than the memory budget allows",
         f"the dirty limit is {limit / GIB:.2f} GiB, over {s.plan.cache_budget_pct:.0f}% of "
         f"{s.plan.memory_gib:g} GiB ({budget / GIB:.2f} GiB): dirty pages the jobs cannot use; its cost is "
@@ -267,7 +267,7 @@ def sync_and_metadata(s: Situation) -> list[Finding]:
             spent, duration, count = figures
             if duration <= 0 or spent / duration < share_min:
                 continue
-            out.append(_finding(
+            out.append(make_finding(
                 s, code, "medium", f"{stage} is {code.split('_')[0].lower()}-heavy",
                 f"{stage}: {count:,} {'/'.join(calls)} calls took {spent:.1f} s of {duration:.1f} s "
                 f"({spent / duration:.0%}, median child)", fix, spent, stage=stage))

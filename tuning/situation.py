@@ -94,11 +94,11 @@ class Situation:
         return median(list(per_child.values())) if per_child else 0.0
 
 
-def _values(profiles: Sequence[StageProfile], get: Callable[[StageProfile], float | None]) -> list[float]:
+def values_of(profiles: Sequence[StageProfile], get: Callable[[StageProfile], float | None]) -> list[float]:
     return [v for v in (get(p) for p in profiles) if v is not None]
 
 
-def _finding(s: Situation, code: str, severity: str, title: str, evidence: str, fix: str,
+def make_finding(s: Situation, code: str, severity: str, title: str, evidence: str, fix: str,
              cost: float | None, context: dict[str, str] | None = None, *, stage: str | None = None,
              modelled: bool = False) -> Finding:
     """A finding; `modelled` when it judges the stack's volume by its model rather than by what was measured:
@@ -109,7 +109,7 @@ def _finding(s: Situation, code: str, severity: str, title: str, evidence: str, 
     return Finding(code, severity, title, evidence, fix, cost, s.usd_per_month(cost), context or {}, stage, what_if)
 
 
-def _shared(s: Situation, stage: str) -> str:
+def shared_note(s: Situation, stage: str) -> str:
     """The scope of a device figure: '' when the child had the device to itself."""
     n = s.sharers(stage)
     return f" (device-wide: {n} children shared the scratch disk, their writeback included)" if n > 1 else ""
