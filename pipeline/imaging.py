@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from pipeline.errors import BadImageError
+from profiling.files import read_regular
 
 SHARD_NAME = "shard.tar"
 INDEX_NAME = "index.json"
@@ -131,7 +132,7 @@ def _write_samples(shard_tmp: Path, items: Sequence[tuple[str, Path]], size: tup
                    index: dict[str, Any], result: ShardResult) -> None:
     with tarfile.open(shard_tmp, "w", format=tarfile.USTAR_FORMAT) as tar:
         for key, path in sorted(items):
-            data = path.read_bytes()
+            data = read_regular(path)  # an image that is a FIFO is refused, not waited on
             if check is not None:
                 check(key, data)
             try:

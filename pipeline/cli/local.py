@@ -336,9 +336,12 @@ def process(
                                    check=lambda row, data: check_md5(str(row["key"]), data, row.get("etag"),
                                                                      bucket=bucket))
     except OSError as exc:
-        if exc.errno != errno.ENOSPC:
+        if exc.errno == errno.ENOSPC:
+            raise ScratchError(f"{output_dir} is on a full volume: free space, or give it a bigger one") from None
+        if exc.filename is None or not Path(exc.filename).is_relative_to(input_dir):
             raise
-        raise ScratchError(f"{output_dir} is on a full volume: free space, or give it a bigger one") from None
+        raise UsageError(f"IN {input_dir}: image {Path(exc.filename).name} cannot be read ({exc.strerror}): "
+                         "give a folder of image files") from None
     for bad in result.skipped:
         print(json.dumps({"event": "bad_image", "key": bad["key"], "error": bad["error"]}), flush=True)
     print(json.dumps({"event": "processed", "images": result.images, "bad_images": len(result.skipped),

@@ -383,3 +383,19 @@ def test_a_path_too_long_for_the_file_system_is_one_line(tmp_path: Path, monkeyp
     assert result.exit_code == EXIT_USAGE, result.output
     assert "File name too long" in result.output and "Traceback" not in result.output
     assert len([line for line in result.output.splitlines() if line.startswith("error: ")]) == 1
+
+
+def test_process_refuses_a_fifo_for_its_images_file_or_an_image(fifo: Path, tmp_path: Path) -> None:
+    # Both blocked forever in open(2) before (the fuzz's derandomized run met the first).
+    from pipeline.interface import PROCESS_ENV
+
+    started = time.monotonic()
+    images, out = tmp_path / "in", tmp_path / "out"
+    images.mkdir()
+    refused(["process", str(images), str(out)], EXIT_USAGE, "FIFO", env={PROCESS_ENV.IMAGES: str(fifo)})
+    os.mkfifo(images / "a.jpg")
+    listing = tmp_path / "images.jsonl"
+    listing.write_text(json.dumps({"file": "a.jpg", "key": "i/a.jpg", "size": 1, "etag": None}) + "\n")
+    refused(["process", str(images), str(out)], EXIT_USAGE, "a.jpg", env={PROCESS_ENV.IMAGES: str(listing)})
+    assert not out.exists() or not any(out.iterdir())  # nothing half-written
+    assert time.monotonic() - started < 10

@@ -24,6 +24,10 @@ from pipeline.cli import app
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
 from pipeline.interface import AWS_ENV, ENV, PROCESS_ENV
 
+# A hang inside a Hypothesis test is ended for good (stacks, then exit): with the signal method the
+# timeout's failure is caught by Hypothesis, which shrinks by running the hanging case again.
+pytestmark = pytest.mark.timeout(300, method="thread")
+
 DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
 
 

@@ -27,6 +27,10 @@ from pipeline.manifest import manifest_lines as split_lines
 from profiling.contract import CALL_TYPES, MEASUREMENTS, Contract, ContractError, parse_contract
 from profiling.numbers import MAX_DIGITS, whole_number
 
+# A hang inside a Hypothesis test is ended for good (stacks, then exit): with the signal method the
+# timeout's failure is caught by Hypothesis, which shrinks by running the hanging case again.
+pytestmark = pytest.mark.timeout(300, method="thread")
+
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
