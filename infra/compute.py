@@ -97,8 +97,10 @@ class Compute(Construct):
             # from accessing Amazon EC2 instance metadata in Amazon ECS?", AWS re:Post). The profiler needs only the
             # instance id and type, which the user data writes on the scratch volume (profiling.identity).
             http_put_response_hop_limit=1,
+            # Instance-store scratch needs no mapping: Nitro shows the store by itself (tuning/host.py).
             block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME,
-                                           volume=block_device_volume(settings.volume))],
+                                           volume=block_device_volume(settings.volume))]
+            if settings.host.scratch == "ebs" else None,
             user_data=host_user_data(settings.host, report),
             # A host whose scratch setup failed shuts itself down (tuning/host.py): gone, not stopped and paid for.
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,

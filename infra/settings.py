@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeline.interface import CONTRACT_SUFFIX, process_command_problem
 from tuning.ebs import CONTEXT_KEYS as VOLUME_CONTEXT_KEYS
@@ -23,6 +23,7 @@ from tuning.instances import (
     DEFAULT_CHILDREN_PER_HOST,
     DEFAULT_VCPUS_PER_JOB,
     PROFILER_MEMORY_MIB,
+    InstanceType,
     children_per_host,
     task_memory_mib,
     types_of,
@@ -209,18 +210,16 @@ class StackSettings:
         """Every instance type the table knows (tuning.instances) that instanceTypes lets Batch launch holds the
         default job at one per core (memory per vCPU), and runs at most childrenPerHost children at once, so none
         gets less than its share of the scratch volume. Types the table does not know are not checked."""
-        task_gib = self.memory_per_job_mib / 1024
+        if self.host.scratch == "instance-store":
+            self._validate_stores()
+            return
         for entry in self.instance_types:
             kinds = types_of(entry)
             for kind in kinds:
                 per_cpu = kind.vcpus // self.vcpus_per_job
                 children = children_per_host(kind, self.vcpus_per_job)
                 if children < per_cpu:
-                    raise SettingsError(
-                        f"instanceTypes entry {entry!r}: {kind.name} has {kind.memory_gib / kind.vcpus:g} GiB per vCPU "
-                        f"and holds {children} jobs of {task_gib:g} GiB (vcpusPerJob {self.vcpus_per_job}) on "
-                        f"{kind.vcpus} vCPUs, leaving {kind.vcpus - children * self.vcpus_per_job} idle: use a "
-                        "family with more memory per vCPU (m6i, r6i)")
+                    self._memory_misfit(entry, kind, children)
             most = max(kinds, key=lambda k: children_per_host(k, self.vcpus_per_job), default=None)
             children = 0 if most is None else children_per_host(most, self.vcpus_per_job)
             if most is not None and children > self.children_per_host:
@@ -233,6 +232,43 @@ class StackSettings:
                     f"{volume.label}, less than the plan's share (childrenPerHost {planned}: "
                     f"{volume.size_gib / planned:,.0f} GiB, {volume.baseline_mibps / planned:,.1f} MiB/s): give exact "
                     "types that run at most that many (e.g. m6i.2xlarge), or a larger childrenPerHost and volume")
+
+    def _memory_misfit(self, entry: str, kind: InstanceType, children: int) -> NoReturn:
+        raise SettingsError(
+            f"instanceTypes entry {entry!r}: {kind.name} has {kind.memory_gib / kind.vcpus:g} GiB per vCPU and holds "
+            f"{children} jobs of {self.memory_per_job_mib / 1024:g} GiB (vcpusPerJob {self.vcpus_per_job}) on "
+            f"{kind.vcpus} vCPUs, leaving {kind.vcpus - children * self.vcpus_per_job} idle: use a family with more "
+            "memory per vCPU (m6i, r6i; with an instance store m6id, r6id)")
+
+    def _validate_stores(self) -> None:
+        """Instance-store scratch: every entry is an exact type the table knows with one store device (the script
+        takes one; a family's sizes differ), holding the default job at one per core, whose store gives each of
+        its children at least the plan's share (volumeSizeGiB over childrenPerHost: the EBS volume is not made,
+        but its size still says how much scratch a child needs)."""
+        share = self.volume.size_gib / self.children_per_host
+        for entry in self.instance_types:
+            kinds = types_of(entry)
+            if len(kinds) != 1 or "." not in entry:
+                raise SettingsError(
+                    f"instanceTypes entry {entry!r}: instance-store scratch needs exact types the stack knows, e.g. "
+                    "m6id.2xlarge (a family's sizes have different stores; the known ones: m6id, c6id, r6id, i4i)")
+            kind = kinds[0]
+            if kind.store_volumes != 1:
+                have = "no instance store" if not kind.store_volumes else f"{kind.store_volumes} store devices"
+                raise SettingsError(
+                    f"instanceTypes entry {entry!r} has {have}: instance-store scratch takes a type with exactly "
+                    "one (m6id/c6id/r6id up to 8xlarge, i4i up to 4xlarge), or use -c scratch=ebs")
+            children = children_per_host(kind, self.vcpus_per_job)
+            if children < kind.vcpus // self.vcpus_per_job:
+                self._memory_misfit(entry, kind, children)
+            each = kind.store_gb * 1e9 / 2**30 / max(children, 1)
+            if each < share:
+                raise SettingsError(
+                    f"instanceTypes entry {entry!r}: {kind.describe()} runs {children} children of "
+                    f"{self.memory_per_job_mib / 1024:g} GiB, {each:,.0f} GiB of store each, against the plan's "
+                    f"{share:,.0f} GiB (volumeSizeGiB {self.volume.size_gib} over childrenPerHost "
+                    f"{self.children_per_host}): "
+                    "give a larger size or a family with more memory per vCPU, or a smaller volumeSizeGiB")
 
     def to_context(self) -> dict[str, str]:
         """The context keys that rebuild these settings (strings, as `-c` passes them)."""

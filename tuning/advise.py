@@ -211,11 +211,12 @@ def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload,
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult:
     """The cheapest EBS candidate that fits the day and is within RECOMMEND_SLACK of the fastest EBS candidate.
 
-    Instance store is compared (tuning.versus), never recommended: the stack deploys EBS scratch only."""
+    Instance store is compared (tuning.versus), never recommended: its price is in the instance's, which the
+    advisor does not know, and choosing it changes the instance types (the line says how to deploy it)."""
     ebs = [r for r in results if not isinstance(r.volume, InstanceStore)]
     if not ebs:
         raise AdviseError("no EBS candidate to recommend: give at least one EBS --candidate (e.g. st1:500) beside "
-                          "instance store, which the stack does not deploy")
+                          "instance store, which is compared, not recommended")
     pool = [r for r in ebs if r.fits_day] or ebs
     fastest = min(r.steady_round_s for r in pool)
     good = [r for r in pool if r.steady_round_s <= fastest * RECOMMEND_SLACK]

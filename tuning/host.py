@@ -24,6 +24,15 @@ SYSCTL_CONF_PATH = "/etc/sysctl.d/90-iobatch.conf"
 # The block device name the launch template gives the scratch volume. On Nitro instances the kernel
 # names it nvme<N>n1; Amazon Linux's udev rules (amazon-ec2-utils) add this name as a symlink.
 SCRATCH_DEVICE_NAME = "/dev/xvdb"
+# Where scratch comes from: an EBS volume the launch template attaches (SCRATCH_DEVICE_NAME), or the instance's own
+# NVMe instance store, which grows with the instance, has no credits and is erased with it. Nitro instances show
+# the store without any block device mapping ("NVMe instance store volumes are automatically enumerated and
+# assigned a device name. Including them in your block device mapping has no effect": EC2 API Reference,
+# BlockDeviceMapping, VirtualName), each device with the NVMe model STORE_MODEL (EBS's is "Amazon Elastic Block
+# Store"), which the script picks by. One store device only: striping several (mdadm, not on the ECS-optimized AMI)
+# is not built, and the stack refuses types with more (infra/settings.py).
+SCRATCH_KINDS = ("ebs", "instance-store")
+STORE_MODEL = "Amazon EC2 NVMe Instance Storage"
 # Written on the mounted scratch volume as the script's last step, after every check passed: a job that
 # does not find it (pipeline/scratch.py) is on a host whose setup failed, and exits to be retried elsewhere.
 SCRATCH_READY_MARKER = ".iobatch-scratch-ready"
@@ -55,6 +64,7 @@ CONTEXT_KEYS: dict[str, str] = {
     "dirtyExpireCentisecs": "dirty_expire_centisecs",
     "dirtyWritebackCentisecs": "dirty_writeback_centisecs",
     "mountOptions": "mount_options",
+    "scratch": "scratch",
 }
 _SYSCTL_FIELDS: dict[str, str] = {
     "dirty_ratio": "vm.dirty_ratio",
@@ -96,6 +106,7 @@ class HostTuning:
     filesystem: str = "xfs"
     mount_options: tuple[str, ...] = ("noatime", "nodiratime", "logbufs=8", "logbsize=256k", "nofail")
     mount_point: str = "/scratch"
+    scratch: str = "ebs"  # one of SCRATCH_KINDS
 
     def sysctls(self) -> dict[str, str]:
         """The sysctls this tuning sets, e.g. {"vm.dirty_ratio": "30"}; unset values are left out."""
@@ -152,6 +163,8 @@ class HostTuning:
                 )
 
     def _validate_mount(self, kernel: tuple[int, int] | None) -> None:
+        if self.scratch not in SCRATCH_KINDS:
+            raise HostTuningError(f"scratch {self.scratch!r} is not a scratch kind: use {' or '.join(SCRATCH_KINDS)}")
         if self.filesystem not in FILESYSTEMS:
             raise HostTuningError(
                 f"filesystem {self.filesystem!r} is not supported: use one of {', '.join(FILESYSTEMS)}"
@@ -179,6 +192,8 @@ class HostTuning:
             raw = ctx[key]
             if name == "mount_options":
                 values[name] = _parse_options(raw, key)
+            elif name == "scratch":
+                values[name] = str(raw).strip().lower()
             else:
                 values[name] = _parse_int(raw, key)
         if values.get("dirty_bytes") is not None or values.get("dirty_background_bytes") is not None:
@@ -194,6 +209,9 @@ class HostTuning:
             value = getattr(self, name)
             if name == "mount_options":
                 ctx[key] = ",".join(value)
+            elif name == "scratch":
+                if value != "ebs":  # the default stays out of the advice's context
+                    ctx[key] = value
             elif name in ("dirty_ratio", "dirty_background_ratio"):
                 # Always written: absent would mean the default, not "leave the kernel's value".
                 ctx[key] = "none" if value is None else str(value)
@@ -212,8 +230,12 @@ class HostTuning:
         It also writes the instance's id and type from IMDS where the profiler reads them (INSTANCE_FILE on the
         volume), and on a failure says why in the console output and, given `report`, in that log group.
 
-        Three variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
-        (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab) and IOBATCH_IMDS (empty: no IMDS).
+        With scratch "instance-store" the device is the one NVMe device of model STORE_MODEL (none or several:
+        the setup fails, and the host is fenced like any other failed setup).
+
+        Four variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
+        (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab), IOBATCH_IMDS (empty: no IMDS) and
+        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in).
         """
         self.validate()
         sysctl_lines = "".join(f"{key} = {value}\n" for key, value in self.sysctls().items())
@@ -221,7 +243,9 @@ class HostTuning:
         q = shlex.quote
         return SCRIPT.format(
             device=q(device or ""),
-            default_device=q(SCRATCH_DEVICE_NAME),
+            default_device=q(SCRATCH_DEVICE_NAME if self.scratch == "ebs" else ""),
+            scratch=q(self.scratch),
+            store_model=q(STORE_MODEL),
             mount_point=q(self.mount_point),
             options=q(self.mount_option_string()),
             filesystem=q(self.filesystem),

@@ -10,6 +10,10 @@ set -euo pipefail
 
 DEVICE={device}
 DEFAULT_DEVICE={default_device}
+# ebs: the volume the launch template attaches; instance-store: the instance's one NVMe instance store device.
+SCRATCH={scratch}
+STORE_MODEL={store_model}
+SYS_BLOCK="${{IOBATCH_SYS_BLOCK:-/sys/block}}"
 MOUNT_POINT={mount_point}
 MOUNT_OPTIONS={options}
 FILESYSTEM={filesystem}
@@ -98,7 +102,27 @@ find_device() {{
   return 1
 }}
 
-if [ -z "$DEVICE" ]; then
+# The instance store devices: those whose NVMe model is STORE_MODEL (sysfs pads it with blanks; read trims them).
+find_stores() {{
+  local dir model
+  for dir in "$SYS_BLOCK"/*; do
+    [ -r "$dir/device/model" ] || continue
+    model=""
+    read -r model < "$dir/device/model" || true
+    if [ "$model" = "$STORE_MODEL" ]; then echo "/dev/${{dir##*/}}"; fi
+  done
+}}
+
+if [ -z "$DEVICE" ] && [ "$SCRATCH" = "instance-store" ]; then
+  mapfile -t stores < <(find_stores)
+  [ "${{#stores[@]}}" -gt 0 ] \
+    || die "no instance store device (NVMe model '$STORE_MODEL'): instance-store scratch needs a type with one" \
+           "(m6id, c6id, r6id, i4i)"
+  [ "${{#stores[@]}}" -eq 1 ] \
+    || die "${{#stores[@]}} instance store devices (${{stores[*]}}): striping several is not built; use a size" \
+           "with one store device"
+  DEVICE="${{stores[0]}}"
+elif [ -z "$DEVICE" ]; then
   # EBS volumes can attach a little after boot: wait up to two minutes.
   for _ in $(seq 1 60); do
     DEVICE="$(find_device || true)"
@@ -109,7 +133,7 @@ if [ -z "$DEVICE" ]; then
     || die "no scratch device ($DEFAULT_DEVICE or a blank disk); not running jobs on the root disk"
 fi
 [ -b "$DEVICE" ] || die "scratch device $DEVICE is not a block device"
-log "scratch device $DEVICE"
+log "scratch device $DEVICE ($SCRATCH)"
 
 current_fs="$(blkid -p -s TYPE -o value "$DEVICE" || true)"
 if [ -z "$current_fs" ]; then
@@ -159,7 +183,7 @@ else
 fi
 
 # Last: the marker that tells jobs this is the prepared volume (written whole, then renamed).
-echo "prepared $(date -u +%Y-%m-%dT%H:%M:%SZ) device=$DEVICE filesystem=$FILESYSTEM" \
+echo "prepared $(date -u +%Y-%m-%dT%H:%M:%SZ) device=$DEVICE scratch=$SCRATCH filesystem=$FILESYSTEM" \
   > "$MOUNT_POINT/$READY_MARKER.tmp"
 mv -f "$MOUNT_POINT/$READY_MARKER.tmp" "$MOUNT_POINT/$READY_MARKER"
 log "scratch ready: $MOUNT_POINT/$READY_MARKER"

@@ -20,6 +20,7 @@ so the model has no bandwidth ceiling of its own beyond that. The advice's notes
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 
@@ -87,7 +88,8 @@ class InstanceStore(Volume):
         return 1.0 / min(io_size, STORE_IO_BYTES)
 
     def to_context(self) -> dict[str, str]:
-        raise VolumeError(f"{self.label}: the stack formats an EBS scratch volume; it does not deploy instance store")
+        """The stack's keys for scratch on this store (tuning.host: one store device, the type exactly)."""
+        return {"scratch": "instance-store", "instanceTypes": json.dumps([self.instance_type])}
 
     def monthly_usd(self) -> float | None:
         return None if self.usd_per_hour is None else round(self.usd_per_hour * HOURS_PER_MONTH, 2)

@@ -144,6 +144,7 @@ def _store(r: CandidateResult, st1: CandidateResult, round_bytes: int) -> str:
              "hour)")
     return (f"Instance store {v.instance_type}: {v.size_gib:,} GiB ({room}), at least {v.baseline_mibps:,.0f} MiB/s "
             f"for the whole instance, no credits: a steady round takes {r.steady_round_s:,.1f} s (st1: "
-            f"{st1.steady_round_s:,.1f} s); {price}; erased with the instance, which suits scratch; compared only: "
-            "the stack deploys EBS scratch.")
+            f"{st1.steady_round_s:,.1f} s); {price}; erased with the instance, which suits scratch; to deploy it: "
+            f"-c scratch=instance-store -c instanceTypes={v.instance_type} (compared, not recommended: its price is "
+            "the instance's).")
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning.host import HostTuning, sysctl_path
+from tuning.host import SCRATCH_READY_MARKER, STORE_MODEL, HostTuning, sysctl_path
 
 pytestmark = pytest.mark.root
 
@@ -72,10 +72,10 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
         subprocess.run(["losetup", "-d", device], check=False)
 
 
-def run_script(script: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_script(script: str, tmp_path: Path, sys_block: Path | None = None) -> subprocess.CompletedProcess[str]:
     # No IMDS: this machine is no EC2 instance, and its link-local address is never a target.
     env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": "",
-           "IOBATCH_IMDS": ""}
+           "IOBATCH_IMDS": "", "IOBATCH_SYS_BLOCK": str(sys_block or tmp_path / "no-sys-block")}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -124,4 +124,45 @@ def test_script_fails_loudly_when_the_device_is_missing(tmp_path: Path, saved_sy
     result = run_script(tuning.render_script(device="/dev/iobatch-no-such-disk"), tmp_path)
     assert result.returncode == 1
     assert "FATAL: scratch device /dev/iobatch-no-such-disk is not a block device" in result.stderr
+    assert not (tmp_path / "90-iobatch.conf").exists()
+
+
+def fake_sys_block(tmp_path: Path, models: dict[str, str]) -> Path:
+    """A /sys/block of disks and their NVMe models as the kernel shows them (the model padded with blanks to the
+    field's 40 bytes, as the NVMe Identify Controller data holds it)."""
+    root = tmp_path / "sys-block"
+    for name, model in models.items():
+        (root / name / "device").mkdir(parents=True)
+        (root / name / "device" / "model").write_text(model.ljust(40) + "\n")
+    return root
+
+
+def test_instance_store_scratch_is_the_one_store_device(
+    tmp_path: Path, loop_device: str, saved_sysctls: dict[str, str]
+) -> None:
+    mount_point = tmp_path / "scratch"
+    loop = Path(loop_device).name
+    # The root disk and an EBS volume beside the store: only the store's model is taken.
+    sys_block = fake_sys_block(tmp_path, {"nvme0n1": "Amazon Elastic Block Store", loop: STORE_MODEL})
+    tuning = HostTuning(scratch="instance-store", mount_point=str(mount_point))
+    result = run_script(tuning.render_script(), tmp_path, sys_block)
+    assert result.returncode == 0, result.stderr
+    assert f"scratch device {loop_device} (instance-store)" in result.stderr
+    assert f"making xfs on blank {loop_device}" in result.stderr
+    assert subprocess.run(["findmnt", "-rn", "-o", "SOURCE", "-M", str(mount_point)], capture_output=True,
+                          text=True, check=True).stdout.strip() == loop_device
+    assert "scratch=instance-store" in (mount_point / SCRATCH_READY_MARKER).read_text()
+
+
+@pytest.mark.parametrize(("models", "fatal"), [
+    ({"nvme0n1": "Amazon Elastic Block Store"}, "no instance store device"),
+    ({"nvme1n1": STORE_MODEL, "nvme2n1": STORE_MODEL}, "2 instance store devices (/dev/nvme1n1 /dev/nvme2n1)"),
+])
+def test_instance_store_scratch_fails_loudly_without_exactly_one_store(
+    tmp_path: Path, saved_sysctls: dict[str, str], models: dict[str, str], fatal: str
+) -> None:
+    tuning = HostTuning(scratch="instance-store", mount_point=str(tmp_path / "scratch"))
+    result = run_script(tuning.render_script(), tmp_path, fake_sys_block(tmp_path, models))
+    assert result.returncode == 1
+    assert f"FATAL: {fatal}" in result.stderr
     assert not (tmp_path / "90-iobatch.conf").exists()

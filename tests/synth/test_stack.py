@@ -25,7 +25,7 @@ from pipeline.interface import (
 )
 from pipeline.settings import JobSettings
 from profiling.metrics import DEFAULT_NAMESPACE, STAGES
-from tests.support.synth import Synthesized
+from tests.support.synth import Synthesized, synthesize
 from tuning.host import SYSCTL_CONF_PATH, HostReport, HostTuning
 
 
@@ -71,6 +71,17 @@ def test_launch_template_has_an_encrypted_st1_scratch_volume_and_requires_imdsv2
     [mapping] = data["BlockDeviceMappings"]
     assert mapping["DeviceName"] == "/dev/xvdb"
     assert mapping["Ebs"] == {"DeleteOnTermination": True, "Encrypted": True, "VolumeSize": 500, "VolumeType": "st1"}
+
+
+def test_instance_store_scratch_attaches_no_volume_and_takes_the_store() -> None:
+    types = ["m6id.2xlarge", "r6id.2xlarge"]
+    synthesized = synthesize(scratch="instance-store", instanceTypes=json.dumps(types), volumeSizeGiB="400")
+    data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]
+    assert "BlockDeviceMappings" not in data  # Nitro shows the store without a mapping
+    script = host_script(synthesized)
+    assert "\nSCRATCH=instance-store\n" in script and "\nDEFAULT_DEVICE=''\n" in script
+    resources = synthesized.only("AWS::Batch::ComputeEnvironment")["Properties"]["ComputeResources"]
+    assert resources["InstanceTypes"] == types
 
 
 def test_user_data_is_the_script_tuning_host_renders(synthesized: Synthesized) -> None:

@@ -121,3 +121,31 @@ def test_hosts_within_the_plan_and_types_the_table_does_not_know_pass() -> None:
     assert StackSettings.from_context({"instanceTypes": "m6i", "childrenPerHost": 64}).children_per_host == 64
     assert StackSettings.from_context({"instanceTypes": "r6i.4xlarge", "childrenPerHost": 8}).instance_types
     assert StackSettings.from_context({"instanceTypes": "m7i.48xlarge"}).instance_types == ("m7i.48xlarge",)
+
+
+STORE = {"scratch": "instance-store"}
+
+
+@pytest.mark.parametrize(("ctx", "message"), [
+    ({}, r"entry 'm6i.xlarge' has no instance store"),  # the default types have none
+    ({"instanceTypes": "m6id"}, r"entry 'm6id': instance-store scratch needs exact types"),  # sizes differ
+    ({"instanceTypes": "m7i.2xlarge"}, r"entry 'm7i.2xlarge': instance-store scratch needs exact types the stack "
+                                       "knows"),
+    ({"instanceTypes": "m6id.16xlarge"}, r"has 2 store devices"),  # striping is not built
+    ({"instanceTypes": "c6id.2xlarge"}, r"c6id.2xlarge has 2 GiB per vCPU and holds 2 jobs"),
+    # 474 GB (441 GiB) over 4 children: 110 GiB each, under 500 GiB / 4 = 125.
+    ({"instanceTypes": "m6id.2xlarge"}, r"runs 4 children of 7 GiB, 110 GiB of store each, against the plan's "
+                                        r"125 GiB \(volumeSizeGiB 500 over childrenPerHost 4\)"),
+    ({"scratch": "nvme"}, r"scratch 'nvme' is not a scratch kind: use ebs or instance-store"),
+])
+def test_instance_store_scratch_refuses_types_it_cannot_prepare(ctx: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message):
+        StackSettings.from_context({**STORE, **ctx})
+
+
+def test_instance_store_scratch_on_types_with_one_store_large_enough() -> None:
+    settings = StackSettings.from_context({**STORE, "instanceTypes": "m6id.2xlarge,r6id.2xlarge,i4i.xlarge",
+                                           "volumeSizeGiB": 400})
+    assert settings.host.scratch == "instance-store"
+    assert StackSettings.from_context(settings.to_context()) == settings
+    assert "scratch" not in StackSettings().to_context()  # EBS, the default, is left implicit

@@ -60,7 +60,16 @@ def test_when_st1_credits_run_out_gp3_is_picked_and_the_advice_says_why() -> Non
     assert "holds a round's 8.0 GiB" in store_line and "65.70 USD/month" in store_line
     assert "4 KiB" in assumption
     assert "st1 against the candidates without credits" in render(advice)
-    assert "volumeType=gp3" in advice.cdk_args  # never the store: the stack deploys EBS
+    assert "volumeType=gp3" in advice.cdk_args  # never the store: it is compared, not recommended
+    assert "to deploy it: -c scratch=instance-store -c instanceTypes=m6id.2xlarge" in store_line
+
+
+def test_a_store_candidates_context_is_one_the_stack_deploys() -> None:
+    from infra.settings import StackSettings
+
+    store = parse_candidate("nvme:m6id.2xlarge", instance_store=True)
+    settings = StackSettings.from_context({**store.to_context(), "volumeSizeGiB": "400"})
+    assert (settings.host.scratch, settings.instance_types) == ("instance-store", ("m6id.2xlarge",))
 
 
 def test_within_credits_large_sequential_downloads_keep_st1() -> None:
