@@ -9,8 +9,12 @@ with them): the spread of like instances, not the 2-core demo machine's, whose c
 Per-call records are dropped, as CloudWatch's EMF carries none. One child two thirds into the batch
 downloads 8x slower: the report must name it.
 
-Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included) and is measured by
-os.wait4: wall time and peak RSS (ru_maxrss). The page is opened in headless Chromium (`--dump-dom`, which
+Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included), as a user runs it: a
+large run's files are read in worker processes, one per core (profiling.fanout; IOBATCH_READ_WORKERS=1 reads
+in one). Measured: wall time; CPU time of the command and its workers (os.wait4, which counts the children it
+reaped); peak memory of the command with its workers, the sum of their PSS (proportional set size: pages the
+workers share with the parent after fork counted once) sampled every 0.2 s from /proc/PID/smaps_rollup, and
+the largest single process's peak RSS (ru_maxrss). The page is opened in headless Chromium (`--dump-dom`, which
 returns after the load event, when every inline plot has been drawn) beside a blank page, the bare tool:
 the difference is the page's own cost.
 
@@ -31,9 +35,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from profiling.fanout import read_workers
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_FACTOR = 8.0
@@ -45,20 +52,60 @@ def _env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 
-def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, int]:
-    """(wall s, CPU s, peak RSS MiB, exit code) of one command in a fresh process. On a shared machine the
-    CPU time is the steadier figure: the wall time includes waiting for a core."""
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants (from /proc/PID/stat's parent field)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    return sorted(tree)
+
+
+def _pss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue  # ended between the listing and the read
+        match = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+        total += int(match.group(1)) if match else 0
+    return total / 1024
+
+
+def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, float, int]:
+    """(wall s, CPU s, peak PSS MiB of the process and its workers, largest process's peak RSS MiB, exit code)
+    of one command in a fresh process. On a shared machine the CPU time is the steadier figure: the wall time
+    includes waiting for a core."""
     began = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(command, env=_env(), stdout=out, stderr=subprocess.PIPE)
     assert proc.stderr is not None
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], _pss_mib(_tree(proc.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     err = proc.stderr.read()
+    done.set()
+    sampler.join()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - began
     if proc.returncode != 0:
         sys.stderr.write(err.decode(errors="replace")[-2000:])
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, peak[0], usage.ru_maxrss / 1024, proc.returncode
 
 
 def demo_run(keep: Path) -> Path:
@@ -142,17 +189,21 @@ def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, 
     made = time.monotonic() - began
     size = sum(f.stat().st_size for f in (run / "profiles").iterdir())
     page = run / "report.html"
-    wall, cpu, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(page)])
+    wall, cpu, pss, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out",
+                                         str(page)])
     text = page.read_text(encoding="utf-8") if code == 0 else ""
     found = re.search(rf"data-stage='download' data-scope='child' data-name='child {slow}'", text) is not None
     blank = work / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body></body></html>\n", encoding="utf-8")
     opened = chromium_open(page, blank) if code == 0 else None
-    a_wall, a_cpu, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS])
+    a_wall, a_cpu, a_pss, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run),
+                                                   *ADVISE_FLAGS])
     return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_cpu": cpu,
-            "report_mib": rss, "report_exit": code, "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
+            "report_mib": pss, "report_rss": rss, "report_exit": code,
+            "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
             "open_s": opened,
-            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_rss, "advise_exit": a_code}
+            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_pss, "advise_rss": a_rss,
+            "advise_exit": a_code}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -192,6 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"\nworkers: {read_workers(max(sizes, default=0))} (profiling.fanout, at the largest size); CPU s: the "
+          "command's and its workers'; peak MiB: their PSS summed (the largest process's RSS)")
     print("\n| children | profiles MB | report s (CPU s) | report peak MiB | page MB | Chromium open s (beyond a "
           "blank page) | straggler named | advise s (CPU s) | advise peak MiB |")
     print("|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
@@ -200,9 +253,10 @@ def main(argv: list[str] | None = None) -> int:
             else f"exit {r['report_exit']}"
         advise = f"{_fmt(r['advise_s'])} ({_fmt(r['advise_cpu'])})" if r["advise_exit"] == 0 \
             else f"exit {r['advise_exit']}"
-        print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} | "
+        print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} "
+              f"({_fmt(r['report_rss'], 0)}) | "
               f"{_fmt(r['page_mb'], 2)} | {_fmt(r['open_s'])} | {_fmt(r['straggler'])} | {advise} | "
-              f"{_fmt(r['advise_mib'], 0)} |")
+              f"{_fmt(r['advise_mib'], 0)} ({_fmt(r['advise_rss'], 0)}) |")
     failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"]]
     return 1 if failed else 0
 
