@@ -47,7 +47,8 @@ def cores() -> int:
 
 def read_workers(files: int, workers: int | None = None) -> int:
     """How many processes read `files` files: `workers` when given (tests), else READ_WORKERS_ENV (at most the
-    cores), else one per core; 1 below PARALLEL_MIN_FILES unless `workers` is given; never more than chunks."""
+    cores), else one per core; never more than chunks. Unless `workers` is given: 1 below PARALLEL_MIN_FILES,
+    and 1 when this process runs other threads (see _context)."""
     chunks = max(1, -(-files // CHUNK_FILES))
     if workers is not None:
         return max(1, min(workers, chunks))
@@ -59,7 +60,9 @@ def read_workers(files: int, workers: int | None = None) -> int:
         wanted = min(int(text), cores())
     else:
         wanted = cores()
-    return 1 if files < PARALLEL_MIN_FILES else max(1, min(wanted, chunks))
+    if files < PARALLEL_MIN_FILES or threading.active_count() > 1:
+        return 1
+    return max(1, min(wanted, chunks))
 
 
 def chunked(items: Sequence[T], size: int | None = None) -> list[Sequence[T]]:
@@ -68,12 +71,13 @@ def chunked(items: Sequence[T], size: int | None = None) -> list[Sequence[T]]:
     return [items[i:i + step] for i in range(0, len(items), step)]
 
 
-def _context() -> BaseContext:
-    # 'fork' when this process runs one thread (the CLI, before it reads): the workers start at once with every
-    # module already imported (numpy, orjson, the readers), where 'forkserver' or 'spawn' would import them
-    # again in each. Forking a process that runs other threads can copy a lock one of them holds (Python
-    # warns of it since 3.12), so then 'forkserver', which forks from a clean single-threaded server.
-    return multiprocessing.get_context("fork" if threading.active_count() == 1 else "forkserver")
+def _context() -> BaseContext | None:
+    # 'fork', deliberately: the workers start at once with every module already imported (numpy, orjson, the
+    # readers), where 'spawn' or 'forkserver' import them again in each and must import the caller's __main__
+    # (a script read from stdin cannot be: the pool then restarts its failing workers for ever). Forking a
+    # process that runs other threads can copy a lock one of them holds (Python warns of it from 3.12), so
+    # read_workers's own choice is 1 then; the CLI reads before it starts any thread. None: no fork here.
+    return multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
@@ -81,7 +85,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 def _worker_start(parent: int) -> None:
     # Ctrl-C reaches every process of the terminal's foreground group: the workers ignore it and the parent,
-    # which gets KeyboardInterrupt, ends them (Pool.terminate, on leaving its `with`). Should the parent die
+    # which gets KeyboardInterrupt, ends them (Pool.terminate, in ordered_map's `finally`). Should the parent die
     # without that (SIGKILL), the kernel sends the worker SIGKILL too: prctl(2), PR_SET_PDEATHSIG, "the
     # signal that the calling process will get when its parent dies".
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -93,13 +97,14 @@ def _worker_start(parent: int) -> None:
 
 def ordered_map(function: Callable[[T], R], tasks: Sequence[T], workers: int) -> Generator[R, None, None]:
     """function(task) for every task, in task order: in this process when `workers` is 1, else in `workers`
-    processes (at most len(tasks)). `function` must be a module-level function. The first task (in order)
+    processes (at most len(tasks)), pool.imap handing the results back in order. The first task (in order)
     that raises stops the read with that exception, as a serial loop would; the workers are ended when the
     caller stops iterating, on an error, or on Ctrl-C."""
-    if workers <= 1 or len(tasks) <= 1:
+    context = _context()
+    if workers <= 1 or len(tasks) <= 1 or context is None:
         yield from map(function, tasks)
         return
-    pool = _context().Pool(min(workers, len(tasks)), initializer=_worker_start,
+    pool = context.Pool(min(workers, len(tasks)), initializer=_worker_start,
                                initargs=(os.getpid(),))
     try:
         results = pool.imap(function, tasks)

@@ -135,11 +135,16 @@ def test_the_workers_setting_is_checked(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert (result.exit_code, result.output) == (64, f"error: {fanout.READ_WORKERS_ENV}='two' is not a number of "
                                                  "worker processes: set a whole number of 1 or more (1 reads in "
                                                  "one process), or unset it\n")
+    threads = [1]  # the CLI's one thread (pytest's timeout may run its own)
+    monkeypatch.setattr(fanout.threading, "active_count", lambda: threads[0])
     monkeypatch.setenv(fanout.READ_WORKERS_ENV, "64")
     assert fanout.read_workers(100_000) == min(64, fanout.cores())  # at most the cores
     assert fanout.read_workers(fanout.PARALLEL_MIN_FILES - 1) == 1  # a small run: one process
+    assert fanout.read_workers(40, workers=3) == 3  # asked for (tests): whatever the size
     monkeypatch.delenv(fanout.READ_WORKERS_ENV)
     assert fanout.read_workers(100_000) == fanout.cores()
+    threads[0] = 2  # a process running other threads is not forked unless asked to
+    assert fanout.read_workers(100_000) == 1 and fanout.read_workers(100_000, workers=2) == 2
 
 
 def _pid(task: int) -> tuple[int, int]:
