@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from profiling.fanout import read_workers
+from profiling.fanout import READ_WORKERS_ENV, read_workers
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_FACTOR = 8.0
@@ -48,8 +48,8 @@ CHILDREN_PER_INSTANCE = 8
 ADVISE_FLAGS = ("--jobs-per-instance", "8", "--memory-gib", "32", "--jobs-per-day", "500", "--json")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
 def _tree(root: int) -> list[int]:
@@ -80,13 +80,14 @@ def _pss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, float, int]:
+def measure(command: list[str], *, quiet: bool = True, env: dict[str, str] | None = None
+            ) -> tuple[float, float, float, float, int]:
     """(wall s, CPU s, peak PSS MiB of the process and its workers, largest process's peak RSS MiB, exit code)
     of one command in a fresh process. On a shared machine the CPU time is the steadier figure: the wall time
     includes waiting for a core."""
     began = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(command, env=_env(), stdout=out, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, env=env or _env(), stdout=out, stderr=subprocess.PIPE)
     assert proc.stderr is not None
     peak = [0.0]
     done = threading.Event()
@@ -182,7 +183,8 @@ def chromium_open(page: Path, blank: Path) -> float | None:
     return times["page"] - times["blank"]
 
 
-def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path) -> dict[str, Any]:
+def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path,
+             one_process: bool = False) -> dict[str, Any]:
     run = work / f"fleet-{children}"
     began = time.monotonic()
     slow = make_fleet(base, children, concurrency, run)
@@ -198,7 +200,15 @@ def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, 
     opened = chromium_open(page, blank) if code == 0 else None
     a_wall, a_cpu, a_pss, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run),
                                                    *ADVISE_FLAGS])
-    return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_cpu": cpu,
+    single: dict[str, Any] = {}
+    if one_process:  # the same commands reading in one process
+        alone = _env(**{READ_WORKERS_ENV: "1"})
+        command = [sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(run / "one.html")]
+        single["report_1"] = measure(command, env=alone)
+        single["advise_1"] = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS],
+                                     env=alone)
+    return {**single, "children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall,
+            "report_cpu": cpu,
             "report_mib": pss, "report_rss": rss, "report_exit": code,
             "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
             "open_s": opened,
@@ -220,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1000, help="children running at once (one wave)")
     parser.add_argument("--from", dest="source", type=Path, help="a finished run directory to take profiles from "
                         "(default: run a small demo)")
+    parser.add_argument("--one-process-too", action="store_true", help="also run report and advise reading in "
+                        f"one process ({READ_WORKERS_ENV}=1), side by side")
     parser.add_argument("--keep", type=Path, help="keep the generated runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.children.split(",") if n.strip()]
@@ -232,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
               f"downloads {SLOW_FACTOR:g}x slower", flush=True)
         results = []
         for n in sizes:
-            results.append(one_size(base, n, args.concurrency, work))
+            results.append(one_size(base, n, args.concurrency, work, args.one_process_too))
             r = results[-1]
             print(f"{n} children: report {r['report_s']:.1f} s ({r['report_cpu']:.1f} s CPU), "
                   f"{r['report_mib']:.0f} MiB; advise {r['advise_s']:.1f} s ({r['advise_cpu']:.1f} s CPU), "
@@ -257,6 +269,14 @@ def main(argv: list[str] | None = None) -> int:
               f"({_fmt(r['report_rss'], 0)}) | "
               f"{_fmt(r['page_mb'], 2)} | {_fmt(r['open_s'])} | {_fmt(r['straggler'])} | {advise} | "
               f"{_fmt(r['advise_mib'], 0)} ({_fmt(r['advise_rss'], 0)}) |")
+    if any("report_1" in r for r in results):
+        print(f"\nIn one process ({READ_WORKERS_ENV}=1), the same commands:\n")
+        print("| children | report s (CPU s) | report peak MiB | advise s (CPU s) | advise peak MiB |")
+        print("|---:|---:|---:|---:|---:|")
+        for r in results:
+            (rw, rc, rp, _, rx), (aw, ac, ap, _, ax) = r["report_1"], r["advise_1"]
+            print(f"| {r['children']:,} | {_fmt(rw)} ({_fmt(rc)}){'' if rx == 0 else f' exit {rx}'} | "
+                  f"{_fmt(rp, 0)} | {_fmt(aw)} ({_fmt(ac)}){'' if ax == 0 else f' exit {ax}'} | {_fmt(ap, 0)} |")
     failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"]]
     return 1 if failed else 0
 
