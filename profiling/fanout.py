@@ -54,7 +54,7 @@ def read_workers(files: int, workers: int | None = None) -> int:
         return max(1, min(workers, chunks))
     text = os.environ.get(READ_WORKERS_ENV, "").strip()
     if text:
-        if not text.isdigit() or int(text) < 1:
+        if not (text.isascii() and text.isdigit()) or int(text) < 1:
             raise ReadWorkersError(f"{READ_WORKERS_ENV}={text[:20]!r} is not a number of worker processes: set "
                                    f"a whole number of 1 or more (1 reads in one process), or unset it")
         wanted = min(int(text), cores())
