@@ -9,8 +9,12 @@ with them): the spread of like instances, not the 2-core demo machine's, whose c
 Per-call records are dropped, as CloudWatch's EMF carries none. One child two thirds into the batch
 downloads 8x slower: the report must name it.
 
-Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included) and is measured by
-os.wait4: wall time and peak RSS (ru_maxrss). The page is opened in headless Chromium (`--dump-dom`, which
+Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included), as a user runs it: a
+large run's files are read in worker processes, one per core (profiling.fanout; IOBATCH_READ_WORKERS=1 reads
+in one). Measured: wall time; CPU time of the command and its workers (os.wait4, which counts the children it
+reaped); peak memory of the command with its workers, the sum of their PSS (proportional set size: pages the
+workers share with the parent after fork counted once) sampled every 0.2 s from /proc/PID/smaps_rollup, and
+the largest single process's peak RSS (ru_maxrss). The page is opened in headless Chromium (`--dump-dom`, which
 returns after the load event, when every inline plot has been drawn) beside a blank page, the bare tool:
 the difference is the page's own cost.
 
@@ -31,9 +35,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
+
+from profiling.fanout import READ_WORKERS_ENV, read_workers
 
 REPO = Path(__file__).resolve().parents[1]
 SLOW_FACTOR = 8.0
@@ -41,24 +48,65 @@ CHILDREN_PER_INSTANCE = 8
 ADVISE_FLAGS = ("--jobs-per-instance", "8", "--memory-gib", "32", "--jobs-per-day", "500", "--json")
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO)}
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
-def measure(command: list[str], *, quiet: bool = True) -> tuple[float, float, float, int]:
-    """(wall s, CPU s, peak RSS MiB, exit code) of one command in a fresh process. On a shared machine the
-    CPU time is the steadier figure: the wall time includes waiting for a core."""
+def _tree(root: int) -> list[int]:
+    """`root` and its descendants (from /proc/PID/stat's parent field)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    tree, grew = {root}, True
+    while grew:
+        found = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= found
+        grew = bool(found)
+    return sorted(tree)
+
+
+def _pss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue  # ended between the listing and the read
+        match = re.search(r"^Pss:\s+(\d+) kB", text, re.M)
+        total += int(match.group(1)) if match else 0
+    return total / 1024
+
+
+def measure(command: list[str], *, quiet: bool = True, env: dict[str, str] | None = None
+            ) -> tuple[float, float, float, float, int]:
+    """(wall s, CPU s, peak PSS MiB of the process and its workers, largest process's peak RSS MiB, exit code)
+    of one command in a fresh process. On a shared machine the CPU time is the steadier figure: the wall time
+    includes waiting for a core."""
     began = time.monotonic()
     out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(command, env=_env(), stdout=out, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(command, env=env or _env(), stdout=out, stderr=subprocess.PIPE)
     assert proc.stderr is not None
+    peak = [0.0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.wait(0.2):
+            peak[0] = max(peak[0], _pss_mib(_tree(proc.pid)))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     err = proc.stderr.read()
+    done.set()
+    sampler.join()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     wall = time.monotonic() - began
     if proc.returncode != 0:
         sys.stderr.write(err.decode(errors="replace")[-2000:])
-    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, proc.returncode
+    return wall, usage.ru_utime + usage.ru_stime, peak[0], usage.ru_maxrss / 1024, proc.returncode
 
 
 def demo_run(keep: Path) -> Path:
@@ -135,24 +183,37 @@ def chromium_open(page: Path, blank: Path) -> float | None:
     return times["page"] - times["blank"]
 
 
-def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path) -> dict[str, Any]:
+def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path,
+             one_process: bool = False) -> dict[str, Any]:
     run = work / f"fleet-{children}"
     began = time.monotonic()
     slow = make_fleet(base, children, concurrency, run)
     made = time.monotonic() - began
     size = sum(f.stat().st_size for f in (run / "profiles").iterdir())
     page = run / "report.html"
-    wall, cpu, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(page)])
+    wall, cpu, pss, rss, code = measure([sys.executable, "-m", "pipeline.cli", "report", str(run), "--out",
+                                         str(page)])
     text = page.read_text(encoding="utf-8") if code == 0 else ""
     found = re.search(rf"data-stage='download' data-scope='child' data-name='child {slow}'", text) is not None
     blank = work / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body></body></html>\n", encoding="utf-8")
     opened = chromium_open(page, blank) if code == 0 else None
-    a_wall, a_cpu, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS])
-    return {"children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall, "report_cpu": cpu,
-            "report_mib": rss, "report_exit": code, "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
+    a_wall, a_cpu, a_pss, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run),
+                                                   *ADVISE_FLAGS])
+    single: dict[str, Any] = {}
+    if one_process:  # the same commands reading in one process
+        alone = _env(**{READ_WORKERS_ENV: "1"})
+        command = [sys.executable, "-m", "pipeline.cli", "report", str(run), "--out", str(run / "one.html")]
+        single["report_1"] = measure(command, env=alone)
+        single["advise_1"] = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run), *ADVISE_FLAGS],
+                                     env=alone)
+    return {**single, "children": children, "profiles_mb": size / 1e6, "made_s": made, "report_s": wall,
+            "report_cpu": cpu,
+            "report_mib": pss, "report_rss": rss, "report_exit": code,
+            "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
             "open_s": opened,
-            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_rss, "advise_exit": a_code}
+            "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_pss, "advise_rss": a_rss,
+            "advise_exit": a_code}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -169,6 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1000, help="children running at once (one wave)")
     parser.add_argument("--from", dest="source", type=Path, help="a finished run directory to take profiles from "
                         "(default: run a small demo)")
+    parser.add_argument("--one-process-too", action="store_true", help="also run report and advise reading in "
+                        f"one process ({READ_WORKERS_ENV}=1), side by side")
     parser.add_argument("--keep", type=Path, help="keep the generated runs here (default: a temporary directory)")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.children.split(",") if n.strip()]
@@ -181,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
               f"downloads {SLOW_FACTOR:g}x slower", flush=True)
         results = []
         for n in sizes:
-            results.append(one_size(base, n, args.concurrency, work))
+            results.append(one_size(base, n, args.concurrency, work, args.one_process_too))
             r = results[-1]
             print(f"{n} children: report {r['report_s']:.1f} s ({r['report_cpu']:.1f} s CPU), "
                   f"{r['report_mib']:.0f} MiB; advise {r['advise_s']:.1f} s ({r['advise_cpu']:.1f} s CPU), "
@@ -192,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
     print(f"\nload average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
+    print(f"\nworkers: {read_workers(max(sizes, default=0))} (profiling.fanout, at the largest size); CPU s: the "
+          "command's and its workers'; peak MiB: their PSS summed (the largest process's RSS)")
     print("\n| children | profiles MB | report s (CPU s) | report peak MiB | page MB | Chromium open s (beyond a "
           "blank page) | straggler named | advise s (CPU s) | advise peak MiB |")
     print("|---:|---:|---:|---:|---:|---:|:---:|---:|---:|")
@@ -200,9 +265,18 @@ def main(argv: list[str] | None = None) -> int:
             else f"exit {r['report_exit']}"
         advise = f"{_fmt(r['advise_s'])} ({_fmt(r['advise_cpu'])})" if r["advise_exit"] == 0 \
             else f"exit {r['advise_exit']}"
-        print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} | "
+        print(f"| {r['children']:,} | {_fmt(r['profiles_mb'], 0)} | {report} | {_fmt(r['report_mib'], 0)} "
+              f"({_fmt(r['report_rss'], 0)}) | "
               f"{_fmt(r['page_mb'], 2)} | {_fmt(r['open_s'])} | {_fmt(r['straggler'])} | {advise} | "
-              f"{_fmt(r['advise_mib'], 0)} |")
+              f"{_fmt(r['advise_mib'], 0)} ({_fmt(r['advise_rss'], 0)}) |")
+    if any("report_1" in r for r in results):
+        print(f"\nIn one process ({READ_WORKERS_ENV}=1), the same commands:\n")
+        print("| children | report s (CPU s) | report peak MiB | advise s (CPU s) | advise peak MiB |")
+        print("|---:|---:|---:|---:|---:|")
+        for r in results:
+            (rw, rc, rp, _, rx), (aw, ac, ap, _, ax) = r["report_1"], r["advise_1"]
+            print(f"| {r['children']:,} | {_fmt(rw)} ({_fmt(rc)}){'' if rx == 0 else f' exit {rx}'} | "
+                  f"{_fmt(rp, 0)} | {_fmt(aw)} ({_fmt(ac)}){'' if ax == 0 else f' exit {ax}'} | {_fmt(ap, 0)} |")
     failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"]]
     return 1 if failed else 0
 

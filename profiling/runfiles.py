@@ -18,13 +18,14 @@ import io
 import json
 import math
 import sys
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from profiling import fanout
 from profiling.emf import profiles_from_emf
 from profiling.files import open_regular
 from profiling.metrics import PROFILE_SCHEMA, StageProfile, TimelinePoint
@@ -350,14 +351,29 @@ class RunProfiles:
         return EMF if self.from_emf else PROFILES
 
 
-def read_run_profiles(run_dir: Path, *, timeline: bool = True) -> RunProfiles:
+def read_run_profiles(run_dir: Path, *, timeline: bool = True, workers: int | None = None) -> RunProfiles:
     """The profiles of a run directory: its profile files when they hold any, else its EMF files.
 
-    The result is empty when the run kept neither; damaged files raise DamagedFileError. `timeline`: see
-    profile_from_line.
+    The result is empty when the run kept neither; damaged files raise DamagedFileError (the first in file
+    order). `timeline`: see profile_from_line. A large run's files are read in worker processes
+    (profiling.fanout: `workers`, else its choice), their profiles handed back in file order.
     """
-    pairs = [(p, file.stem) for file in profile_files(run_dir) for p in read_profiles(file, timeline=timeline)]
+    pairs = _read_files(profile_files(run_dir), False, timeline, workers)
     if pairs:
         return RunProfiles(pairs, from_emf=False)
-    pairs = [(p, file.stem) for file in emf_files(run_dir) for p in read_emf(file)]
-    return RunProfiles(pairs, from_emf=True)
+    return RunProfiles(_read_files(emf_files(run_dir), True, timeline, workers), from_emf=True)
+
+
+def _read_files(files: list[Path], from_emf: bool, timeline: bool, workers: int | None
+                ) -> list[tuple[StageProfile, str]]:
+    tasks = [(chunk, from_emf, timeline) for chunk in fanout.chunked(files)]
+    count = fanout.read_workers(len(files), workers)
+    return [pair for part in fanout.ordered_map(_read_chunk, tasks, count) for pair in part]
+
+
+def _read_chunk(task: tuple[Sequence[Path], bool, bool]) -> list[tuple[StageProfile, str]]:
+    """One chunk of a run's files (in a worker process): their profiles, each with its file's name."""
+    files, from_emf, timeline = task
+    if from_emf:
+        return [(p, file.stem) for file in files for p in read_emf(file)]
+    return [(p, file.stem) for file in files for p in read_profiles(file, timeline=timeline)]

@@ -2,6 +2,7 @@
 
     sources    what a report reads (a run directory through profiling.runfiles, or CloudWatch Logs: the last
                DURATION or a range, parse_run_side) as ReportData
+    rundir     a local run directory read as ReportData (a large run's files in worker processes, merged in order)
     badapples  the children and instances whose throughput holds a stage back
     figures    the per-stage plots (one small function per kind, in a table) and the timelines
     advice     the recommendation section, from the advisor's Advice.to_dict(), and the demo's last lines
@@ -19,6 +20,7 @@ from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.compare import render_comparison, write_comparison
 from profiling.report.figures import PLOTTERS, STAGE_PLOTS, downsample, stage_figures, timeline_figure
 from profiling.report.html import render_html, write_report, write_report_from_cloudwatch
+from profiling.report.rundir import load_run_dir
 from profiling.report.sources import (
     CloudWatchRange,
     DamagedInputError,
@@ -27,7 +29,6 @@ from profiling.report.sources import (
     ReportInputError,
     load_cloudwatch,
     load_cloudwatch_range,
-    load_run_dir,
     parse_run_side,
     parse_since,
     profiles_from_emf_lines,

@@ -25,7 +25,8 @@ from profiling import runfiles
 from profiling.metrics import METRICS_BY_NAME, Better
 from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.page import e, figure_html, human_bytes, number, page
-from profiling.report.sources import ReportData, load_run_dir
+from profiling.report.rundir import load_run_dir
+from profiling.report.sources import ReportData
 
 # The figures compared per stage; which way each gets better is its definition's (MetricSpec.better).
 COMPARED: tuple[str, ...] = ("StageDuration", "Throughput", "PeakDirtyBytes", "DirtyThresholdBytes", "IoStallSome",

@@ -90,8 +90,11 @@ class Fleet:
         self.sources: list[Path | None] = []
         self._source_ids: dict[Path | None, int] = {}
         self.jobs: set[str | None] = set()
-        # Bytes each child's timeline moved, per whole second of wall time: [read, written].
+        # Bytes each child's timeline moved, per whole second of wall time: [read, written]. Summed first per
+        # chunk of profiles (`_chunk`, see end_chunk), then chunk by chunk in order: the same sums, to the last
+        # bit, whether the chunks were read here or in worker processes and merged (extend).
         self.traffic: dict[int, list[float]] = {}
+        self._chunk: dict[int, list[float]] = {}
         self.timeline_points = 0
         self.contract_groups: dict[tuple[str, str], ContractGroup] = {}
         self.contract_rows: list[tuple[int, str, int, Mapping[str, Any]]] = []  # (stage row, stage, #, row)
@@ -143,7 +146,7 @@ class Fleet:
             if span <= 0:
                 continue
             self.timeline_points += 1
-            cell = self.traffic.setdefault(int(started + t), [0.0, 0.0])
+            cell = self._chunk.setdefault(int(started + t), [0.0, 0.0])
             cell[0] += (read or 0.0) * span
             cell[1] += (written or 0.0) * span
 
@@ -160,9 +163,57 @@ class Fleet:
         if len(self.contract_rows) < MAX_CONTRACT_ROWS:
             self.contract_rows.append((row, stage, number, dict(item)))
 
+    def end_chunk(self) -> None:
+        """Add the traffic of the profiles added since the last call to the fleet's (a reader of many files
+        calls it after each chunk of them, profiling.report.sources.CHUNK_FILES)."""
+        chunk, self._chunk = self._chunk, {}
+        _add_cells(self.traffic, chunk)
+
+    def extend(self, other: Fleet) -> None:
+        """Append `other`'s rows after this fleet's, as if its profiles had been added here in their order
+        after a call to end_chunk: columns appended per stage, its sources renumbered, traffic summed per
+        second, contract groups merged and its contract rows kept (up to MAX_CONTRACT_ROWS) with their stage
+        rows moved by this fleet's. Neither fleet may be finished."""
+        self.end_chunk()
+        other.end_chunk()
+        offsets = {stage: len(rows) for stage, rows in self.stages.items()}
+        ids = []
+        for source in other.sources:
+            if source not in self._source_ids:
+                self._source_ids[source] = len(self.sources)
+                self.sources.append(source)
+            ids.append(self._source_ids[source])
+        for stage, theirs in other.stages.items():
+            rows = self.stages.setdefault(stage, StageRows())
+            rows.names.extend(theirs.names)
+            rows.source.extend(array("i", (ids[i] for i in theirs.source)))
+            rows.instance.extend(theirs.instance)
+            rows.outcome.extend(theirs.outcome)
+            rows.started.extend(theirs.started)
+            rows.duration.extend(theirs.duration)
+            rows.throughput.extend(theirs.throughput)
+            for name, values in theirs.values.items():
+                rows.values[name].extend(values)
+        self.jobs |= other.jobs
+        _add_cells(self.traffic, other.traffic)
+        self.timeline_points += other.timeline_points
+        for key, group in other.contract_groups.items():
+            mine = self.contract_groups.setdefault(key, ContractGroup())
+            mine.count += group.count
+            mine.values.extend(group.values)
+            mine.unit = mine.unit or group.unit
+            mine.sources |= group.sources
+            mine.first_note = mine.first_note or group.first_note
+        room = MAX_CONTRACT_ROWS - len(self.contract_rows)
+        self.contract_rows.extend((row + offsets.get(stage, 0), stage, number, item)
+                                  for row, stage, number, item in other.contract_rows[:max(room, 0)])
+        self.contract_total += other.contract_total
+        self.profiles += other.profiles
+
     def finish(self) -> Fleet:
         """Name the children ('child N' from ArrayIndex, 'JOB[N]' when the batch spans several jobs, else the
         name given to `add`); call once every profile is in."""
+        self.end_chunk()
         several = len(self.jobs) > 1
         for rows in self.stages.values():
             rows.children = [
@@ -183,6 +234,10 @@ class Fleet:
 
     def stage_names(self) -> list[str]:
         return stage_order(self.stages)
+
+    def children_added(self) -> int:
+        """The children added so far (distinct file, job and ArrayIndex), before `finish` names them."""
+        return len({names for rows in self.stages.values() for names in rows.names})
 
     def child_count(self) -> int:
         return len({c for rows in self.stages.values() for c in rows.children})
@@ -292,6 +347,13 @@ class Fleet:
                 if child in names:
                     found.append((child, profile))
         return found
+
+
+def _add_cells(into: dict[int, list[float]], cells: Mapping[int, list[float]]) -> None:
+    for second, (read, written) in cells.items():
+        cell = into.setdefault(second, [0.0, 0.0])
+        cell[0] += read
+        cell[1] += written
 
 
 def metric_label(name: str) -> str:

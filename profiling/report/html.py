@@ -22,7 +22,8 @@ from profiling.report.advice import advice_section
 from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.figures import stage_figures, timeline_figure
 from profiling.report.page import ABSENT, e, figure_html, human_bytes, key_values, number, page
-from profiling.report.sources import Entry, ReportData, load_cloudwatch, load_run_dir, natural_key
+from profiling.report.rundir import load_run_dir
+from profiling.report.sources import Entry, ReportData, load_cloudwatch, natural_key
 from profiling.report.summary import summary_section
 
 # Per-child timelines beyond this many are left out (slow children first): the file stays small.

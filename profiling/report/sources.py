@@ -1,8 +1,9 @@
 """What a report reads: a local run directory, or EMF documents from CloudWatch Logs, as ReportData.
 
 A local run is read through profiling.runfiles (profile JSON with timelines, or its EMF files when it
-kept no profiles); CloudWatch Logs give the per-stage figures of a batch in AWS but no timelines, read
-either for the last DURATION (`load_cloudwatch`) or for a time range (`parse_run_side`, `load_cloudwatch_range`).
+kept no profiles) by profiling.report.rundir into a Reader; CloudWatch Logs give the per-stage figures of a
+batch in AWS but no timelines, read either for the last DURATION (`load_cloudwatch`) or for a time range
+(`parse_run_side`, `load_cloudwatch_range`).
 """
 
 from __future__ import annotations
@@ -14,15 +15,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from profiling import runfiles
 from profiling.emf import profiles_from_emf, stage_key
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.numbers import number
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
-
-T = TypeVar("T")
 
 # EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
 MERGE_WINDOW = 4096
@@ -220,12 +219,13 @@ def profiles_from_emf_lines(
         raise DamagedInputError(str(exc)) from None
 
 
-class _Reader:
-    """Profiles streamed into a Fleet, the whole profiles kept while the batch is small (PER_CHILD_LIMIT)."""
+class Reader:
+    """Profiles streamed into a Fleet, the whole profiles kept while the batch is small (PER_CHILD_LIMIT);
+    `keep=False` keeps none (a batch known to be large)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool = True) -> None:
         self.fleet = Fleet()
-        self.kept: list[tuple[StageProfile, str]] | None = []
+        self.kept: list[tuple[StageProfile, str]] | None = [] if keep else None
         self._children: set[tuple[str, str | None, str | None]] = set()
 
     def add(self, profile: StageProfile, name: str, source: Path | None = None,
@@ -253,83 +253,6 @@ class _Reader:
                        for p, _ in self.kept]
         return ReportData(entries=entries, source=source, has_timelines=has_timelines, fleet_columns=fleet,
                           complete=self.kept is not None, reread=None if self.kept is not None else reread)
-
-
-def _unreadable(file: Path, exc: OSError) -> ReportInputError:
-    return ReportInputError(f"cannot read {file} ({exc.strerror}): a run directory's profile and EMF files are "
-                            "regular files the report can read; remove or fix that one")
-
-
-def _reading(file: Path, read: Callable[[Path], Iterable[T]]) -> Iterator[T]:
-    """What `read` gives of `file`, its damage or unreadability turned into the report's one-line errors."""
-    try:
-        yield from read(file)
-    except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(f"{exc}: {exc.fix}") from None
-    except OSError as exc:  # a FIFO or directory in a file's place (profiling.files.open_regular), no permission
-        raise _unreadable(file, exc) from None
-
-
-def _profiles_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
-    return ((profile, file.stem) for profile in _reading(file, runfiles.read_profiles))
-
-
-def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
-    return _reading(file, runfiles.read_profile_points)
-
-
-def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
-    return ((profile, file.stem) for profile in _reading(file, runfiles.read_emf))
-
-
-def load_run_dir(run_dir: Path, *, progress: Callable[[int, int], None] | None = None) -> ReportData:
-    """Read a local run directory one profile line at a time: profile JSON when present (with timelines),
-    else the EMF files. `progress(files read, files)` is called as the files are read."""
-    if not run_dir.is_dir():
-        raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
-    from_emf = False
-    reader = _Reader()
-    files = runfiles.profile_files(run_dir)
-    for done, file in enumerate(files, 1):
-        for profile, points in _points_in(file):
-            reader.add(profile, file.stem, file, points)
-        if progress is not None:
-            progress(done, len(files))
-    if not reader.fleet.profiles:
-        from_emf = True
-        files = runfiles.emf_files(run_dir)
-        for done, file in enumerate(files, 1):
-            for profile, name in _emf_in(file):
-                reader.add(profile, name, file)
-            if progress is not None:
-                progress(done, len(files))
-    count = reader.fleet.profiles
-    if not count:
-        raise ReportInputError(
-            f"{run_dir} holds no {runfiles.PROFILES}/*.jsonl or {runfiles.EMF}/*.emf files: "
-            "pass the run directory of a finished run (iobatch demo --run-dir DIR)"
-        )
-    if from_emf:
-        source = f"local run {run_dir}: {count} EMF documents from {runfiles.EMF}/ (no profile files)"
-    else:
-        source = f"local run {run_dir}: {count} stage profiles from {runfiles.PROFILES}/"
-    run: dict[str, Any] | None = None
-    if runfiles.is_run_dir(run_dir):
-        try:
-            run = runfiles.read_run(run_dir)
-        except (ValueError, OSError):
-            run = None  # the profiles make the report; a damaged run file only loses its own section
-    fleet = reader.fleet
-
-    def reread(children: set[str]) -> list[Entry]:
-        found = fleet.profiles_of(children, _emf_in if from_emf else _profiles_in)
-        return [Entry(child, p, p.properties.get("InstanceId") or None) for child, p in found]
-
-    data = reader.data(source=source, has_timelines=not from_emf, reread=reread)
-    data.run = run
-    if not from_emf and not fleet.timeline_points:
-        data.notes.append("The profiles carry no timeline samples.")
-    return data
 
 
 def fetch_log_messages(client: Any, log_group: str, *, start_ms: int, end_ms: int | None = None,
@@ -410,7 +333,7 @@ def _load_window(client: Any, log_group: str, start: float, end: float, namespac
     # milliseconds outwards so that a document stamped on a bound is in.
     lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000),
                                progress=progress)
-    reader = _Reader()
+    reader = Reader()
     for seen, profile in enumerate(stream_emf_profiles(lines, where=f"log group {log_group}",
                                                          namespace=namespace), 1):
         reader.add(profile, f"document {seen}")

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from profiling import runfiles
 from profiling.metrics import METRICS, STAGES, summarize
-from profiling.report.sources import load_cloudwatch, load_run_dir
+from profiling.report.rundir import load_run_dir
+from profiling.report.sources import load_cloudwatch
 from tests.support.localstack import CREDENTIALS, LocalStack
 
 GROUP = "/aws/batch/iobatch-localstack"
