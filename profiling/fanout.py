@@ -91,6 +91,10 @@ def _worker_start(parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the terminate above still ends them on Ctrl-C
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # SIGTERM ends a worker (Pool.terminate joins them after it), whatever handler the parent had when it forked:
+    # a forked worker keeps its parent's handlers, and one that only forwards or records the signal (a unit
+    # tier's leftover) kept a worker alive and the pool's terminate waiting for it for ever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if os.getppid() != parent:  # the parent died before the call above took effect
         os._exit(1)
 
@@ -104,8 +108,7 @@ def ordered_map(function: Callable[[T], R], tasks: Sequence[T], workers: int) ->
     if workers <= 1 or len(tasks) <= 1 or context is None:
         yield from map(function, tasks)
         return
-    pool = context.Pool(min(workers, len(tasks)), initializer=_worker_start,
-                               initargs=(os.getpid(),))
+    pool = context.Pool(min(workers, len(tasks)), initializer=_worker_start, initargs=(os.getpid(),))
     try:
         results = pool.imap(function, tasks)
         while True:

@@ -205,3 +205,22 @@ def test_ctrl_c_ends_the_workers_with_the_parent(tmp_path: Path) -> None:
     while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not any(_alive(pid) for pid in workers)
+
+
+def _slowly(x: int) -> int:
+    time.sleep(0.3)
+    return x
+
+
+@pytest.mark.timeout(60, method="thread")
+def test_workers_end_whatever_sigterm_handler_the_parent_has() -> None:
+    # A forked worker keeps its parent's handlers: one that ignores SIGTERM kept a worker alive and
+    # Pool.terminate's join waiting for ever (a unit tier hung so).
+    old = signal.signal(signal.SIGTERM, lambda *_: None)
+    try:
+        started = time.monotonic()
+        for _ in fanout.ordered_map(_slowly, list(range(40)), 2):
+            break  # the reader stops early: the busy workers are terminated
+        assert time.monotonic() - started < 10
+    finally:
+        signal.signal(signal.SIGTERM, old)
