@@ -16,7 +16,9 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Generator, Sequence
-from multiprocessing.context import BaseContext
+from multiprocessing.connection import Connection
+from multiprocessing.context import ForkContext
+from multiprocessing.process import BaseProcess
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -71,7 +73,7 @@ def chunked(items: Sequence[T], size: int | None = None) -> list[Sequence[T]]:
     return [items[i:i + step] for i in range(0, len(items), step)]
 
 
-def _context() -> BaseContext | None:
+def _context() -> ForkContext | None:
     # 'fork', deliberately: the workers start at once with every module already imported (numpy, orjson, the
     # readers), where 'spawn' or 'forkserver' import them again in each and must import the caller's __main__
     # (a script read from stdin cannot be: the pool then restarts its failing workers for ever). Forking a
@@ -81,44 +83,86 @@ def _context() -> BaseContext | None:
 
 
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# How long the workers have to exit once the reader is done with them, before they are killed.
+_EXIT_WAIT_S = 5.0
 
 
 def _worker_start(parent: int) -> None:
     # Ctrl-C reaches every process of the terminal's foreground group: the workers ignore it and the parent,
-    # which gets KeyboardInterrupt, ends them (Pool.terminate, in ordered_map's `finally`). Should the parent die
-    # without that (SIGKILL), the kernel sends the worker SIGKILL too: prctl(2), PR_SET_PDEATHSIG, "the
-    # signal that the calling process will get when its parent dies".
+    # which gets KeyboardInterrupt, kills them (ordered_map's `finally`). Should the parent die without that
+    # (SIGKILL), the kernel sends the worker SIGKILL too: prctl(2), PR_SET_PDEATHSIG, "the signal that the
+    # calling process will get when its parent dies". SIGTERM is the default's, whatever the parent had.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the terminate above still ends them on Ctrl-C
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    # SIGTERM ends a worker (Pool.terminate joins them after it), whatever handler the parent had when it forked:
-    # a forked worker keeps its parent's handlers, and one that only forwards or records the signal (a unit
-    # tier's leftover) kept a worker alive and the pool's terminate waiting for it for ever.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the parent's kill still ends them on Ctrl-C
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:  # the parent died before the call above took effect
         os._exit(1)
 
 
+def _serve(function: Callable[[T], R], tasks: Sequence[T], first: int, step: int, out: Connection,
+           parent: int) -> None:
+    """A worker: tasks first, first + step, ... in order, each result (or the exception that ended it) sent
+    back on `out`, which only the parent reads."""
+    _worker_start(parent)
+    for task in tasks[first::step]:
+        try:
+            result: tuple[bool, object] = (True, function(task))
+        except Exception as exc:  # sent back, raised by the parent when it reaches this task
+            result = (False, exc)
+        out.send(result)
+        if not result[0]:
+            break
+    out.close()
+
+
 def ordered_map(function: Callable[[T], R], tasks: Sequence[T], workers: int) -> Generator[R, None, None]:
     """function(task) for every task, in task order: in this process when `workers` is 1, else in `workers`
-    processes (at most len(tasks)), pool.imap handing the results back in order. The first task (in order)
-    that raises stops the read with that exception, as a serial loop would; the workers are ended when the
-    caller stops iterating, on an error, or on Ctrl-C."""
+    forked processes (at most len(tasks)), worker k taking tasks k, k + workers, ... and sending each result
+    back on its own pipe, which the parent reads in task order. The first task (in order) that raises stops
+    the read with that exception, as a serial loop would; the workers are killed when the caller stops
+    iterating, on an error, or on Ctrl-C.
+
+    Not multiprocessing.Pool: its teardown joins its workers without a limit, and a unit tier under a shifted
+    wall clock hung there; here nothing is shared between the workers (no queue lock, no handler thread), and
+    nothing waits without a limit but the parent on a worker's next result, whose death ends that wait."""
     context = _context()
     if workers <= 1 or len(tasks) <= 1 or context is None:
         yield from map(function, tasks)
         return
-    pool = context.Pool(min(workers, len(tasks)), initializer=_worker_start, initargs=(os.getpid(),))
+    count = min(workers, len(tasks))
+    finished = False
+    readers: list[Connection] = []
+    processes: list[BaseProcess] = []
     try:
-        results = pool.imap(function, tasks)
-        while True:
+        for k in range(count):
+            reader, writer = context.Pipe(duplex=False)
+            process = context.Process(target=_serve, args=(function, tasks, k, count, writer, os.getpid()),
+                                      daemon=True)
+            process.start()
+            writer.close()  # the worker's end: the parent keeps only its reader, so a dead worker reads as EOF
+            readers.append(reader)
+            processes.append(process)
+        for index in range(len(tasks)):
             try:
-                result = next(results)
-            except StopIteration:
-                break
-            except Exception as exc:  # a worker's exception, re-raised here with its own message and type
-                raise exc.with_traceback(None) from None
-            yield result
+                ok, value = readers[index % count].recv()
+            except EOFError:
+                worker = processes[index % count]
+                worker.join(_EXIT_WAIT_S)
+                raise RuntimeError(f"a read worker ended before its task {index + 1} of {len(tasks)} (exit code "
+                                   f"{worker.exitcode}): run again with {READ_WORKERS_ENV}=1 to read in one "
+                                   "process") from None
+            if not ok:
+                assert isinstance(value, BaseException)
+                raise value.with_traceback(None) from None
+            yield value
+        finished = True
     finally:
-        pool.terminate()
-        pool.join()
+        for started in processes:
+            if finished:  # every result read: the worker is exiting
+                started.join(_EXIT_WAIT_S)
+            if started.is_alive():  # stopped early, an error, Ctrl-C, or a worker that did not exit
+                started.kill()
+                started.join(_EXIT_WAIT_S)
+        for reader in readers:
+            reader.close()

@@ -214,8 +214,9 @@ def _slowly(x: int) -> int:
 
 @pytest.mark.timeout(60, method="thread")
 def test_workers_end_whatever_sigterm_handler_the_parent_has() -> None:
-    # A forked worker keeps its parent's handlers: one that ignores SIGTERM kept a worker alive and
-    # Pool.terminate's join waiting for ever (a unit tier hung so).
+    # A reader that stops early: the busy workers are killed at once, whatever handlers they inherited (with
+    # multiprocessing.Pool, a SIGTERM handler left by an earlier test kept a worker alive and the pool's join
+    # waiting for ever).
     old = signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         started = time.monotonic()
