@@ -146,6 +146,18 @@ def pause_freeruns(trace: Path, comm: str = "dd") -> list[int]:
     return found
 
 
+def pause_seconds(trace: Path, comm: str = "dd") -> float:
+    """The time a task named `comm` slept in balance_dirty_pages: the sum of the tracepoint's `pause` (ms; 6.1
+    prints it with jiffies_to_msecs) over its events that paused (a pause <= 0 does not sleep)."""
+    total = 0
+    for line in trace.read_text().splitlines():
+        task = line.strip().split(" ", 1)[0]
+        found = re.search(r" pause=(-?\d+)", line)
+        if task.rsplit("-", 1)[0] == comm and found and int(found[1]) > 0:
+            total += int(found[1])
+    return total / 1000
+
+
 def stage_profiles(path: Path) -> list[dict[str, Any]]:
     """The profiles a sidecar wrote (one JSON object per line)."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
