@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.support.writebench import writebench
-from tuning.guest.machine import Guest, GuestResult
+from tuning.guest.machine import Guest, GuestError, GuestResult
 
 REPO = Path(__file__).resolve().parents[2]
-# A boot, the eBPF tests, a first load of the programs with fentry hooks (verified under TCG: ~10 s) and small runs.
-FIRST_BOOT_TIMEOUT = 900
+# A boot, the eBPF tests, a first load of the programs with fentry hooks (verified under TCG: ~10 s) and small runs:
+# 100-120 s on two cores. A boot past this is killed and booted once more (see boot_first).
+FIRST_BOOT_TIMEOUT = 420
 
 # The exact-count eBPF tests of this suite, run again inside the guest: CO-RE relocates the object built against
 # this machine's kernel onto 6.1's, and the counts must hold there too. Their files live on the guest's tmpfs: on the
@@ -69,6 +70,16 @@ def boot_first(share: Path) -> FirstBoot:
                   "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT) + f" > {share}/ebpf.log 2>&1; echo ebpf=$?")
     fentry = (f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} {share / 'fentry_check.py'} {bench} "
               f"> {share}/fentry.json 2> {share}/fentry.err; echo fentry=$?")
-    with Guest(vcpus=2, memory_mib=2048, share=share) as guest:
-        result = guest.run(f"{facts}; {ebpf_tests}; {fentry}", timeout=FIRST_BOOT_TIMEOUT)
+    command = f"{facts}; {ebpf_tests}; {fentry}"
+    try:
+        with Guest(vcpus=2, memory_mib=2048, share=share) as guest:
+            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
+    except GuestError as first:
+        # Seen once (2026-11-26) in about ten first boots: both vCPUs of the TCG guest in soft lockup ("watchdog:
+        # BUG: soft lockup - CPU#0 stuck for 45s! [python]") from the in-guest pytest's first seconds until the
+        # kill, the tests' output empty. The second boot is the check; the first one's console is kept beside it.
+        (share / "first-attempt.txt").write_text(str(first))
+        print(f"the guest's first boot did not finish; booting once more: {str(first)[:200]}", file=sys.stderr)
+        with Guest(vcpus=2, memory_mib=2048, share=share) as guest:
+            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
     return FirstBoot(result, share, qemu_running(share))
