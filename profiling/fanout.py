@@ -76,7 +76,7 @@ def chunked(items: Sequence[T], size: int | None = None) -> list[Sequence[T]]:
 def _context() -> ForkContext | None:
     # 'fork', deliberately: the workers start at once with every module already imported (numpy, orjson, the
     # readers), where 'spawn' or 'forkserver' import them again in each and must import the caller's __main__
-    # (a script read from stdin cannot be: the pool then restarts its failing workers for ever). Forking a
+    # (a script read from stdin cannot be: a Pool of them restarted its failing workers for ever). Forking a
     # process that runs other threads can copy a lock one of them holds (Python warns of it from 3.12), so
     # read_workers's own choice is 1 then; the CLI reads before it starts any thread. None: no fork here.
     return multiprocessing.get_context("fork") if "fork" in multiprocessing.get_all_start_methods() else None
@@ -110,7 +110,10 @@ def _serve(function: Callable[[T], R], tasks: Sequence[T], first: int, step: int
             result: tuple[bool, object] = (True, function(task))
         except Exception as exc:  # sent back, raised by the parent when it reaches this task
             result = (False, exc)
-        out.send(result)
+        try:
+            out.send(result)
+        except BrokenPipeError:  # the reader is gone (it stopped early, or died): nothing left to tell
+            os._exit(0)
         if not result[0]:
             break
     out.close()
