@@ -1,8 +1,9 @@
 """The profiler sidecar: a Unix-socket server speaking profiling/protocol.py, one StageProfile per stage.
 
 At stage_start it starts the per-call probes and a StageSampler (profiling/sampler.py) on the stage's
-pid; at stage_end it closes both, acks, and finishes the stage (profiling/finish.py: per-call figures
-and contract results), then emits it as EMF and, if asked, as a profile JSON line.
+pid; at stage_end it closes both and acks; then it finishes the stage (profiling/finish.py: per-call figures
+and contract results) and emits it as EMF and, if asked, as a profile JSON line: after answering the job's next
+stage_start when that comes first, so a stage's start never waits for the previous stage's profile.
 
 Whatever goes wrong here is logged as one warning and never reaches the job: the job only ever sees an
 `ack` or an `error` reply.
@@ -32,6 +33,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -42,7 +44,7 @@ from profiling.emf import EmfSink, emit_profile
 from profiling.files import append_line
 from profiling.finish import RulesLoader, contract_rules, finish_stage, load_rules
 from profiling.metrics import StageProfile
-from profiling.probes import CallProbe, Warn, call_probes_for
+from profiling.probes import CallProbe, Warn, call_probes_for, prepare, stop_later
 from profiling.probes.cgroupfs import own_cgroup
 from profiling.probes.procfs import BlockDevice, pid_exists
 from profiling.probes.sharing import DeviceRegister
@@ -50,6 +52,8 @@ from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
 from profiling.substages import SubStages
 
 ProbeResults = list[tuple[str, dict[str, Any] | None]]
+# Each probe's reading taken at a stage's end, and how to build its figures from it (a probe's `stop_later`).
+ProbeReadings = list[tuple[str, Callable[[], dict[str, Any] | None]]]
 
 
 def _warn(text: str) -> None:
@@ -108,6 +112,23 @@ def write_profile_line(path: Path, profile: StageProfile) -> None:
     append_line(path, json.dumps(profile.to_dict(), separators=(",", ":")))
 
 
+# How long the sidecar waits, after acknowledging a stage's end, for the job's next message before it builds the
+# stage's profile (tens of ms for a stage with many files): the job starts its next stage within a few ms, and
+# that start is answered first (bench/stage_boundaries.py).
+FINISH_IDLE_S = 0.1
+
+
+@dataclass(frozen=True)
+class _Finishing:
+    """A stage whose closing snapshot and probe readings are taken, its profile not yet built."""
+
+    sampler: StageSampler
+    outcome: str
+    items: int | None
+    readings: ProbeReadings
+    properties: Mapping[str, str]
+
+
 class Sidecar:
     """Serves one job connection; one StageProfile per stage, emitted as EMF and profile JSON."""
 
@@ -117,6 +138,7 @@ class Sidecar:
         self.warn = warn
         self.profiles: list[StageProfile] = []
         self._sampler: StageSampler | None = None
+        self._finishing: _Finishing | None = None  # a stage acknowledged as ended, its profile not yet built
         self._probes: list[CallProbe] | None = probes
         self._running_probes: list[CallProbe] = []
         self._stop = threading.Event()
@@ -150,6 +172,7 @@ class Sidecar:
         self._server = server
         if self._probes is None:
             self._probes = self._make_probes()
+        prepare(self._probes)
         self._join_register()
 
     def _join_register(self) -> None:
@@ -216,6 +239,7 @@ class Sidecar:
             if conn is not None:
                 self._serve_connection(conn, poll_s)
         finally:
+            self._finish_pending()
             if self._sampler is not None:
                 self._end_stage("interrupted", None)
             self._substages.close()
@@ -236,7 +260,10 @@ class Sidecar:
         buffer = b""
         while not self._stop.is_set():
             assert self._server is not None
-            ready, _, _ = select.select([conn, self._server, *self._substages.sockets()], [], [], poll_s)
+            wait_s = FINISH_IDLE_S if self._finishing is not None else poll_s
+            ready, _, _ = select.select([conn, self._server, *self._substages.sockets()], [], [], wait_s)
+            if not ready:
+                self._finish_pending()
             for sock in ready:
                 if sock is self._server:
                     self._substages.accept(self._server)
@@ -278,6 +305,8 @@ class Sidecar:
             self._reply(conn, {"type": "error", "message": f"malformed message: {exc}"})
             return False
         kind = message["type"]
+        if kind != "stage_start":   # profiles are built in stage order, and all before the job's end
+            self._finish_pending()
         if kind == "job_end":
             if self._sampler is not None:
                 self._end_stage("interrupted", None)
@@ -287,14 +316,17 @@ class Sidecar:
         elif kind == "stage_end":
             error = self._check_end(message)
             if error is None and self._sampler is not None:
-                # The closing snapshot and the probes' stop follow the stage's last byte; then the job
-                # may go on while the profile is built and emitted (before the next message is read).
-                results = self._close_stage()
+                # The closing snapshot and the probes' stop follow the stage's last byte; then the job may
+                # go on. Its profile is built when the job is idle or has started its next stage
+                # (_finish_pending): the job usually starts it at once, and would wait for the building.
+                readings = self._close_stage()
+                sampler, self._sampler = self._sampler, None
                 self._reply(conn, {"type": "ack", "stage": message["stage"]})
                 items = message.get("items")
                 outcome = message.get("outcome")
-                self._end_stage(outcome if outcome in ("ok", "failed", "interrupted") else "failed",
-                                items if isinstance(items, int) else None, results)
+                self._finishing = _Finishing(sampler, outcome if outcome in ("ok", "failed", "interrupted")
+                                             else "failed", items if isinstance(items, int) else None, readings,
+                                             dict(self.config.properties))
                 return False
         else:
             error = f"the job does not send {kind!r} messages"
@@ -303,6 +335,7 @@ class Sidecar:
             self._reply(conn, {"type": "error", "stage": message.get("stage"), "message": error})
         else:
             self._reply(conn, {"type": "ack", "stage": message["stage"]})
+        self._finish_pending()
         return False
 
     def _check_end(self, message: dict[str, Any]) -> str | None:
@@ -350,30 +383,44 @@ class Sidecar:
             except Exception as exc:  # a probe must never stop the sidecar
                 self.warn(f"probe {probe.name} did not close ({exc})")
 
-    def _close_stage(self) -> ProbeResults:
-        """Take the closing snapshot and stop the probes: their (name, result), best first."""
+    def _close_stage(self) -> ProbeReadings:
+        """Take the closing snapshot and stop the probes: their (name, reading), best first. A probe with a
+        `stop_later` (eBPF) leaves building its figures to _finish, after the job has its answer."""
         self._substages.end_all()
         if self._sampler is not None:
             self._sampler.close()
-        results: ProbeResults = []
+        readings: ProbeReadings = []
         running, self._running_probes = self._running_probes, []
         for probe in running:
             try:
-                results.append((probe.name, probe.stop()))
+                readings.append((probe.name, stop_later(probe)))
             except Exception as exc:
                 self.warn(f"probe {probe.name} failed ({exc})")
-        return results
+        return readings
 
-    def _end_stage(self, outcome: str, items: int | None, results: ProbeResults | None = None) -> None:
-        if results is None:
-            results = self._close_stage()
+    def _end_stage(self, outcome: str, items: int | None) -> None:
+        readings = self._close_stage()
         sampler, self._sampler = self._sampler, None
-        if sampler is None:
-            return
+        if sampler is not None:
+            self._finish(_Finishing(sampler, outcome, items, readings, self.config.properties))
+
+    def _finish_pending(self) -> None:
+        finishing, self._finishing = self._finishing, None
+        if finishing is not None:
+            self._finish(finishing)
+
+    def _finish(self, stage: _Finishing) -> None:
         try:
-            self._record(sampler.finish(outcome=outcome, items=items, properties=self.config.properties), results)
+            profile = stage.sampler.finish(outcome=stage.outcome, items=stage.items, properties=stage.properties)
+            results: ProbeResults = []
+            for name, build in stage.readings:
+                try:
+                    results.append((name, build()))
+                except Exception as exc:  # a probe must never stop the sidecar
+                    self.warn(f"probe {name} failed ({exc})")
+            self._record(profile, results)
         except Exception as exc:  # the profiler never fails the job: one warning, and go on
-            self.warn(f"stage {sampler.stage} was not recorded ({type(exc).__name__}: {exc})")
+            self.warn(f"stage {stage.sampler.stage} was not recorded ({type(exc).__name__}: {exc})")
 
     def _record(self, profile: StageProfile, results: ProbeResults | None = None) -> None:
         """Finish a stage's (or a sub-stage's) profile and emit it as EMF and a profile line."""

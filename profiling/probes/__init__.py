@@ -13,6 +13,7 @@ procfs.py (and their own helpers), and those import no probe.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -25,7 +26,8 @@ from profiling.probes.disk import disk_of, whole_disk
 from profiling.probes.interpose import preload_env
 from profiling.probes.procfs import BlockDevice
 
-__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "start_command_probe"]
+__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "prepare", "start_command_probe",
+           "stop_later"]
 
 Warn = Callable[[str], None]
 
@@ -53,6 +55,13 @@ class CallProbe(Protocol):
     STATS = {count, bytes, total_us, mean_us, min_us, max_us, hist}; hist maps k to the calls that
     took [2^k, 2^(k+1)) ns.
 
+    Optional `prepare()` (looked up with getattr): what start() would do first that does not depend on the pid
+    (eBPF: join the host's programs); the sidecar calls it when it binds its socket, while the job starts up.
+
+    Optional `stop_later()` (looked up with getattr, like `close()`): stop() in two halves, the closing reading
+    taken at once and a function returned that builds the dict from it; the sidecar calls it before answering the
+    job's stage_end and builds the figures afterwards, so the job does not wait for the building.
+
     Optional `close()` (not part of the structural type, looked up with getattr): a probe that keeps
     something running between stages (the eBPF probe keeps its program loaded for the whole job, so a
     stage boundary costs the job a reading of its memory instead of a load) ends it there. The sidecar
@@ -65,6 +74,22 @@ class CallProbe(Protocol):
     def start(self, pid: int) -> None: ...
 
     def stop(self) -> dict[str, Any] | None: ...
+
+
+def prepare(probes: Sequence[CallProbe]) -> None:
+    """`probe.prepare()` of each probe that has one (eBPF: join the host's programs), errors left to start()."""
+    for probe in probes:
+        with contextlib.suppress(Exception):  # start() tries again, and says why once if it fails
+            getattr(probe, "prepare", lambda: None)()
+
+
+def stop_later(probe: CallProbe) -> Callable[[], dict[str, Any] | None]:
+    """`probe.stop_later()` where it has one, else stop() now and its result as the function's."""
+    later = getattr(probe, "stop_later", None)
+    if later is not None:
+        return later()
+    result = probe.stop()
+    return lambda: result
 
 
 def _warn(text: str) -> None:

@@ -50,6 +50,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -167,13 +168,27 @@ class _Loaded:
         return self.slot.task_pauses()
 
     def reading(self) -> tuple[Cells, dict[str, int], Files]:
-        state = layout.decode_state(self.state[:layout.STATE_SIZE])
-        handed_out = min(state["files"], self.files_cap)
-        files = layout.decode_files(self.files, handed_out, self.files_cap)  # the records handed out, not the map
+        return self.copy()()
+
+    def copy(self) -> Callable[[], tuple[Cells, dict[str, int], Files]]:
+        """reading() in two halves: the maps' bytes copied now (the records handed out, not the whole files
+        map), decoded when the function returned is called."""
+        raw_state = bytes(self.state[:layout.STATE_SIZE])
+        raw_cells = bytes(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE])
+        cap = self.files_cap
+        handed_out = min(layout.decode_state(raw_state)["files"], cap)
+        raw_files = bytes(self.files[:handed_out * layout.FILE_SIZE])
+        raw_other = bytes(self.files[cap * layout.FILE_SIZE:(cap + 1) * layout.FILE_SIZE])
         disk = self.slot.disk(self.dev) if self.dev is not None else None
-        if disk is not None:  # device-wide counts, one entry per disk however many profilers class it
-            state.update({f"block_{key}": value for key, value in disk.items()})
-        return layout.decode_cells(self.cells[:layout.IOB_CELLS * layout.CELL_SIZE]), state, files
+
+        def decode() -> tuple[Cells, dict[str, int], Files]:
+            state = layout.decode_state(raw_state)
+            if disk is not None:  # device-wide counts, one entry per disk however many profilers class it
+                state.update({f"block_{key}": value for key, value in disk.items()})
+            files = layout.decode_files(raw_files, handed_out, cap, raw_other)
+            return layout.decode_cells(raw_cells), state, files
+
+        return decode
 
     def clear_extremes(self) -> None:
         layout.clear_extremes(self.cells)
@@ -281,14 +296,21 @@ class EbpfProbe:
 
     # -- lifecycle
 
-    def start(self, pid: int) -> None:
-        root = (pid, read_start_time(pid))
-        if self._loaded is None or not self.keep_running:
-            self.close()
+    def prepare(self) -> None:
+        """Join the host's programs (loading them when this is the host's first profiler) ahead of the first
+        start(): the sidecar does it while its job starts up, so the job's first stage does not wait for it."""
+        if self._loaded is None:
             self._loaded = _Loaded()
             _LIVE.add(self)
             if self.disk is not None:
                 self._loaded.add_disk(self.disk[0] << KERNEL_MINOR_BITS | self.disk[1])
+
+    def start(self, pid: int) -> None:
+        root = (pid, read_start_time(pid))
+        if not self.keep_running:
+            self.close()
+        self.prepare()
+        assert self._loaded is not None
         if self._root != root:
             try:
                 self._select(pid)
@@ -364,15 +386,20 @@ class EbpfProbe:
         self._root = None
 
     def stop(self) -> dict[str, Any] | None:
+        return self.stop_later()()
+
+    def stop_later(self) -> Callable[[], dict[str, Any] | None]:
+        """stop() in two halves: the window's closing reading now, its figures built when the function
+        returned is called (after the sidecar has answered the job)."""
         self._end_ticks()
         loaded = self._loaded
         with self._lock:
             base, last, frames, file_frames = self._base, self._last, self._frames, self._file_frames
             self._base = None
         if loaded is None or base is None or last is None:
-            return None
+            return lambda: None
         now = time.monotonic()
-        cells, state, files = loaded.reading()
+        reading = loaded.copy()
         cap = loaded.files_cap
         notes = list(loaded.notes)
         attached = loaded.attached
@@ -380,31 +407,37 @@ class EbpfProbe:
         filter_text = self._filter
         if not self.keep_running:
             self.close()
-        frames = [*frames, (last[0] - base[0], cells_since(cells, last[1]))]
-        file_frames = [*file_frames, (last[0] - base[0], cells_since(file_cells(files), file_cells(last[3])))]
-        total = layout.window(cells, base[1])
-        delta = {key: state[key] - base[2][key] for key in ("throttle_ms", "throttle_wall_ns", "dirtied_pages",
-                                                           "sock_sent", "sock_received", "missed")}
-        if delta["missed"]:
-            notes.append(f"{delta['missed']} calls not timed (no per-task slot for their entry time)")
-        result = calls_dict(
-            NAME, total, frames, filter_text=filter_text, duration_s=now - base[0], interval_s=self.interval_s,
-            notes=notes, path_attribution=False,
-            dirty_throttle_ms=float(delta["throttle_ms"]) if "iob_dirty_pause" in attached else None,
-        )
-        if "iob_dirty_pause" in attached:
-            result["dirty_throttle_wall_ms"] = delta["throttle_wall_ns"] / 1e6
-            result["dirty_throttle_tasks"] = _paused_tasks(pauses, self._base_pauses)
-        if "iob_dirtied" in attached:
-            result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
-        if {"iob_sock_send", "iob_sock_recv"} <= attached:
-            result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
-        if self.disk is not None and "iob_block_issue" in attached and "block_seq_bytes" in state:
-            result["device_requests"] = {
-                "disk": f"{self.disk[0]}:{self.disk[1]}",
-                **{key: state[f"block_{key}"] - base[2][f"block_{key}"]
-                   for key in ("seq_bytes", "random_bytes", "random_ios")}}
-        files_delta = {key: state[key] - base[2][key] for key in ("other_files", "other_lost")}
-        result["files"] = _files_dict(files_window(files, base[3]), file_frames, files_delta, cap, filter_text,
-                                      now - base[0], self.interval_s)
-        return result
+        base_pauses = self._base_pauses
+
+        def build() -> dict[str, Any] | None:
+            cells, state, files = reading()
+            every = [*frames, (last[0] - base[0], cells_since(cells, last[1]))]
+            every_file = [*file_frames, (last[0] - base[0], cells_since(file_cells(files), file_cells(last[3])))]
+            total = layout.window(cells, base[1])
+            delta = {key: state[key] - base[2][key] for key in ("throttle_ms", "throttle_wall_ns", "dirtied_pages",
+                                                               "sock_sent", "sock_received", "missed")}
+            if delta["missed"]:
+                notes.append(f"{delta['missed']} calls not timed (no per-task slot for their entry time)")
+            result = calls_dict(
+                NAME, total, every, filter_text=filter_text, duration_s=now - base[0], interval_s=self.interval_s,
+                notes=notes, path_attribution=False,
+                dirty_throttle_ms=float(delta["throttle_ms"]) if "iob_dirty_pause" in attached else None,
+            )
+            if "iob_dirty_pause" in attached:
+                result["dirty_throttle_wall_ms"] = delta["throttle_wall_ns"] / 1e6
+                result["dirty_throttle_tasks"] = _paused_tasks(pauses, base_pauses)
+            if "iob_dirtied" in attached:
+                result["dirtied_bytes"] = delta["dirtied_pages"] * os.sysconf("SC_PAGE_SIZE")
+            if {"iob_sock_send", "iob_sock_recv"} <= attached:
+                result["socket"] = {"sent_bytes": delta["sock_sent"], "received_bytes": delta["sock_received"]}
+            if self.disk is not None and "iob_block_issue" in attached and "block_seq_bytes" in state:
+                result["device_requests"] = {
+                    "disk": f"{self.disk[0]}:{self.disk[1]}",
+                    **{key: state[f"block_{key}"] - base[2][f"block_{key}"]
+                       for key in ("seq_bytes", "random_bytes", "random_ios")}}
+            files_delta = {key: state[key] - base[2][key] for key in ("other_files", "other_lost")}
+            result["files"] = _files_dict(files_window(files, base[3]), every_file, files_delta, cap, filter_text,
+                                          now - base[0], self.interval_s)
+            return result
+
+        return build

@@ -158,13 +158,17 @@ class FileRecord:
         }
 
 
-def decode_files(memory: bytes | mmap.mmap, count: int, cap: int) -> dict[int, FileRecord]:
+def decode_files(memory: bytes | mmap.mmap, count: int, cap: int, last: bytes | None = None) -> dict[int, FileRecord]:
     """{record index: FileRecord} of the first `count` records (those handed out) and of the last, the
-    files past the cap summed (index `cap`); records that saw no call are left out. Only those records are
-    read: the rest of `memory` (the map itself, say) is not copied."""
+    files past the cap summed (index `cap`; from `last` when given, a copy of that record alone); records that
+    saw no call are left out. Only those records are read: the rest of `memory` (the map itself, say) is not
+    copied."""
     out: dict[int, FileRecord] = {}
     for index in [*range(min(count, cap)), cap]:
-        raw_path, *words = _FILE.unpack_from(memory, index * FILE_SIZE)
+        if index == cap and last is not None:
+            raw_path, *words = _FILE.unpack_from(last)
+        else:
+            raw_path, *words = _FILE.unpack_from(memory, index * FILE_SIZE)
         calls: dict[str, Stats] = {}
         width = len(FILE_CALL_FIELDS)
         for c, call in enumerate(CALLS):

@@ -6,6 +6,7 @@ import functools
 import os
 import socket
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -162,3 +163,48 @@ def test_probes_are_closed_when_the_job_vanishes_or_the_sidecar_is_stopped(tmp_p
     assert probe.events[-2:] == ["stop", "close"]
     assert [p.outcome for p in sidecar.profiles] == ["interrupted"]
     job.close()
+
+
+class SlowBuildProbe(FakeProbe):
+    """Reads at once at a stage's end; building its figures takes `build_s` (a stage with many files)."""
+
+    name = "slow"
+
+    def __init__(self, build_s: float) -> None:
+        super().__init__()
+        self.build_s = build_s
+        self.stage = 0
+
+    def stop_later(self) -> Any:
+        self.stage += 1
+        stage = self.stage
+        self.events.append(f"read {stage}")
+
+        def build() -> dict[str, Any]:
+            time.sleep(self.build_s)
+            self.events.append(f"built {stage}")
+            return {"probe": "slow", "calls": {"write": {"count": stage}}}
+
+        return build
+
+
+def test_a_stage_start_does_not_wait_for_the_previous_stages_figures(tmp_path: Path) -> None:
+    probe = SlowBuildProbe(build_s=0.5)
+    config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1)
+    sidecar = Sidecar(config, probes=[probe])
+    waits: list[float] = []
+
+    def job(reporter: StageReporter) -> None:
+        for name in ("download", "process", "upload"):
+            began = time.monotonic()
+            with reporter.stage(name):  # the start's ack, then at the end the end's ack
+                waits.append(time.monotonic() - began)
+                time.sleep(0.7)  # the stage: the previous stage's figures are built meanwhile
+            waits.append(time.monotonic() - began - waits[-1] - 0.7)
+
+    assert _run(tmp_path, sidecar, job) == []
+    # Each boundary answered at once, not after a 0.5 s build; all built, in order, before serve returned.
+    assert max(waits) < 0.3, waits
+    assert [p.stage for p in sidecar.profiles] == ["download", "process", "upload"]
+    assert [by_call(p.calls or {})["write"]["count"] for p in sidecar.profiles] == [1, 2, 3]
+    assert [e for e in probe.events if e.startswith("built")] == ["built 1", "built 2", "built 3"]
