@@ -61,6 +61,7 @@ RUNS: tuple[Run, ...] = (
         env={"IOBATCH_NO_EBPF": "1", "IOBATCH_INTERPOSE": "1"}),
     Run("percall_overhead", "Per-call probes: overhead and truth", needs_root=True, needs_tools=("strace",)),
     Run("probe_sharing", "Per-call probes: other children's probes on the same host", needs_root=True),
+    Run("probe_cost", "Per-call probes: where the eBPF probe's cost goes", needs_root=True, needs_tools=("bpftool",)),
     Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup")),
     Run("lab_advise", "The advisor in the lab: predicted vs measured", args=("--full",), needs_root=True,

@@ -685,6 +685,8 @@ int BPF_PROG(iob_sys_enter, struct pt_regs *regs, long id)
 SEC("tp_btf/sys_exit")
 int BPF_PROG(iob_sys_exit, struct pt_regs *regs, long ret)
 {
+	if (call_of(regs->orig_ax) < 0)   /* the call's number (x86: arch/x86/entry/common.c keeps it in orig_ax) */
+		return 0;                  /* most system calls of the host: not watched, no storage lookup */
 	return leave(ret);
 }
 
