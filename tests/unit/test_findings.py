@@ -51,8 +51,8 @@ def test_dirty_pause_from_ebpf_and_from_dirty_levels() -> None:
 
 
 def test_credits_running_out_within_the_day() -> None:
-    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=4_000, current_volume=Volume("st1", 125))
-    found = codes(batch(images=40), heavy)["BURST_CREDITS"]
+    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=400, current_volume=Volume("st1", 125))
+    found = codes(batch(images=400), heavy)["BURST_CREDITS"]  # 10 GiB a job: a day's credits gone, few steps
     assert found.cost_s_per_child is not None and found.cost_s_per_child > 0
     assert "BURST_CREDITS" not in codes(batch(images=40))  # 40 jobs a day on the default 500 GiB st1
 
@@ -100,8 +100,8 @@ def on(volume_type: str, profiles: list[StageProfile]) -> list[StageProfile]:
 
 
 def test_a_volume_the_profiles_did_not_run_on_is_a_what_if_after_the_costs_of_now() -> None:
-    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=4_000, current_volume=Volume("st1", 125))
-    workload = batch(images=40, dirty_throttle_ms=9_000.0)
+    heavy = Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=400, current_volume=Volume("st1", 125))
+    workload = batch(images=400, dirty_throttle_ms=9_000.0)
     now = advise(on("st1", workload), heavy).findings
     assert next(f for f in now if f.code == "BURST_CREDITS").what_if is None
     local = advise(on("local", workload), heavy).findings
