@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.gate import gated, released_cpu_s
 from profiling.probes import ebpf
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,21 +44,6 @@ def program_stats() -> dict[str, tuple[int, int]]:
             if p.get("name", "").startswith("iob_")}
 
 
-def gated(argv: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(["sh", "-c", 'read go; exec "$0" "$@"', *argv], stdin=subprocess.PIPE)
-
-
-def go(proc: subprocess.Popen[bytes]) -> float:
-    """Release a gated process, wait for it: its CPU seconds."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    assert proc.stdin is not None
-    proc.stdin.write(b"go\n")
-    proc.stdin.close()
-    proc.wait()
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
 def measured(kind: str, calls: int, target: Path) -> dict[str, tuple[int, int]]:
     """The programs' (runs, ns) during `calls` calls of `kind`, the probe selecting the writer or an idle process."""
     if kind == "unwatched":
@@ -71,7 +56,7 @@ def measured(kind: str, calls: int, target: Path) -> dict[str, tuple[int, int]]:
     try:
         probe.start(job.pid if kind == "watched, selected" else idle.pid)
         before = program_stats()
-        go(job)
+        released_cpu_s(job)
         after = program_stats()
         probe.stop()
     finally:
@@ -107,7 +92,7 @@ def main() -> None:
 
     def rounds() -> None:
         for _ in range(opts.rounds):
-            bare.append(go(gated([str(WRITEBENCH), str(target), str(opts.calls), "4096"])) / opts.calls)
+            bare.append(released_cpu_s(gated([str(WRITEBENCH), str(target), str(opts.calls), "4096"])) / opts.calls)
             target.unlink(missing_ok=True)
             for kind in KINDS:
                 for name, (runs, ns) in measured(kind, opts.calls, target).items():

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import tempfile
@@ -22,6 +21,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.gate import gated, released_cpu_s
 from profiling.probes import ebpf, ebpf_host
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,20 +46,13 @@ def cpu_of(others: int | None, writes: int, target: Path) -> float:
             probe.start(proc.pid)
             STARTS["programs already loaded" if probes else "first on the host"].append(time.monotonic() - began)
             probes.append(probe)
-        job = subprocess.Popen(["sh", "-c", f'read go; exec "{WRITEBENCH}" "{target}" {writes} 4096'],
-                               stdin=subprocess.PIPE)
+        job = gated([str(WRITEBENCH), str(target), str(writes), "4096"])
         if others is not None:
             mine = ebpf.EbpfProbe()
             began = time.monotonic()
             mine.start(job.pid)
             STARTS["programs already loaded" if probes else "first on the host"].append(time.monotonic() - began)
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        assert job.stdin is not None
-        job.stdin.write(b"go\n")
-        job.stdin.close()
-        job.wait()
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+        return released_cpu_s(job)
     finally:
         if mine is not None:
             mine.stop()
