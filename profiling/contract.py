@@ -34,8 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aws_embedded_metrics.constants import MAX_DATAPOINTS_PER_METRIC, MAX_DIMENSION_NAME_LENGTH, MAX_METRICS_PER_EVENT
-
+from profiling.emflimits import MAX_DATAPOINTS_PER_METRIC, MAX_DIMENSION_NAME_LENGTH, MAX_METRICS_PER_EVENT
 from profiling.files import read_regular
 from profiling.metrics import EMF_BODY_KEYS, METRICS_BY_NAME, StageProfile
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, cells_from_list

@@ -16,13 +16,7 @@ import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Protocol, TextIO
-
-from aws_embedded_metrics.constants import MAX_DIMENSION_VALUE_LENGTH, MAX_NAMESPACE_LENGTH
-from aws_embedded_metrics.exceptions import InvalidDimensionError, InvalidNamespaceError
-from aws_embedded_metrics.logger.metrics_context import MetricsContext
-from aws_embedded_metrics.serializers.log_serializer import LogSerializer
-from aws_embedded_metrics.validator import validate_dimension_set, validate_namespace
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from profiling.contract import contract_metrics
 from profiling.files import append_line
@@ -37,6 +31,11 @@ from profiling.metrics import (
     to_metrics,
 )
 
+# The EMF library is imported where it is used: importing it takes ~0.18 s (its package imports aiohttp for its
+# agent sink, whichever module is asked for), which every command would otherwise pay at start-up.
+if TYPE_CHECKING:
+    from aws_embedded_metrics.logger.metrics_context import MetricsContext
+
 # The largest line the awslogs log driver ships as one CloudWatch event: moby's
 # daemon/logger/awslogs/cloudwatchlogs.go, `maximumBytesPerEvent = 262144 - perEventBytes` (26), after the
 # PutLogEvents per-event limit of 256 KB. A longer line is split into several events, and an EMF document
@@ -49,6 +48,10 @@ CONTRACT_ROWS_CUT = ("contract rows: {kept} of {total} in the EMF document (a Cl
 def namespace_problem(namespace: str) -> str | None:
     """Why CloudWatch would not take `namespace` for the metrics, or None: the EMF library's own rule (1-256
     of A-Z a-z 0-9 . _ # : / -), checked before a stage is measured rather than on every document."""
+    from aws_embedded_metrics.constants import MAX_NAMESPACE_LENGTH
+    from aws_embedded_metrics.exceptions import InvalidNamespaceError
+    from aws_embedded_metrics.validator import validate_namespace
+
     try:
         validate_namespace(namespace)
     except InvalidNamespaceError:
@@ -61,6 +64,10 @@ def dimension_value_problem(value: str) -> str | None:
     """Why `value` cannot be a dimension value of every document (the Pipeline dimension), or None: the EMF
     library's rule (1-1024 ASCII characters, not only blanks), and no control character (a newline splits the
     log line CloudWatch Logs reads the document from)."""
+    from aws_embedded_metrics.constants import MAX_DIMENSION_VALUE_LENGTH
+    from aws_embedded_metrics.exceptions import InvalidDimensionError
+    from aws_embedded_metrics.validator import validate_dimension_set
+
     try:
         validate_dimension_set({"Pipeline": value})
     except InvalidDimensionError:
@@ -74,6 +81,8 @@ def build_context(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE,
                   rows: int | None = None) -> MetricsContext:
     """One MetricsContext for one stage: metrics from metrics.to_metrics, per-job values as properties.
     `rows` keeps only the contract's first rows in the "Contract" property (see serialize), not its metrics."""
+    from aws_embedded_metrics.logger.metrics_context import MetricsContext
+
     context = MetricsContext(namespace=namespace)
     context.set_dimensions([{"Pipeline": profile.properties.get("Pipeline", "iobatch"), "Stage": profile.stage}],
                            use_default=False)
@@ -116,6 +125,8 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
     rows go in the first document only (the reader, merge_documents, takes a stage's properties from its
     first), as many as fit, with a notice saying how many. Nothing else is cut: the metrics and the other
     properties (bounded by the caps on rules, frames, notices) fit with room to spare."""
+    from aws_embedded_metrics.serializers.log_serializer import LogSerializer
+
     lines = LogSerializer.serialize(build_context(profile, namespace=namespace))
     if not profile.contract or all(_fits(line) for line in lines):
         return lines
@@ -135,6 +146,8 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
 
 def _first(profile: StageProfile, namespace: str, rows: int) -> str:
     """The stage's first EMF document with only the contract's first `rows` rows."""
+    from aws_embedded_metrics.serializers.log_serializer import LogSerializer
+
     return LogSerializer.serialize(build_context(profile, namespace=namespace, rows=rows))[0]
 
 

@@ -71,3 +71,23 @@ def test_sinks(tmp_path: Path) -> None:
     StreamSink(stream).accept('{"a":1}')
     assert stream.getvalue() == '{"a":1}\n'
     assert isinstance(sink_for("-"), StreamSink)
+
+
+def test_the_limits_read_without_the_library_are_the_librarys() -> None:
+    from aws_embedded_metrics import constants
+
+    from profiling import emflimits
+
+    for name in ("MAX_METRICS_PER_EVENT", "MAX_DATAPOINTS_PER_METRIC", "MAX_DIMENSION_NAME_LENGTH"):
+        assert getattr(emflimits, name) == getattr(constants, name), name
+
+
+def test_the_cli_starts_without_importing_the_emf_library() -> None:
+    """Its package imports aiohttp (~0.18 s): every command paid it at start-up for a few numbers."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pipeline.cli\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('aws_embedded', 'aiohttp'))))")
+    shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert shown.strip() == "[]", shown
