@@ -266,7 +266,7 @@ class EbpfProbe:
     """CallProbe: the job's cgroup, from start(pid) to stop().
 
     One-shot (default): start() loads and attaches the program, stop() reads it and detaches it.
-    keep_running=True (the sidecar's): the program stays loaded from the first start(pid) until close();
+    keep_running=True (the sidecar's): the program stays loaded from prepare() or the first start(pid) until close();
     a later start() reads the counters (the window's base) and clears min and max, stop() reads them
     again. The job waits for the sidecar's ack at both boundaries, so the window is exact.
     count_root=False: `pid` itself is not counted, only the processes it starts after start()
