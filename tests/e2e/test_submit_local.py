@@ -11,12 +11,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from typer.testing import CliRunner
-
 from pipeline.cli import app
 from pipeline.local.dataset import DatasetSpec
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.local.submit import submit_local
+from tests.support.cli import CliRunner
 from tests.support.data import upload_dir
 
 

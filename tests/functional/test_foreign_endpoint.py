@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline import s3 as s3io
 from pipeline.cli import app
 from pipeline.errors import EXIT_USAGE, MissingObjectError, UsageError
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.settings import S3Uri
+from tests.support.cli import CliRunner
 
 PAGE = b"<html><body><h1>Welcome to nginx!</h1><p>If you see this page, the web server works.</p></body></html>\n"
 

@@ -21,7 +21,6 @@ from typing import Any
 
 import boto3
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import emf, runfiles
@@ -29,6 +28,7 @@ from profiling.command import profile_command
 from profiling.metrics import MIB, STAGES, StageProfile
 from profiling.probes.procfs import device_of
 from profiling.sidecar import write_profile_line
+from tests.support.cli import CliRunner
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import boto3
 import pytest
-from typer.testing import CliRunner
 
 from pipeline import submit as submission
 from pipeline.cli import app
 from pipeline.errors import EXIT_PERMANENT, EXIT_USAGE
 from pipeline.interface import ENV
 from pipeline.settings import S3Uri
+from tests.support.cli import CliRunner
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 

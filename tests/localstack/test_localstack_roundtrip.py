@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import runfiles
 from profiling.metrics import METRICS, STAGES, summarize
 from profiling.report.rundir import load_run_dir
 from profiling.report.sources import load_cloudwatch
+from tests.support.cli import CliRunner
 from tests.support.localstack import CREDENTIALS, LocalStack
 
 GROUP = "/aws/batch/iobatch-localstack"

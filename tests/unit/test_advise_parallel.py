@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import fanout, runfiles
+from tests.support.cli import CliRunner
 from tests.support.fleet import write_fleet
 
 runner = CliRunner()

@@ -17,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.errors import EXIT_PERMANENT, EXIT_USAGE, ManifestError, ScratchError, UsageError
 from pipeline.interface import ENV
 from profiling import runfiles
+from tests.support.cli import CliRunner
 from tests.support.profiles import full_profile
 
 JOB_ID = "876da822-4198-45f2-a252-6cea32512ea8"

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.errors import EXIT_PERMANENT, EXIT_USAGE
@@ -22,6 +21,7 @@ from pipeline.interface import ENV
 from profiling import runfiles
 from profiling.contract import MAX_RULES
 from profiling.metrics import TimelinePoint
+from tests.support.cli import CliRunner
 from tests.support.profiles import full_profile
 
 HEADER = "2,monitortimeframe,1s\n"

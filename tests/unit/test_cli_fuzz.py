@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
 from pipeline.interface import AWS_ENV, ENV, PROCESS_ENV
+from tests.support.cli import CliRunner
 
 # A hang inside a Hypothesis test is ended for good (stacks, then exit): with the signal method the
 # timeout's failure is caught by Hypothesis, which shrinks by running the hanging case again.

@@ -7,9 +7,9 @@ import re
 
 import pytest
 import typer
-from typer.testing import CliRunner
 
 from pipeline.cli import app
+from tests.support.cli import CliRunner
 
 COMMANDS = sorted(command.name or command.callback.__name__  # type: ignore[union-attr]
                   for command in app.registered_commands)

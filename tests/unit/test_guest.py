@@ -156,9 +156,8 @@ def test_the_lab_in_the_guest_runs_on_the_throttled_disk_with_the_bucket_scaled(
 def test_lab_json_in_the_guest_leaves_stdout_to_the_json(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """`iobatch lab --json` run in the guest: this side's lines (the guest's boot, the images made here) go to
     stderr, so stdout is the JSON the lab inside prints (it was the boot line and then the JSON)."""
-    from typer.testing import CliRunner
-
     from pipeline.cli import app
+    from tests.support.cli import CliRunner
 
     def fake_run(*_args: object, say: Callable[[str], None], **_kwargs: object) -> int:
         say("lab: in the cgroup v2 guest")

@@ -7,10 +7,10 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from infra.settings import StackSettings
 from pipeline.cli import app
+from tests.support.cli import CliRunner
 from tests.support.profiles import batch
 from tuning.instances import (
     INSTANCE_TYPES,

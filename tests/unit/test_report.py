@@ -12,7 +12,6 @@ from pathlib import Path
 import plotly
 import plotly.graph_objects as go
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import emf, runfiles
@@ -37,6 +36,7 @@ from profiling.report import (
     write_report,
 )
 from profiling.report.page import BASIC_BUNDLE, figure_html, plotly_js
+from tests.support.cli import CliRunner
 from tuning.advise import advise
 from tuning.plan import Plan
 

@@ -7,13 +7,13 @@ import calendar
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import runfiles
 from profiling.metrics import STAGES
 from profiling.report import CloudWatchRange, ReportInputError, parse_run_side
 from profiling.sidecar import write_profile_line
+from tests.support.cli import CliRunner
 from tests.support.profiles import PROPS, full_profile
 
 NOW = 1_800_000_000.0  # 2027-01-15 08:00:00 UTC

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import outliers, runfiles
@@ -19,6 +18,7 @@ from profiling.report import find_bad_apples, load_run_dir, render_html
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
 from profiling.report.sources import ReportData
 from profiling.sidecar import write_profile_line
+from tests.support.cli import CliRunner
 
 T0 = float(int(time.time()) - 86400)
 runner = CliRunner()

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
 
 from pipeline.cli import app
 from profiling import fanout, runfiles
 from profiling.report import DamagedInputError, ReportInputError, load_run_dir, render_html
 from profiling.report.sources import ReportData
+from tests.support.cli import CliRunner
 from tests.support.fleet import write_fleet
 
 runner = CliRunner()
