@@ -18,12 +18,13 @@ beside the bare write's CPU time per call (user + system, wait4), alternating, m
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -69,12 +70,13 @@ def measured(kind: str, calls: int, target: Path) -> dict[str, tuple[int, int]]:
             for name, (runs, ns) in after.items() if runs > before.get(name, (0, 0))[0]}
 
 
-def with_stats(body: Callable[[], None]) -> None:
-    """Run `body` with kernel.bpf_stats_enabled = 1, its value recorded first and restored on every way out."""
+@contextlib.contextmanager
+def bpf_stats() -> Iterator[None]:
+    """kernel.bpf_stats_enabled = 1 inside, its value recorded first and restored on every way out."""
     was = STATS.read_text().strip()
     STATS.write_text("1")
     try:
-        body()
+        yield
     finally:
         STATS.write_text(was)
 
@@ -90,17 +92,16 @@ def main() -> None:
     per_run: dict[tuple[str, str], list[float]] = {}
     runs_per_call: dict[tuple[str, str], list[float]] = {}
 
-    def rounds() -> None:
-        for _ in range(opts.rounds):
-            bare.append(released_cpu_s(gated([str(WRITEBENCH), str(target), str(opts.calls), "4096"])) / opts.calls)
-            target.unlink(missing_ok=True)
-            for kind in KINDS:
-                for name, (runs, ns) in measured(kind, opts.calls, target).items():
-                    per_run.setdefault((kind, name), []).append(ns / runs)
-                    runs_per_call.setdefault((kind, name), []).append(runs / opts.calls)
-
     try:
-        with_stats(rounds)
+        with bpf_stats():
+            for _ in range(opts.rounds):
+                bare.append(released_cpu_s(gated([str(WRITEBENCH), str(target), str(opts.calls), "4096"]))
+                            / opts.calls)
+                target.unlink(missing_ok=True)
+                for kind in KINDS:
+                    for name, (runs, ns) in measured(kind, opts.calls, target).items():
+                        per_run.setdefault((kind, name), []).append(ns / runs)
+                        runs_per_call.setdefault((kind, name), []).append(runs / opts.calls)
     finally:
         target.unlink(missing_ok=True)
         target.parent.rmdir()
