@@ -348,7 +348,9 @@ class StageProfile:
         return None if raw is None else float(raw)
 
     def to_dict(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)
+        """The profile as JSON-ready values, to be serialized at once: its own dicts and lists, not copies
+        (dataclasses.asdict deep-copies them: ~0.1 s for a stage with a few hundred files' records)."""
+        body = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         body["timeline"] = [dataclasses.asdict(p) for p in self.timeline]
         return {"schema": PROFILE_SCHEMA, **body}
 

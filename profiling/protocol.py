@@ -8,7 +8,7 @@ Transport: a Unix stream socket on the shared scratch volume. One JSON object pe
     job -> sidecar   {"type": "stage_end", "stage": "download", "outcome": "ok", "items": 5}
     sidecar -> job   {"type": "ack", "stage": "download"}          (last sample taken; the sidecar
                                                                    builds and emits the profile once the
-                                                                   job is idle or its next stage started)
+                                                                   job is idle or its next stage is 0.5 s old)
     job -> sidecar   {"type": "job_end", "outcome": "ok"}          (the sidecar may exit)
 
 The job waits for each ack so that the sidecar's baseline precedes the stage's first byte and its last

@@ -328,6 +328,10 @@ class StageSampler:
         self._snapshots.append(self.snapshot())
         self._thread.start()
 
+    def age_s(self) -> float:
+        """Seconds since the stage's first snapshot (0 before it)."""
+        return time.monotonic() - self._snapshots[0].mono if self._snapshots else 0.0
+
     def snapshot(self) -> Snapshot:
         """Every counter this stage samples, now."""
         return take_snapshot(self.pid, self.device, self.sources)

@@ -2,8 +2,8 @@
 
 At stage_start it starts the per-call probes and a StageSampler (profiling/sampler.py) on the stage's
 pid; at stage_end it closes both and acks; then it finishes the stage (profiling/finish.py: per-call figures
-and contract results) and emits it as EMF and, if asked, as a profile JSON line: after answering the job's next
-stage_start when that comes first, so a stage's start never waits for the previous stage's profile.
+and contract results) and emits it as EMF and, if asked, as a profile JSON line, when neither the job nor the next
+stage's sampler is waiting for it (FINISH_IDLE_S, FINISH_AFTER_S), and at the latest at the job's end.
 
 Whatever goes wrong here is logged as one warning and never reaches the job: the job only ever sees an
 `ack` or an `error` reply.
@@ -112,10 +112,13 @@ def write_profile_line(path: Path, profile: StageProfile) -> None:
     append_line(path, json.dumps(profile.to_dict(), separators=(",", ":")))
 
 
-# How long the sidecar waits, after acknowledging a stage's end, for the job's next message before it builds the
-# stage's profile (tens of ms for a stage with many files): the job starts its next stage within a few ms, and
-# that start is answered first (bench/stage_boundaries.py).
+# When the sidecar builds the profiles of ended stages (tens of ms for a stage with many files): after the job has
+# sent nothing for FINISH_IDLE_S between stages (it starts its next stage within a few ms of an ack, and would wait
+# for the building: bench/stage_boundaries.py), or once the running stage is FINISH_AFTER_S old, and at the job's
+# end. A young stage is sampled every 10 ms at first, every 50 ms at 0.5 s (profiling/sampler.py): a build beside
+# it in this process, the sampler thread waiting for the GIL at each read, cost a 0.1 s stage half its samples.
 FINISH_IDLE_S = 0.1
+FINISH_AFTER_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class Sidecar:
         self.warn = warn
         self.profiles: list[StageProfile] = []
         self._sampler: StageSampler | None = None
-        self._finishing: _Finishing | None = None  # a stage acknowledged as ended, its profile not yet built
+        self._finishing: list[_Finishing] = []  # stages acknowledged as ended, their profiles not yet built
         self._probes: list[CallProbe] | None = probes
         self._running_probes: list[CallProbe] = []
         self._stop = threading.Event()
@@ -260,9 +263,9 @@ class Sidecar:
         buffer = b""
         while not self._stop.is_set():
             assert self._server is not None
-            wait_s = FINISH_IDLE_S if self._finishing is not None else poll_s
+            wait_s = FINISH_IDLE_S if self._finishing else poll_s
             ready, _, _ = select.select([conn, self._server, *self._substages.sockets()], [], [], wait_s)
-            if not ready:
+            if not ready and (self._sampler is None or self._sampler.age_s() >= FINISH_AFTER_S):
                 self._finish_pending()
             for sock in ready:
                 if sock is self._server:
@@ -305,9 +308,8 @@ class Sidecar:
             self._reply(conn, {"type": "error", "message": f"malformed message: {exc}"})
             return False
         kind = message["type"]
-        if kind != "stage_start":   # profiles are built in stage order, and all before the job's end
-            self._finish_pending()
         if kind == "job_end":
+            self._finish_pending()
             if self._sampler is not None:
                 self._end_stage("interrupted", None)
             return True
@@ -317,16 +319,15 @@ class Sidecar:
             error = self._check_end(message)
             if error is None and self._sampler is not None:
                 # The closing snapshot and the probes' stop follow the stage's last byte; then the job may
-                # go on. Its profile is built when the job is idle or has started its next stage
-                # (_finish_pending): the job usually starts it at once, and would wait for the building.
+                # go on, and the profile is built later (FINISH_IDLE_S).
                 readings = self._close_stage()
                 sampler, self._sampler = self._sampler, None
                 self._reply(conn, {"type": "ack", "stage": message["stage"]})
                 items = message.get("items")
                 outcome = message.get("outcome")
-                self._finishing = _Finishing(sampler, outcome if outcome in ("ok", "failed", "interrupted")
-                                             else "failed", items if isinstance(items, int) else None, readings,
-                                             dict(self.config.properties))
+                self._finishing.append(_Finishing(sampler, outcome if outcome in ("ok", "failed", "interrupted")
+                                                  else "failed", items if isinstance(items, int) else None,
+                                                  readings, dict(self.config.properties)))
                 return False
         else:
             error = f"the job does not send {kind!r} messages"
@@ -335,7 +336,6 @@ class Sidecar:
             self._reply(conn, {"type": "error", "stage": message.get("stage"), "message": error})
         else:
             self._reply(conn, {"type": "ack", "stage": message["stage"]})
-        self._finish_pending()
         return False
 
     def _check_end(self, message: dict[str, Any]) -> str | None:
@@ -402,12 +402,13 @@ class Sidecar:
         readings = self._close_stage()
         sampler, self._sampler = self._sampler, None
         if sampler is not None:
-            self._finish(_Finishing(sampler, outcome, items, readings, self.config.properties))
+            self._finishing.append(_Finishing(sampler, outcome, items, readings, self.config.properties))
+        self._finish_pending()
 
     def _finish_pending(self) -> None:
-        finishing, self._finishing = self._finishing, None
-        if finishing is not None:
-            self._finish(finishing)
+        finishing, self._finishing = self._finishing, []
+        for stage in finishing:  # in stage order
+            self._finish(stage)
 
     def _finish(self, stage: _Finishing) -> None:
         try:

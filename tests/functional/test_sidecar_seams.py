@@ -189,7 +189,7 @@ class SlowBuildProbe(FakeProbe):
 
 
 def test_a_stage_start_does_not_wait_for_the_previous_stages_figures(tmp_path: Path) -> None:
-    probe = SlowBuildProbe(build_s=0.5)
+    probe = SlowBuildProbe(build_s=0.4)
     config = SidecarConfig(socket_path=tmp_path / "s.sock", emf_sink=RecordingSink(), interval_s=0.1)
     sidecar = Sidecar(config, probes=[probe])
     waits: list[float] = []
@@ -199,11 +199,11 @@ def test_a_stage_start_does_not_wait_for_the_previous_stages_figures(tmp_path: P
             began = time.monotonic()
             with reporter.stage(name):  # the start's ack, then at the end the end's ack
                 waits.append(time.monotonic() - began)
-                time.sleep(0.7)  # the stage: the previous stage's figures are built meanwhile
-            waits.append(time.monotonic() - began - waits[-1] - 0.7)
+                time.sleep(1.0)  # the stage: the previous stage's figures are built once it is 0.5 s old
+            waits.append(time.monotonic() - began - waits[-1] - 1.0)
 
     assert _run(tmp_path, sidecar, job) == []
-    # Each boundary answered at once, not after a 0.5 s build; all built, in order, before serve returned.
+    # Each boundary answered at once, not after a 0.4 s build; all built, in order, before serve returned.
     assert max(waits) < 0.3, waits
     assert [p.stage for p in sidecar.profiles] == ["download", "process", "upload"]
     assert [by_call(p.calls or {})["write"]["count"] for p in sidecar.profiles] == [1, 2, 3]
