@@ -150,7 +150,7 @@ class Sidecar:
         self._said: set[str] = set()  # notices already printed: each is said once per job
         # What the running stage's own command announces (the user's process command): profiling/substages.py.
         self._substages = SubStages(device=config.device, interval_s=config.interval_s,
-                                    properties=config.properties, record=self._record, warn=warn)
+                                    properties=config.properties, record=self._record_in_order, warn=warn)
         try:
             self._rules = load_rules(config.contract_path, rules_loader)
         except ValueError as exc:  # the job runs on; its stages are profiled without the rules
@@ -422,6 +422,11 @@ class Sidecar:
             self._record(profile, results)
         except Exception as exc:  # the profiler never fails the job: one warning, and go on
             self.warn(f"stage {stage.sampler.stage} was not recorded ({type(exc).__name__}: {exc})")
+
+    def _record_in_order(self, profile: StageProfile, results: ProbeResults | None = None) -> None:
+        """A sub-stage's profile, after those of the stages that ended before it: lines in the order they ended."""
+        self._finish_pending()
+        self._record(profile, results)
 
     def _record(self, profile: StageProfile, results: ProbeResults | None = None) -> None:
         """Finish a stage's (or a sub-stage's) profile and emit it as EMF and a profile line."""
