@@ -19,10 +19,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from pipeline.errors import UsageError
+from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_INPUT, PROCESS_OUTPUT
+from pipeline.settings import parse_process_command
 from profiling.files import kind_of, read_regular
 
 __all__ = ["emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir", "output_file",
-           "read_file", "readable_file", "region", "stack_name"]
+           "process_command", "read_file", "readable_file", "region", "stack_name"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -201,3 +203,18 @@ def emf_namespace(namespace: str, flag: str = "--namespace") -> str:
     if problem := namespace_problem(namespace):
         raise UsageError(f"{flag} {namespace[:40]!r} {problem}")
     return namespace
+
+
+PROCESS_COMMAND_HELP = (f"The process stage's command line, with {PROCESS_INPUT} (the downloaded images) and "
+                        f"{PROCESS_OUTPUT} (an empty directory: every file written there is uploaded); its exit "
+                        "code: 0 ok, 65 bad input, 75 transient. Default: the built-in resizer, "
+                        f"'{DEFAULT_PROCESS_COMMAND}'.")
+
+
+def process_command(text: str) -> str:
+    """--process-command, checked before anything runs: its placeholders, and its program found here."""
+    from pipeline.process import find_command
+
+    command = parse_process_command(text, what="--process-command")
+    find_command(command, "", what="--process-command")
+    return command

@@ -9,7 +9,7 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import EXIT_CODES_HELP, IobatchError, UsageError, print_error
-from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_ENV, PROCESS_INPUT, PROCESS_OUTPUT
+from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_ENV
 from pipeline.settings import (
     ENV,
     MAX_DEMO_IMAGES,
@@ -25,7 +25,6 @@ from pipeline.settings import (
     counted,
     default_workers,
     parse_manifest_uri,
-    parse_process_command,
     parse_train_size,
 )
 from profiling.protocol import SOCKET_NAME, SUBSTAGE_SOCKET_ENV
@@ -61,21 +60,6 @@ def _checked_contract(path: Path | None) -> Path | None:
     except ValueError as exc:
         raise UsageError(f"--contract: {exc}") from None
     return path.resolve()
-
-
-PROCESS_COMMAND_HELP = (f"The process stage's command line, with {PROCESS_INPUT} (the downloaded images) and "
-                        f"{PROCESS_OUTPUT} (an empty directory: every file written there is uploaded); its exit "
-                        "code: 0 ok, 65 bad input, 75 transient. Default: the built-in resizer, "
-                        f"'{DEFAULT_PROCESS_COMMAND}'.")
-
-
-def _checked_process_command(text: str) -> str:
-    """The command line, checked before anything runs: its placeholders, and its program found here."""
-    from pipeline.process import find_command
-
-    command = parse_process_command(text, what="--process-command")
-    find_command(command, "", what="--process-command")
-    return command
 
 
 def _write_report(run_dir: Path, advice: Any | None = None) -> Path | None:
@@ -144,7 +128,7 @@ def demo(
     contract: Path | None = typer.Option(None, metavar="FILE", help="Contract rules every child's profiler evaluates "
                                          "per stage, e.g. contracts/case-study.contract."),
     process_command: str = typer.Option(DEFAULT_PROCESS_COMMAND, metavar="COMMAND",
-                                        show_default=False, help=PROCESS_COMMAND_HELP),
+                                        show_default=False, help=checks.PROCESS_COMMAND_HELP),
 ) -> None:
     """Run the main job on this machine: an embedded S3 server (versitygw), a synthetic training batch,
     the local executor with a profiler beside every child; then print the per-stage table and where
@@ -164,7 +148,7 @@ def demo(
                           scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None,
                           s3_endpoint=checks.endpoint_url(s3_endpoint), slow_child=slow_child,
                           report=report, seed=seed, contract=_checked_contract(contract),
-                          process_command=_checked_process_command(process_command))
+                          process_command=checks.process_command(process_command))
     result = run_demo(options, progress=progress)
     children = counted(result.batch.children, "child", "children")
     _print_batch(result.batch, result.profiles, f"per-stage profile of {children} "
@@ -204,7 +188,7 @@ def run(
     contract: Path | None = typer.Option(None, metavar="FILE", help="Contract rules every child's profiler evaluates "
                                          "per stage."),
     process_command: str = typer.Option(DEFAULT_PROCESS_COMMAND, metavar="COMMAND",
-                                        show_default=False, help=PROCESS_COMMAND_HELP),
+                                        show_default=False, help=checks.PROCESS_COMMAND_HELP),
 ) -> None:
     """Run a batch on this machine against any S3 endpoint, with the local executor."""
     from pipeline.local.runner import LocalRun, prepared_run_dir, run_local
@@ -221,7 +205,7 @@ def run(
                      scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None, force=force,
                      skip_bad_images=skip_bad_images, train_size=parse_train_size(train_size, what="--train-size"),
                      contract=_checked_contract(contract),
-                     process_command=_checked_process_command(process_command))
+                     process_command=checks.process_command(process_command))
     with prepared_run_dir(run_dir):
         result = run_local(local, progress=progress)
     _print_batch(result, list(runfiles.read_profiles(run_dir)),

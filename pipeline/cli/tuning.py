@@ -9,7 +9,9 @@ from typing import Any
 
 import typer
 
+from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
+from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
 from tuning.instances import DEFAULT_VCPUS_PER_JOB, children_per_host, job_memory_mib
 
@@ -229,6 +231,9 @@ def lab(
     advise_loop: bool = typer.Option(False, "--advise", help="The closed loop: run the batch under the kernel's "
                                      "defaults, advise from its profiles, run it under the advised cache, and "
                                      "print the predicted and measured download stage of each run."),
+    process_command: str = typer.Option(DEFAULT_PROCESS_COMMAND, metavar="COMMAND", show_default=False,
+                                        help=checks.PROCESS_COMMAND_HELP + " The lab measures the download; a "
+                                        "lighter command makes each run shorter."),
 ) -> None:
     """Emulate an st1 volume and run a batch on it under the kernel's default and the tuned write cache.
 
@@ -253,6 +258,7 @@ def lab(
         return
     if workload not in ("pipeline", "writer"):
         raise UsageError(f"--workload {workload!r} is not pipeline or writer")
+    process_command = checks.process_command(process_command)
     # The emulated page cache lives in this machine's memory: a larger instance cannot be acted out here.
     machine_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
     if memory_gib > machine_gib:
@@ -281,10 +287,10 @@ def lab(
     if advise_loop:
         if workload != "pipeline":
             raise UsageError("--advise runs the pipeline: leave out --workload writer")
-        _advise_loop(config, plan, run_dir, lines, as_json)
+        _advise_loop(config, plan, run_dir, lines, as_json, process_command)
         return
-    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind) if workload == "pipeline" \
-        else None
+    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind,
+                          process_command=process_command) if workload == "pipeline" else None
     try:
         runs = run_comparison(config, plan, run_batch=run_batch, say=say)
     except LabError as exc:
@@ -352,7 +358,7 @@ def _write_lab_comparison(run_dir: Path, settings: list[str], lines: Any) -> Non
             print(f"comparison: not written ({exc})", file=lines)
 
 
-def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: bool) -> None:
+def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: bool, process_command: str) -> None:
     """`iobatch lab --advise`: tuning.lab.loop with the demo's batch; each run's profiles are read back from
     lab_batch's run directory (lab_run_dir)."""
     import json
@@ -363,7 +369,8 @@ def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: boo
     from tuning.lab.loop import render_loop, run_advise_loop
     from tuning.plan import AdviseError
 
-    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind)
+    run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind,
+                          process_command=process_command)
 
     def run_profiles(number: int, setting: str, scratch: Path) -> list[Any]:
         run_batch(number, setting, scratch)

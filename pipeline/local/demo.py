@@ -263,23 +263,24 @@ def lab_dataset(plan: ComparePlan, *, say: Callable[[str], None] = print) -> Pat
     return dataset_cache(spec).parent.resolve()
 
 
-def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None,
-              volume_type: str = "local") -> RunBatch:
+def lab_batch(plan: ComparePlan, run_dir: Path, *, stdout: TextIO | None = None, volume_type: str = "local",
+              process_command: str = DEFAULT_PROCESS_COMMAND) -> RunBatch:
     """The lab's batch (tuning.lab.RunBatch): the demo's synthetic batch of `plan`'s shape on the lab volume.
 
     Run `number` under `setting` keeps its run directory (profiles, logs, EMF) in `run_dir`, off the lab volume;
     its profiles say they ran on `volume_type` (the emulated volume's, so the advisor judges that volume as
     measured, not as a what-if); the embedded server's data (the dataset and the outputs, twice the batch's
     bytes) is deleted once the run succeeded, so a loop of many runs does not fill the disk (a failed run keeps
-    it). The children's lines go to
-    `stdout` (default: this process's). A run with failed children is a UsageError, so the comparison stops
+    it). Each child's process stage runs `process_command`. The children's lines go to `stdout` (default:
+    this process's). A run with failed children is a UsageError, so the comparison stops
     rather than compare broken runs.
     """
 
     def run_batch(number: int, setting: str, scratch: Path) -> dict[str, dict[str, float | None]]:
         options = DemoOptions(images=plan.images, image_mib=plan.image_mib, images_per_child=plan.images_per_child,
                               workers=plan.workers, run_dir=lab_run_dir(run_dir, number, setting),
-                              scratch_root=scratch, report=False, settle_inputs=True, volume_type=volume_type)
+                              scratch_root=scratch, report=False, settle_inputs=True, volume_type=volume_type,
+                              process_command=process_command)
         with contextlib.redirect_stdout(stdout or sys.stdout):
             result = run_demo(options, progress=False, say=lambda _: None)
         if result.batch.failed:

@@ -46,6 +46,14 @@ class ThrottledProxy:
         self._buckets = {"up": TokenBucket(rate_bps), "down": TokenBucket(rate_bps)}
         self._thread = threading.Thread(target=self._run, name="throttled-proxy", daemon=True)
 
+    def set_rate(self, rate_bps: float) -> None:
+        """Both directions at `rate_bps` from now on (a test holds children in their download, then lets them go)."""
+        if rate_bps <= 0:
+            raise ValueError("rate must be positive")
+        for bucket in self._buckets.values():  # in place: every open connection holds its direction's bucket
+            bucket.rate = rate_bps
+            bucket.capacity = max(float(CHUNK), rate_bps / 10)
+
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}"

@@ -30,6 +30,7 @@ from pipeline.local.s3server import EmbeddedS3
 from pipeline.scratch import UNCLAIMED_AGE_S, sweep
 from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, child_name
 from pipeline.submit.plan import SubmitRequest, batch_environment
+from profiling.probes import ebpf_host
 from tests.support import images
 from tests.support.data import upload_dir
 from tests.support.rehearsal import Host, MetadataEndpoint, TaskSpec, emf_documents, rehearsal_podman
@@ -254,3 +255,67 @@ def test_per_call_figures_inside_a_task(s3_server: EmbeddedS3, s3: Any, bucket: 
     assert (rows["total_write"]["value"], rows["total_write"]["source"]) == (download["WriteBytes"], "procfs")
     assert any("static binaries such as s5cmd" in n for n in download["Notices"]), download
     assert sorted(p.name for p in prepared_scratch.iterdir()) == [SCRATCH_READY_MARKER]
+
+
+PACKED = 8  # children of one host at once, one image each (a packed host runs one per core)
+HOLD_BPS, RELEASE_BPS = 16 * 1024, 64 << 20  # in all: 8 x 0.5 MiB takes minutes, then well under a second
+
+
+def _iobatch_programs() -> set[int]:
+    """The ids of every eBPF program of ours the kernel holds, whoever loaded it (bpftool, not our pins)."""
+    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
+    return {p["id"] for p in json.loads(out) if p.get("name", "").startswith("iob_")}
+
+
+def test_eight_children_of_a_packed_host_share_one_set_of_programs(
+        s3_server: EmbeddedS3, s3: Any, bucket: str, small_dataset: tuple[Any, Path], prepared_scratch: Path,
+        tmp_path: Path) -> None:
+    """Eight tasks of one batch on one host, each with its eBPF profiler container (-c profilerEbpf=true): while
+    all eight are in their download the kernel holds one set of our programs (each profiler added its child's slot,
+    not programs), each child's write counts and bytes are exactly its own processes' (the kernel's per-process
+    counters, read independently), and nothing of ours stays loaded after the last task ends."""
+    if shutil.which("bpftool") is None:
+        pytest.skip("needs bpftool (make setup installs it)")
+    if _iobatch_programs():
+        pytest.skip("another profiler runs on this host: the test counts what the kernel holds")
+    _, source = small_dataset
+    upload_dir(s3, bucket, "images/", source)
+    spec = TaskSpec.from_template(synthesize(profilerEbpf="true", profilerContract="case-study").template)
+    request = SubmitRequest(input=S3Uri(bucket, "images/"), manifest=None, output=S3Uri(bucket, "packed/"),
+                            images_per_child=1, name="packed")
+    frozen = s3io.freeze_batch(s3, input=request.input, manifest=None, output=request.output, per_child=1)
+    assert frozen.children == PACKED
+    metadata = MetadataEndpoint()
+    seen: list[tuple[int, int]] = []  # (our programs in the kernel, slots taken) while the children download
+    try:
+        with rehearsal_podman(tmp_path) as conf, ThrottledProxy(s3_server.port, HOLD_BPS) as slow:
+            host = Host(spec, images.job_image(), prepared_scratch, metadata, conf, s3_server.env())
+            tasks = [host.start(array_job="job-packed", index=i, attempt=1, s3_endpoint=slow.endpoint,
+                                override=batch_environment(request, frozen.manifest, 0)) for i in range(PACKED)]
+            deadline = time.monotonic() + 180
+            while time.monotonic() < deadline and (not seen or seen[-1][1] < PACKED):
+                seen.append((len(_iobatch_programs()), len(_slots())))
+                time.sleep(0.5)
+            slow.set_rate(RELEASE_BPS)
+            codes = [task.finish(spec) for task in tasks]
+    finally:
+        metadata.close()
+    assert [c[JOB_CONTAINER] for c in codes] == [0] * PACKED, [t.logs for t in tasks]
+    # From the first slot taken to all eight at once, the kernel held the same number of our programs.
+    assert seen[-1][1] == PACKED and len({n for n, slots in seen if slots}) == 1 and seen[-1][0] > 0, seen
+    for task in tasks:
+        download = {d["Stage"]: d for d in emf_documents(task.logs[PROFILER_CONTAINER])}["download"]
+        rows = {r["label"]: r for r in download["Contract"]}
+        assert {rows[k]["source"] for k in ("num_write", "total_write")} == {"ebpf"}, rows
+        assert (rows["total_write"]["value"], rows["num_write"]["value"]) == \
+            (download["WriteBytes"], download["WriteCalls"]), download
+    deadline = time.monotonic() + 30
+    while _iobatch_programs() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _iobatch_programs() and not _slots(), "our programs stayed loaded after the last task"
+
+
+def _slots() -> list[Path]:
+    root = ebpf_host.pin_root()
+    return [s for build in (root.iterdir() if root.is_dir() else []) if build.is_dir()
+            for s in (build / "slots").iterdir()]

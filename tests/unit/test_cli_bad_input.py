@@ -220,6 +220,10 @@ CASES: dict[str, Callable[[Path], Case]] = {
     "lab-time-scale-huge": lambda d: Case(["lab", "--time-scale", "1e300"], EXIT_USAGE, "'--time-scale'"),
     "lab-loop-huge": lambda d: Case(["lab", "--loop-size-mib", "99999999999"], EXIT_USAGE, "'--loop-size-mib'"),
     "lab-credits-negative": lambda d: Case(["lab", "--credits-gib", "-1"], EXIT_USAGE, "'--credits-gib'"),
+    "lab-process-command-missing": lambda d: Case(["lab", "--process-command", "no-such-tool-x {input} {output}"],
+                                                   EXIT_USAGE, "is not on PATH"),
+    "lab-process-command-no-input": lambda d: Case(["lab", "--process-command", "sh -c true {output}"], EXIT_USAGE,
+                                                    "has no {input}"),
     "lab-memory-beyond-this-machine": lambda d: Case(["lab", "--memory-gib", "4000"], EXIT_USAGE,
                                                      "--memory-gib 4000 is more than this machine's"),
 }
