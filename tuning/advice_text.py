@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice
+from tuning.advise import CACHE_HEADROOM, RANGE_SHOWN, RECOMMEND_SLACK, Advice
 from tuning.cachedomain import domains
 from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
@@ -53,7 +53,8 @@ def render(advice: Advice) -> str:
         f"({(cache.tuning.dirty_background_bytes or 0) / GIB:.2f} GiB), sized for a burst of "
         f"{cache.burst_bytes / GIB:.2f} GiB per instance. The kernel's defaults (dirty_ratio 20, "
         f"background 10) pause writers at {cache.default_freerun_bytes / GIB:.2f} GiB: a download takes "
-        f"{advice.untuned_download_s:,.1f} s untuned vs {rec.download_s:,.1f} s tuned on {rec.volume.label}"
+        f"{advice.untuned_download_s:,.1f} s untuned{_untuned_range(advice)} vs {rec.download_s:,.1f} s tuned on "
+        f"{rec.volume.label}"
         + (". The defaults already absorb the burst; the smaller limit keeps less data at risk and less "
            "memory pinned." if cache.default_freerun_bytes >= cache.burst_bytes * CACHE_HEADROOM else "."),
         *_own_cache(advice),
@@ -65,6 +66,16 @@ def render(advice: Advice) -> str:
         f"  cdk deploy {advice.cdk_args}",
     ]
     return "\n".join(lines)
+
+
+def _untuned_range(advice: Advice) -> str:
+    """' (0.6-2.7 s: ...)' where the kernel's pacing, settled or not, makes the untuned time uncertain."""
+    low, high = advice.untuned_download_low_s, advice.untuned_download_s
+    if low is None or low >= high * (1 - RANGE_SHOWN):
+        return ""
+    return (f" ({low:,.1f}-{high:,.1f} s: the burst ends just past the point where the kernel starts pacing "
+            "writers, and how hard it paces them depends on how long its controller has run on that writeback "
+            "context; a new child's starts lenient)")
 
 
 def render_findings(advice: Advice) -> list[str]:

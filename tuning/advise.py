@@ -105,6 +105,10 @@ class CacheAdvice:
         }
 
 
+# A predicted range is shown when its optimistic end is more than this share below the prediction.
+RANGE_SHOWN = 0.25
+
+
 @dataclass(frozen=True)
 class Advice:
     plan: Plan
@@ -117,6 +121,9 @@ class Advice:
     burst_note: str
     findings: tuple[Finding, ...] = ()
     comparison: tuple[str, ...] = ()  # st1 against gp3 and instance store on this plan (tuning.versus)
+    # The same with the kernel's pacing not yet settled (simulator.WriteCache.unsettled): the optimistic end of the
+    # untuned download's range. Far below untuned_download_s when the burst ends just past the freerun point.
+    untuned_download_low_s: float | None = None
 
     @property
     def cdk_args(self) -> str:
@@ -146,6 +153,8 @@ class Advice:
             "candidates": [c.to_json() for c in self.candidates],
             "recommended": self.recommended.volume.label,
             "untuned_download_s": round(self.untuned_download_s, 1),
+            "untuned_download_low_s": None if self.untuned_download_low_s is None else
+            round(self.untuned_download_low_s, 1),
             "write_cache": self.cache.to_json(),
             "burst": self.burst_note,
             "comparison": list(self.comparison),
@@ -189,12 +198,14 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
     untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
+    untuned_low = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan).unsettled(), waves=1)
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
     context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
-                  _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)))
+                  _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)),
+                  untuned_low.download_s)
 
 
 def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,

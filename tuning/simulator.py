@@ -7,6 +7,7 @@ each round's stage times, when its writes were durable and when the credits ran 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -39,9 +40,18 @@ class WriteCache:
 
     The model keeps the converged controller: above freerun, writers together dirty at the rate
     writeback drains the device times the global pos_ratio, so the dirty count climbs from freerun
-    towards the setpoint and stays there. It leaves out the device's own factor (1 when the volume is
-    the host's only busy writer, as scratch on a Batch host is) and the ratelimit's ramp from its first
-    estimate. The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab"); the lab
+    towards the setpoint and stays there. A controller that has not settled does otherwise, and
+    `settled=False` is that bound: dirty_ratelimit starts at INIT_BW (100 MiB/s per writer) on a new
+    writeback context (a device's, and on cgroup v2 each container's own: a new child starts afresh)
+    and wb_update_dirty_ratelimit moves it down only while the count is above the setpoint (below it,
+    only up), by about an eighth of the gap each 200 ms. So below the setpoint such writers are paced at
+    100-200 MiB/s each, which on an HDD volume is hardly a pause: measured, a burst 16 % past the
+    freerun point and short of the setpoint paused one child 0.24-0.31 s where the settled model says
+    about 2 s (BENCHMARKS.md). The unsettled cache runs writers free up to the setpoint, then as the
+    settled one; the truth lies between the two, nearer the settled one the longer writers are paced
+    (mm/page-writeback.c, wb_update_dirty_ratelimit; mm/backing-dev.c, wb_init). The model leaves out the
+    device's own factor (1 when the volume is the host's only busy writer, as scratch on a Batch host is).
+    The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab"); the lab
     keeps its device's data in memory because of that factor: with the data on a disk, a second device wrote back
     as much as the volume, the writers were held near freerun and the model was 14-16 % short.
     """
@@ -49,16 +59,27 @@ class WriteCache:
     limit_bytes: int
     background_bytes: int
     other_dirty_bytes: int = 0  # dirty + writeback pages of other devices, counted against the same limits
+    settled: bool = True  # False: writers run free up to the setpoint (a controller not yet settled)
 
     # Cached: the simulator asks for them at every step (a day of a busy plan is ~650,000 steps).
     @functools.cached_property
     def freerun_bytes(self) -> int:
+        """Where writers start to be paced: the kernel's freerun ceiling, or the setpoint when unsettled."""
+        return self.kernel_freerun_bytes if self.settled else self.setpoint_bytes
+
+    @functools.cached_property
+    def kernel_freerun_bytes(self) -> int:
+        """dirty_freerun_ceiling: halfway between the background and the hard limit."""
         return (self.limit_bytes + self.background_bytes) // 2
 
     @functools.cached_property
     def setpoint_bytes(self) -> int:
         """Where the kernel holds the dirty count under sustained writing."""
-        return (self.freerun_bytes + self.limit_bytes) // 2
+        return (self.kernel_freerun_bytes + self.limit_bytes) // 2
+
+    def unsettled(self) -> WriteCache:
+        """The same limits with a controller that has not settled (see the class): the optimistic bound."""
+        return dataclasses.replace(self, settled=False)
 
     def pos_ratio(self, dirty: float) -> float:
         """The kernel's global position ratio at a dirty count (all devices): 2 at freerun, 1 at the
