@@ -33,6 +33,11 @@ from profiling import runfiles
 NO_SIDECAR_ENV = "IOBATCH_NO_SIDECAR"  # 1: run children without the profiler (overhead benchmarks)
 INTERPOSE_ENV = ENV.INTERPOSE  # 1: preload the per-call interposer into the job (profiling/interpose)
 SIDECAR_EXIT_WAIT_S = 10.0
+# After the job exits, how long its sidecar may take to leave by itself before it is stopped as ECS stops a task's
+# other containers (SIGTERM, then SIDECAR_EXIT_WAIT_S). One whose job ended its stages leaves in milliseconds; one
+# the job never spoke to (a skipped child, a command refused before its first stage) would wait for it: it waited
+# the whole SIDECAR_EXIT_WAIT_S, 10 s per such child. Profiles still building are written on SIGTERM too.
+SIDECAR_GRACE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -235,7 +240,7 @@ class _Runner:
             self._forget(job)
             if sidecar is not None:
                 try:
-                    sidecar.wait(timeout=SIDECAR_EXIT_WAIT_S)
+                    sidecar.wait(timeout=SIDECAR_GRACE_S)
                 except subprocess.TimeoutExpired:
                     _stop(sidecar)
                 self._forget(sidecar)
