@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuning.advise import CACHE_HEADROOM, RANGE_SHOWN, RECOMMEND_SLACK, Advice
+from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice, shows_range
 from tuning.cachedomain import domains
 from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
@@ -71,7 +71,7 @@ def render(advice: Advice) -> str:
 def _untuned_range(advice: Advice) -> str:
     """' (0.6-2.7 s: ...)' where the kernel's pacing, settled or not, makes the untuned time uncertain."""
     low, high = advice.untuned_download_low_s, advice.untuned_download_s
-    if low is None or low >= high * (1 - RANGE_SHOWN):
+    if low is None or not shows_range(low, high):
         return ""
     return (f" ({low:,.1f}-{high:,.1f} s: the burst ends just past the point where the kernel starts pacing "
             "writers, and how hard it paces them depends on how long its controller has run on that writeback "

@@ -109,6 +109,11 @@ class CacheAdvice:
 RANGE_SHOWN = 0.25
 
 
+def shows_range(low: float | None, predicted: float) -> bool:
+    """Whether a prediction is given as a range: its optimistic end (None: none) is far enough below it."""
+    return low is not None and low < predicted * (1 - RANGE_SHOWN)
+
+
 @dataclass(frozen=True)
 class Advice:
     plan: Plan

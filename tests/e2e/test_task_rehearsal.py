@@ -30,8 +30,8 @@ from pipeline.local.s3server import EmbeddedS3
 from pipeline.scratch import UNCLAIMED_AGE_S, sweep
 from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, child_name
 from pipeline.submit.plan import SubmitRequest, batch_environment
-from profiling.probes import ebpf_host
 from tests.support import images
+from tests.support.bpfhost import kernel_programs, slots
 from tests.support.data import upload_dir
 from tests.support.rehearsal import Host, MetadataEndpoint, TaskSpec, emf_documents, rehearsal_podman
 from tests.support.synth import synthesize
@@ -261,12 +261,6 @@ PACKED = 8  # children of one host at once, one image each (a packed host runs o
 HOLD_BPS, RELEASE_BPS = 16 * 1024, 64 << 20  # in all: 8 x 0.5 MiB takes minutes, then well under a second
 
 
-def _iobatch_programs() -> set[int]:
-    """The ids of every eBPF program of ours the kernel holds, whoever loaded it (bpftool, not our pins)."""
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
-    return {p["id"] for p in json.loads(out) if p.get("name", "").startswith("iob_")}
-
-
 def test_eight_children_of_a_packed_host_share_one_set_of_programs(
         s3_server: EmbeddedS3, s3: Any, bucket: str, small_dataset: tuple[Any, Path], prepared_scratch: Path,
         tmp_path: Path) -> None:
@@ -274,9 +268,7 @@ def test_eight_children_of_a_packed_host_share_one_set_of_programs(
     all eight are in their download the kernel holds one set of our programs (each profiler added its child's slot,
     not programs), each child's write counts and bytes are exactly its own processes' (the kernel's per-process
     counters, read independently), and nothing of ours stays loaded after the last task ends."""
-    if shutil.which("bpftool") is None:
-        pytest.skip("needs bpftool (make setup installs it)")
-    if _iobatch_programs():
+    if kernel_programs("iob_"):
         pytest.skip("another profiler runs on this host: the test counts what the kernel holds")
     _, source = small_dataset
     upload_dir(s3, bucket, "images/", source)
@@ -294,7 +286,7 @@ def test_eight_children_of_a_packed_host_share_one_set_of_programs(
                                 override=batch_environment(request, frozen.manifest, 0)) for i in range(PACKED)]
             deadline = time.monotonic() + 180
             while time.monotonic() < deadline and (not seen or seen[-1][1] < PACKED):
-                seen.append((len(_iobatch_programs()), len(_slots())))
+                seen.append((len(kernel_programs("iob_")), len(slots())))
                 time.sleep(0.5)
             slow.set_rate(RELEASE_BPS)
             codes = [task.finish(spec) for task in tasks]
@@ -310,12 +302,7 @@ def test_eight_children_of_a_packed_host_share_one_set_of_programs(
         assert (rows["total_write"]["value"], rows["num_write"]["value"]) == \
             (download["WriteBytes"], download["WriteCalls"]), download
     deadline = time.monotonic() + 30
-    while _iobatch_programs() and time.monotonic() < deadline:
+    while kernel_programs("iob_") and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not _iobatch_programs() and not _slots(), "our programs stayed loaded after the last task"
+    assert not kernel_programs("iob_") and not slots(), "our programs stayed loaded after the last task"
 
-
-def _slots() -> list[Path]:
-    root = ebpf_host.pin_root()
-    return [s for build in (root.iterdir() if root.is_dir() else []) if build.is_dir()
-            for s in (build / "slots").iterdir()]

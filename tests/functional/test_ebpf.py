@@ -19,6 +19,7 @@ import pytest
 
 from profiling.metrics import by_call
 from profiling.probes import ebpf, ebpf_host
+from tests.support.bpfhost import kernel_programs
 from tests.support.writebench import writebench as built_writebench
 
 pytestmark = pytest.mark.root
@@ -246,13 +247,6 @@ def _programs_of(pid: int) -> set[int]:
     return ebpf_host.loaded_programs()
 
 
-def _loaded_programs() -> set[int]:
-    if shutil.which("bpftool") is None:
-        pytest.skip("bpftool not installed")
-    out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True, check=True).stdout
-    return {p["id"] for p in json.loads(out)}
-
-
 def _probe_cgroups(pid: int) -> list[Path]:
     """The cgroups sidecar `pid` made for its job (profiling/probes/cgroup.py names them after it)."""
     from profiling.probes.cgroup import PREFIX, v2_mount
@@ -311,7 +305,7 @@ def test_one_program_for_the_job_exact_per_stage_and_gone_after(probe_ok: None, 
             by_call(calls)["write"]["count"]
     assert programs, "the sidecar loaded no eBPF program"
     assert seen_cgroup and not _probe_cgroups(sidecar.pid)  # the job's own cgroup, given back at the end
-    assert not programs & _loaded_programs()
+    assert not programs & kernel_programs()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
@@ -330,9 +324,9 @@ def test_nothing_outlives_a_signalled_sidecar(probe_ok: None, tmp_path: Path, si
         sidecar.wait(timeout=30)
         # The kernel frees a program after its last descriptor closes, from deferred work (RCU): give it a moment.
         gone_by = time.monotonic() + 5
-        while programs & _loaded_programs() and time.monotonic() < gone_by:
+        while programs & kernel_programs() and time.monotonic() < gone_by:
             time.sleep(0.1)
-        assert not programs & _loaded_programs(), f"programs {programs} still loaded after {sig.name}"
+        assert not programs & kernel_programs(), f"programs {programs} still loaded after {sig.name}"
         if sig == signal.SIGTERM:
             stages = [json.loads(line)["stage"] for line in (tmp_path / "out.jsonl").read_text().splitlines()]
             assert stages == ["download", "process", "upload"]  # flushed as interrupted

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from profiling.probes import ebpf, ebpf_host
+from tests.support.bpfhost import builds, slots
 from tests.support.writebench import writebench as built_writebench
 
 pytestmark = pytest.mark.root
@@ -61,20 +62,11 @@ def writebench() -> Iterator[Path]:
 
 def _gone_within(seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while ebpf_host.loaded_programs() or _builds():
+    while ebpf_host.loaded_programs() or builds():
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
     return True
-
-
-def _builds() -> list[Path]:
-    root = ebpf_host.pin_root()
-    return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
-
-
-def _slots() -> list[str]:
-    return sorted(p.name for build in _builds() for p in (build / "slots").iterdir())
 
 
 def _profiler(bench: Path, count: int, size: int) -> subprocess.Popen[str]:
@@ -117,8 +109,8 @@ def test_eight_children_at_once_exact_each_on_one_set_of_programs(writebench: Pa
     everyone = [first, *others]
     try:
         # One copy: each later profiler added its slot, not programs.
-        assert alone and ebpf_host.loaded_programs() == alone and len(_builds()) == 1
-        assert _slots() == sorted(str(n) for n in range(len(CHILDREN)))
+        assert alone and ebpf_host.loaded_programs() == alone and len(builds()) == 1
+        assert slots() == sorted(str(n) for n in range(len(CHILDREN)))
         for proc in everyone:
             _say(proc)  # every child writes at once
         for proc, (count, size) in zip(everyone, CHILDREN, strict=True):
@@ -126,7 +118,7 @@ def test_eight_children_at_once_exact_each_on_one_set_of_programs(writebench: Pa
         _finish(first)
         assert first.returncode == 0
         # the others still have them
-        assert ebpf_host.loaded_programs() == alone and _slots() == sorted(str(n) for n in range(1, len(CHILDREN)))
+        assert ebpf_host.loaded_programs() == alone and slots() == sorted(str(n) for n in range(1, len(CHILDREN)))
     finally:
         _finish(*everyone)
     assert _gone_within(5)
@@ -141,8 +133,8 @@ def test_a_killed_profiler_is_reaped_and_breaks_nobody(writebench: Path) -> None
         # Its watchdog frees its slot as soon as it runs (a Python process: its start-up is seconds on a loaded
         # machine); the survivor's probe goes on, exact.
         deadline = time.monotonic() + WATCHDOG_S
-        while _slots() != ["1"]:
-            assert time.monotonic() < deadline, f"slots {_slots()} after a SIGKILL"
+        while slots() != ["1"]:
+            assert time.monotonic() < deadline, f"slots {slots()} after a SIGKILL"
             time.sleep(0.1)
         _say(survivor)
         assert _result(survivor) == {"count": 30_000, "bytes": 30_000 * 4096}
@@ -163,10 +155,10 @@ def test_a_profiler_killed_with_its_watchdog_is_reaped_by_the_next_one(writebenc
         os.kill(pid, signal.SIGKILL)
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=10)
-    assert ebpf_host.loaded_programs() and _slots() == ["0"]  # left behind, for now
+    assert ebpf_host.loaded_programs() and slots() == ["0"]  # left behind, for now
     later = _profiler(writebench, 500, 4096)
     try:
-        assert _slots() == ["0"]  # the dead one reaped, its programs with it (nobody was left), loaded anew
+        assert slots() == ["0"]  # the dead one reaped, its programs with it (nobody was left), loaded anew
         _say(later)
         assert _result(later) == {"count": 500, "bytes": 500 * 4096}
     finally:

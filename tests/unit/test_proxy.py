@@ -1,10 +1,14 @@
-"""The throttling proxy's token bucket."""
+"""The throttling proxy: its token bucket, and its rate raised for connections already open."""
 
 from __future__ import annotations
 
+import socket
+import threading
+import time
+
 import pytest
 
-from pipeline.local.proxy import TokenBucket
+from pipeline.local.proxy import ThrottledProxy, TokenBucket
 
 
 def test_token_bucket_paces_to_the_rate() -> None:
@@ -20,12 +24,6 @@ def test_token_bucket_paces_to_the_rate() -> None:
 def test_a_proxy_held_slow_lets_its_open_connections_go_when_its_rate_is_raised() -> None:
     """set_rate changes the rate of the connections already open (the task rehearsal holds eight children in their
     download, then lets them go): 256 KiB at 16 KiB/s would take 16 s."""
-    import socket
-    import threading
-    import time
-
-    from pipeline.local.proxy import ThrottledProxy
-
     payload = bytes(256 * 1024)
     server = socket.create_server(("127.0.0.1", 0))
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.metrics import StageProfile, median
-from tuning.advise import RANGE_SHOWN, Advice, advise
+from tuning.advise import Advice, advise, shows_range
 from tuning.ebs import GIB, MIB, Volume
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.lab.compare import ComparePlan
@@ -94,7 +94,7 @@ class LoopRun:
     @property
     def has_range(self) -> bool:
         """Whether the two ends differ enough to show (writers paced past the freerun point)."""
-        return self.predicted_low_s is not None and self.predicted_low_s < self.predicted_s * (1 - RANGE_SHOWN)
+        return shows_range(self.predicted_low_s, self.predicted_s)
 
 
 @dataclass(frozen=True)
