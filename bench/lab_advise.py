@@ -11,8 +11,8 @@
    profiles, the other two runs are predicted before they run. The default run covers the baseline cells;
    `--full` adds the burst cells (about twice the time).
 3. Workloads the model was not fitted to (HELD_OUT, each its own loop at baseline): a burst just past the
-   default freerun point, one past the limit, more children in rounds. Per run the
-   prediction with its range (down to a pacing controller not yet settled: tuning.simulator.WriteCache) and
+   default freerun point, one past the limit, more children in rounds. Per run the prediction with its range
+   (a pacing controller not yet settled to writers held at the freerun point: tuning.writecache.WriteCache) and
    whether the measured time is within 25 % of it or inside the range. `--held-out-only` runs this part alone.
 
 Every setting runs `--rounds` times (round-robin); a cell's measured time is the median of its rounds, shown
@@ -117,7 +117,8 @@ def main() -> int:
 
 def _held_out(args: argparse.Namespace, started: float) -> int:
     """Part 3: each workload of HELD_OUT is its own loop (its default run's profiles advise); per run the settled
-    model's prediction, its range down to the unsettled controller's (simulator.WriteCache), and the measured."""
+    model's prediction, its range from the unsettled controller's to writers held at the freerun point
+    (tuning.writecache.WriteCache), and the measured."""
     print("## 3. Workloads not fitted to: st1 500 GiB at baseline, 2 children at once\n")
     print("| memory GiB | batch | cache | predicted s (range) | measured s (median, range) | error | in range |")
     print("|---:|---|---|---:|---:|---|---|")

@@ -33,7 +33,8 @@ sys.path.insert(0, str(ROOT))
 from tuning.ebs import GIB, MIB, Volume  # noqa: E402
 from tuning.host import KERNEL_DEFAULTS, HostTuning  # noqa: E402
 from tuning.lab import Lab, LabConfig, write_files  # noqa: E402
-from tuning.simulator import StageLoad, WriteCache, simulate  # noqa: E402
+from tuning.simulator import StageLoad, simulate  # noqa: E402
+from tuning.writecache import WriteCache  # noqa: E402
 
 
 def table(header: list[str], rows: list[list[str]]) -> str:

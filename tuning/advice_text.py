@@ -69,13 +69,14 @@ def render(advice: Advice) -> str:
 
 
 def _untuned_range(advice: Advice) -> str:
-    """' (0.6-2.7 s: ...)' where the kernel's pacing, settled or not, makes the untuned time uncertain."""
-    low, high = advice.untuned_download_low_s, advice.untuned_download_s
-    if low is None or not shows_range(low, high):
+    """' (0.6-3.9 s: ...)' where the state of the kernel's pacing makes the untuned time uncertain."""
+    low, high, at = advice.untuned_download_low_s, advice.untuned_download_high_s, advice.untuned_download_s
+    if not shows_range(low, at, high):
         return ""
-    return (f" ({low:,.1f}-{high:,.1f} s: the burst ends just past the point where the kernel starts pacing "
-            "writers, and how hard it paces them depends on how long its controller has run on that writeback "
-            "context; a new child's starts lenient)")
+    return (f" ({low if low is not None else at:,.1f}-{high if high is not None else at:,.1f} s: the burst ends "
+            "past the point where the kernel starts pacing writers, and how hard it paces them depends on the "
+            "state of its controller on that writeback context: a new one lets writers through, one that earlier "
+            "writers left low holds them at that point)")
 
 
 def render_findings(advice: Advice) -> list[str]:

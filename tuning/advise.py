@@ -37,8 +37,9 @@ from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.instancestore import InstanceStore, check_fits_plan, same_size_stores
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
-from tuning.simulator import SimResult, WriteCache, simulate
+from tuning.simulator import SimResult, simulate
 from tuning.versus import compare
+from tuning.writecache import WriteCache
 
 # A candidate counts as "as fast" as the fastest when its steady round is within this factor.
 RECOMMEND_SLACK = 1.10
@@ -105,13 +106,15 @@ class CacheAdvice:
         }
 
 
-# A predicted range is shown when its optimistic end is more than this share below the prediction.
+# A predicted range is shown when one of its ends is more than this share away from the prediction.
 RANGE_SHOWN = 0.25
 
 
-def shows_range(low: float | None, predicted: float) -> bool:
-    """Whether a prediction is given as a range: its optimistic end (None: none) is far enough below it."""
-    return low is not None and low < predicted * (1 - RANGE_SHOWN)
+def shows_range(low: float | None, predicted: float, high: float | None = None) -> bool:
+    """Whether a prediction is given as a range: its optimistic end (None: none) is far enough below it, or its
+    pessimistic end far enough above."""
+    return (low is not None and low < predicted * (1 - RANGE_SHOWN)) or \
+        (high is not None and high > predicted * (1 + RANGE_SHOWN))
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class Advice:
     # The same with the kernel's pacing not yet settled (simulator.WriteCache.unsettled): the optimistic end of the
     # untuned download's range. Far below untuned_download_s when the burst ends just past the freerun point.
     untuned_download_low_s: float | None = None
+    # ... and with writers held at the freerun point (WriteCache.held): the pessimistic end.
+    untuned_download_high_s: float | None = None
 
     @property
     def cdk_args(self) -> str:
@@ -160,6 +165,8 @@ class Advice:
             "untuned_download_s": round(self.untuned_download_s, 1),
             "untuned_download_low_s": None if self.untuned_download_low_s is None else
             round(self.untuned_download_low_s, 1),
+            "untuned_download_high_s": None if self.untuned_download_high_s is None else
+            round(self.untuned_download_high_s, 1),
             "write_cache": self.cache.to_json(),
             "burst": self.burst_note,
             "comparison": list(self.comparison),
@@ -204,13 +211,14 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     recommended = recommend(results)
     untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
     untuned_low = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan).unsettled(), waves=1)
+    untuned_high = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan).held(), waves=1)
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
     context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
                   _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)),
-                  untuned_low.download_s)
+                  untuned_low.download_s, untuned_high.download_s)
 
 
 def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from profiling.probes.wbdomain import CgroupMemory, DirtySettings, HostDirtyState, cgroup_thresholds
 from tuning.host import KERNEL_DEFAULTS, HostTuning
-from tuning.simulator import DIRTYABLE_FRACTION, WriteCache
+from tuning.writecache import DIRTYABLE_FRACTION, WriteCache
 
 CONTAINER = "container"
 HOST = "host"

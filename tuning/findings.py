@@ -32,8 +32,8 @@ from profiling.metrics import STAGES, by_call, median
 from profiling.outliers import find_slow
 from tuning.dirtypause import dirty_pause
 from tuning.ebs import GIB, MIB, Volume
-from tuning.simulator import WriteCache
 from tuning.situation import SEVERITIES, Finding, Situation, make_finding, shared_note, values_of
+from tuning.writecache import WriteCache
 
 __all__ = ["CHECKS", "Finding", "Situation", "find", "graded"]
 # A stage waits on I/O when PSI io stall is at least this share of its duration; CPU-bound below the other.

@@ -1,99 +1,19 @@
-"""The write cache and the burst-bucket simulator: rounds of jobs replayed on one volume. Pure: no clock, no files.
+"""The burst-bucket simulator: rounds of jobs replayed on one volume. Pure: no clock, no files.
 
-A WriteCache is the page cache between the jobs and the volume (the kernel's dirty limits); `simulate()`
+The write cache between the jobs and the volume is tuning.writecache.WriteCache; `simulate()`
 steps the jobs' stages through that cache and the volume's credit bucket (tuning.ebs.Volume) and reports
 each round's stage times, when its writes were durable and when the credits ran out.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tuning.ebs import MIB, Volume
-
-# The share of an instance's memory the kernel counts as "dirtyable" (free + reclaimable page cache);
-# vm.dirty_ratio is a percentage of that, not of MemTotal. An approximation: it depends on what runs.
-DIRTYABLE_FRACTION = 0.9
-
-
-@dataclass(frozen=True)
-class WriteCache:
-    """The page cache between the job and the volume: the kernel's dirty limits, in bytes, and how
-    balance_dirty_pages() throttles writers against them (mm/page-writeback.c, Linux 5.x-6.x).
-
-    What the kernel does:
-
-    - The limits are global: the dirty count is every device's dirty plus writeback pages, so another
-      device's dirty data (`other_dirty_bytes`) uses up the same room.
-    - Writers run free while that count is at most the freerun ceiling, halfway between the background
-      and the hard limit (dirty_freerun_ceiling); background writeback runs above the background limit.
-    - Above it, each writer is paused so that it dirties at task_ratelimit = dirty_ratelimit x pos_ratio
-      (wb_position_ratio). dirty_ratelimit converges on the device's write bandwidth shared among its
-      writers (wb_update_dirty_ratelimit); pos_ratio is a cubic of the dirty count around the setpoint,
-      (freerun + limit) / 2: 2 at freerun, 1 at the setpoint, 0 at the limit, times a linear factor for
-      the device's distance from its share of the setpoint (wb_setpoint = setpoint x the device's share
-      of recent writeout, __wb_calc_thresh).
-
-    The model keeps the converged controller: above freerun, writers together dirty at the rate
-    writeback drains the device times the global pos_ratio, so the dirty count climbs from freerun
-    towards the setpoint and stays there. A controller that has not settled does otherwise, and
-    `settled=False` is that bound: dirty_ratelimit starts at INIT_BW (100 MiB/s per writer) on a new
-    writeback context (a device's, and on cgroup v2 each container's own: a new child starts afresh)
-    and wb_update_dirty_ratelimit moves it down only while the count is above the setpoint (below it,
-    only up), by about an eighth of the gap each 200 ms. So below the setpoint such writers are paced at
-    100-200 MiB/s each, which on an HDD volume is hardly a pause: measured, a burst 16 % past the
-    freerun point and short of the setpoint paused one child 0.24-0.31 s where the settled model says
-    about 2 s (BENCHMARKS.md). The unsettled cache runs writers free up to the setpoint, then as the
-    settled one; the truth lies between the two, nearer the settled one the longer writers are paced
-    (mm/page-writeback.c, wb_update_dirty_ratelimit; mm/backing-dev.c, wb_init). The model leaves out the
-    device's own factor (1 when the volume is the host's only busy writer, as scratch on a Batch host is).
-    The lab checks it against measured runs (BENCHMARKS.md, "The advisor in the lab"); the lab
-    keeps its device's data in memory because of that factor: with the data on a disk, a second device wrote back
-    as much as the volume, the writers were held near freerun and the model was 14-16 % short.
-    """
-
-    limit_bytes: int
-    background_bytes: int
-    other_dirty_bytes: int = 0  # dirty + writeback pages of other devices, counted against the same limits
-    settled: bool = True  # False: writers run free up to the setpoint (a controller not yet settled)
-
-    # Cached: the simulator asks for them at every step (a day of a busy plan is ~650,000 steps).
-    @functools.cached_property
-    def freerun_bytes(self) -> int:
-        """Where writers start to be paced: the kernel's freerun ceiling, or the setpoint when unsettled."""
-        return self.kernel_freerun_bytes if self.settled else self.setpoint_bytes
-
-    @functools.cached_property
-    def kernel_freerun_bytes(self) -> int:
-        """dirty_freerun_ceiling: halfway between the background and the hard limit."""
-        return (self.limit_bytes + self.background_bytes) // 2
-
-    @functools.cached_property
-    def setpoint_bytes(self) -> int:
-        """Where the kernel holds the dirty count under sustained writing."""
-        return (self.kernel_freerun_bytes + self.limit_bytes) // 2
-
-    def unsettled(self) -> WriteCache:
-        """The same limits with a controller that has not settled (see the class): the optimistic bound."""
-        return dataclasses.replace(self, settled=False)
-
-    def pos_ratio(self, dirty: float) -> float:
-        """The kernel's global position ratio at a dirty count (all devices): 2 at freerun, 1 at the
-        setpoint, 0 at the limit (pos_ratio_polynom, clamped to [0, 2] as the kernel does)."""
-        span = max(self.limit_bytes - self.setpoint_bytes, 1)
-        x = (self.setpoint_bytes - dirty) / span
-        return min(2.0, max(0.0, 1.0 + x**3))
-
-    @classmethod
-    def from_ratios(cls, memory_bytes: int, dirty_ratio: int, background_ratio: int) -> WriteCache:
-        """Limits as the kernel derives them from vm.dirty_ratio / vm.dirty_background_ratio."""
-        dirtyable = memory_bytes * DIRTYABLE_FRACTION
-        return cls(int(dirtyable * dirty_ratio / 100), int(dirtyable * background_ratio / 100))
-
+from tuning.writecache import WriteCache, through_cache
 
 # ---- the simulator -------------------------------------------------------------------------------------
 
@@ -199,8 +119,24 @@ class _State:
     next_sample: float = 0.0
     pending_durable: list[tuple[int, float]] = field(default_factory=list)  # (wave, accepted mark)
     durable: dict[int, float] = field(default_factory=dict)
+    discarded: float = 0.0  # cumulative bytes dropped dirty: removed with the child's scratch, never written
     last_wb_t: float = 0.0  # when writeback last moved bytes
     wb_rates: _Rates | None = None  # writeback's figures: those of the last stage that wrote
+    # (t, accepted) whenever writers added bytes: how old the dirty data is (WriteCache.expire_s).
+    history_t: list[float] = field(default_factory=list)
+    history_accepted: list[float] = field(default_factory=list)
+
+    def expired(self, cache: WriteCache) -> float:
+        """Dirty bytes accepted more than cache.expire_s ago (oldest written first): the flusher's to write."""
+        i = bisect.bisect_right(self.history_t, self.t - cache.expire_s)
+        old = self.history_accepted[i - 1] if i else 0.0
+        return min(self.dirty, max(0.0, old - self.written_back - self.discarded))
+
+    def next_expiry(self, cache: WriteCache) -> float | None:
+        """When the oldest dirty byte not yet expired expires; None when there is none."""
+        gone = self.written_back + self.discarded + 0.5
+        i = bisect.bisect_right(self.history_accepted, gone)
+        return self.history_t[i] + cache.expire_s if i < len(self.history_t) else None
 
 
 def simulate(
@@ -216,6 +152,7 @@ def simulate(
     dt: float | None = None,
     sample_every_s: float = 10.0,
     baseline_only: bool = False,
+    removes_scratch: bool = True,
 ) -> SimResult:
     """Replay `waves` rounds of `concurrency` jobs on one volume, back to back with `gap_s` between.
 
@@ -227,6 +164,13 @@ def simulate(
     costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
     (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form. `baseline_only`
     holds the volume at baseline throughout (a bucket kept empty, as the lab's --after-cliff does).
+
+    With `removes_scratch` (what the job does: pipeline.scratch.Scratch.release, on every exit path), what a
+    round leaves dirty when its children end is dropped, never written: the kernel discards the dirty pages
+    of a deleted file (truncate_inode_pages). Measured in the lab: children of 6 images each, two at once,
+    the second round's peak dirty pages stayed at the first round's alone (244 MiB), where a model that kept
+    the first round's dirty pages paused the second round 1.7 s and the children were not paused at all
+    (BENCHMARKS.md). A round's durable time is then when its writes were on the volume or dropped.
     """
     if concurrency < 1 or waves < 1:
         raise ValueError("concurrency and waves must be at least 1")
@@ -247,6 +191,11 @@ def simulate(
                                              sample_every_s)
         state.pending_durable.append((wave, state.accepted))
         _check_durable(state, state.last_wb_t)
+        if removes_scratch and state.dirty > 0:
+            # Every byte still dirty is this round's: the rounds before dropped theirs when they ended.
+            state.discarded += state.dirty
+            state.dirty = 0.0
+            _check_durable(state, state.t)
         results.append(WaveResult(wave, started, stage_s, None, credits_at_start))
         if wave < waves - 1:
             _idle(gap_s, cache, state, sample_every_s)
@@ -289,9 +238,15 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
         # No cache: writes go straight to the volume, sharing what reads left.
         accepted = moved = min(write_want, left)
     else:
-        moved, accepted = _through_cache(cache, state.dirty, left, write_want)
+        moved, accepted = through_cache(cache, state.dirty, left, write_want, state.expired(cache))
         state.dirty = max(0.0, state.dirty + accepted - moved)
     state.accepted += accepted
+    if accepted > 0:
+        state.history_t.append(state.t + dt)
+        state.history_accepted.append(state.accepted)
+        if len(state.history_t) > 4096:  # forget what is written or dropped: a day is ~650,000 steps
+            gone = bisect.bisect_right(state.history_accepted, state.written_back + state.discarded)
+            del state.history_t[:gone], state.history_accepted[:gone]
     state.written_back += moved
     _spend(state, r, dt, read + moved)
     state.t += dt
@@ -302,27 +257,8 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
     return read, accepted
 
 
-def _through_cache(cache: WriteCache, dirty: float, room: float, want: float) -> tuple[float, float]:
-    """One step of the write cache (WriteCache): (bytes written back, bytes accepted from writers).
-
-    Writeback moves what the volume allows once the global count is above the background limit (below it,
-    the data waits to expire). Writers fill the room below freerun at their own speed; past it they are
-    paced at the drained bytes times pos_ratio, never past the setpoint in one step.
-    """
-    others = cache.other_dirty_bytes
-    moved = min(dirty, room) if dirty + others > cache.background_bytes else 0.0
-    free = max(0.0, cache.freerun_bytes - others - dirty)
-    if want <= free:
-        return moved, want
-    level = dirty + free + others  # the global count once the free room is used
-    paced = moved * cache.pos_ratio(level)
-    if level < cache.setpoint_bytes:
-        paced = min(paced, moved + cache.setpoint_bytes - level)
-    return moved, min(want, free + paced)
-
-
 def _check_durable(state: _State, when: float) -> None:
-    while state.pending_durable and state.written_back >= state.pending_durable[0][1] - 1:
+    while state.pending_durable and state.written_back + state.discarded >= state.pending_durable[0][1] - 1:
         wave, _ = state.pending_durable.pop(0)
         state.durable[wave] = when
 
@@ -365,23 +301,31 @@ def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: floa
           flush: bool = True) -> None:
     """Nothing reads or writes for `seconds`: writeback drains the cache, credits refill. Closed form.
 
-    With flush, all dirty data drains (the kernel writes it back once it expires); without, only what
-    lies above the background threshold.
+    With flush, all dirty data drains (the gap between rounds, or the end); without (a stage's floor time
+    after its bytes are in), what lies above the background threshold and what expires meanwhile.
     """
     r = state.wb_rates
     assert r is not None
     end = state.t + seconds
-    floor_dirty = 0.0 if flush else float(max(0, cache.background_bytes - cache.other_dirty_bytes))
-    while state.t < end and state.dirty > floor_dirty + 0.5:
+    background = float(max(0, cache.background_bytes - cache.other_dirty_bytes))
+    while state.t < end and state.dirty > 0.5:
+        drainable = state.dirty if flush else max(state.dirty - background, state.expired(cache))
+        if drainable <= 0.5:
+            # Below the background limit with nothing expired yet: wait for the oldest bytes to expire.
+            wake = state.next_expiry(cache)
+            if wake is None or wake >= end:
+                break
+            _wait(state, r, max(wake, state.t + 1e-6) - state.t, sample_every_s)
+            continue
         bursting = r.bursts and state.credits > 0
         rate = r.burst_bps if bursting else r.base_bps
-        span = min(end - state.t, (state.dirty - floor_dirty) / rate)
+        span = min(end - state.t, drainable / rate)
         if bursting:
             drain = rate * r.cost_per_byte - r.earn  # credit units per second, net
             if drain > 0:
                 span = min(span, state.credits / drain)
         span = max(span, 1e-6)
-        moved = min(rate * span, state.dirty - floor_dirty)
+        moved = min(rate * span, drainable)
         state.dirty -= moved
         state.written_back += moved
         _spend(state, r, span, moved)
@@ -390,7 +334,12 @@ def _idle(seconds: float, cache: WriteCache, state: _State, sample_every_s: floa
         _check_durable(state, state.t)
         _sample(state, rate, sample_every_s)
     if state.t < end and not math.isinf(end):
-        if r.bursts:
-            state.credits = min(r.capacity, state.credits + r.earn * (end - state.t))
-        state.t = end
-        _sample(state, 0.0, sample_every_s)
+        _wait(state, r, end - state.t, sample_every_s)
+
+
+def _wait(state: _State, r: _Rates, seconds: float, sample_every_s: float) -> None:
+    """Nothing moves for `seconds`: credits refill."""
+    if r.bursts:
+        state.credits = min(r.capacity, state.credits + r.earn * seconds)
+    state.t += seconds
+    _sample(state, 0.0, sample_every_s)

@@ -387,6 +387,7 @@ def _advise_loop(config: Any, plan: Any, run_dir: Path, lines: Any, as_json: boo
             {"setting": r.setting, "sysctls": r.sysctls, "other_dirty_bytes": r.other_dirty_bytes,
              "predicted_download_s": round(r.predicted_s, 2),
              "predicted_low_download_s": None if r.predicted_low_s is None else round(r.predicted_low_s, 2),
+             "predicted_high_download_s": None if r.predicted_high_s is None else round(r.predicted_high_s, 2),
              "measured_download_s": None if r.measured_s is None else round(r.measured_s, 2),
              "measured_each_s": [round(m, 2) for m in r.measured_each],
              "error": None if r.error is None else round(r.error, 3)} for r in result.runs]}, indent=1))

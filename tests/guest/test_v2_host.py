@@ -34,7 +34,8 @@ from tuning.ebs import MIB, Volume
 from tuning.guest.machine import Guest, GuestError, GuestResult, unavailable
 from tuning.guest.qemu import ScratchDisk, scratch_throttle
 from tuning.plan import workload_from_profiles
-from tuning.simulator import WriteCache, simulate
+from tuning.simulator import simulate
+from tuning.writecache import WriteCache
 
 if reason := unavailable():
     pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)

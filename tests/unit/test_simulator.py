@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tuning.ebs import GIB, MIB, Volume
-from tuning.simulator import StageLoad, WriteCache, simulate
+from tuning.simulator import StageLoad, simulate
+from tuning.writecache import WriteCache
 
 
 def test_write_cache_freerun_is_halfway() -> None:
@@ -33,8 +34,9 @@ def test_simulator_cache_absorbs_a_burst_but_not_durability() -> None:
     stage = StageLoad("download", write_bytes=512 * MIB, io_size=MIB, floor_s=2.0)
     small = WriteCache(limit_bytes=128 * MIB, background_bytes=64 * MIB)
     large = WriteCache(limit_bytes=1024 * MIB, background_bytes=512 * MIB)
-    slow = simulate(volume, [stage], cache=small, dt=0.05).waves[0]
-    fast = simulate(volume, [stage], cache=large, dt=0.05).waves[0]
+    # A writer that keeps its files (the job removes its scratch at its end: see below).
+    slow = simulate(volume, [stage], cache=small, dt=0.05, removes_scratch=False).waves[0]
+    fast = simulate(volume, [stage], cache=large, dt=0.05, removes_scratch=False).waves[0]
     assert fast.stage_s["download"] == pytest.approx(2.0, abs=0.1)  # memory speed: the floor
     assert slow.stage_s["download"] > 3.0  # past 96 MiB writers wait for the disk
     # Time to durable is the disk's: 512 MiB at burst, give or take the background threshold wait.
@@ -57,6 +59,35 @@ def test_simulator_credit_cliff_over_hours() -> None:
     expected = burst_s + (4096 - burst * burst_s) / base
     assert result.waves[-1].stage_s["download"] == pytest.approx(expected, rel=0.02)
     assert any(s.credits == 0 for s in result.samples)
+
+
+def test_a_round_that_removes_its_scratch_leaves_the_next_round_an_empty_cache() -> None:
+    # Two rounds of 240 MiB into a cache whose freerun point is 300 MiB, at baseline: kept, the second round's
+    # bytes land on the first round's (below the background limit, not yet expired) and are paced; removed
+    # with the children's scratch, they never reach the volume and the second round runs free.
+    stage = StageLoad("download", write_bytes=240 * MIB, floor_s=0.5)
+    cache = WriteCache(400 * MIB, 200 * MIB)
+
+    def run(removes: bool) -> object:
+        return simulate(Volume("st1", 500), [stage], waves=2, cache=cache, baseline_only=True, dt=0.02,
+                        removes_scratch=removes)
+
+    kept, removed = run(False), run(True)
+    assert kept.stage_times("download")[1] > 3  # type: ignore[attr-defined]
+    assert removed.stage_times("download") == [pytest.approx(0.5, abs=0.05)] * 2  # type: ignore[attr-defined]
+    # Dropped, not written: the volume wrote only what crossed the background limit in the first round.
+    assert removed.waves[0].durable_at == pytest.approx(removed.waves[0].started_at + 0.5, abs=0.05)  # type: ignore[attr-defined]
+
+
+def test_dirty_data_below_the_background_limit_is_written_once_it_expires() -> None:
+    # 100 MiB (below the 200 MiB background limit) then 60 s of work: the flusher writes it after 30 s.
+    stages = [StageLoad("download", write_bytes=100 * MIB, floor_s=1.0), StageLoad("process", 0, floor_s=60.0)]
+    cache = WriteCache(400 * MIB, 200 * MIB)
+    sim = simulate(Volume("st1", 500), stages, cache=cache, baseline_only=True, dt=0.02, sample_every_s=1.0,
+                   removes_scratch=False)
+    # Not written back before it expired (from 30 s: accepted over 0-1 s), then at baseline, oldest first.
+    assert [s.dirty_bytes for s in sim.samples if 2 < s.t < 31] == [pytest.approx(100 * MIB, rel=0.01)]
+    assert sim.waves[0].time_to_durable_s == pytest.approx(30 + 100 / BASE_MIBPS, abs=0.2)
 
 
 # ---- the write cache as balance_dirty_pages throttles it ----------------------------------------------------
@@ -87,6 +118,16 @@ def test_writers_past_freerun_climb_towards_the_setpoint_at_about_the_device_rat
                    baseline_only=True, dt=0.02, sample_every_s=1.0)
     peak = max(s.dirty_bytes for s in sim.samples)
     assert 330 * MIB < peak <= cache.setpoint_bytes + MIB  # held at the setpoint, never at the limit
+
+
+def test_the_bounds_of_pacing_run_free_to_the_setpoint_or_hold_writers_at_freerun() -> None:
+    cache = WriteCache(400 * MIB, 200 * MIB)  # freerun 300, setpoint 350 MiB
+    settled, free, held = _burst_s(cache), _burst_s(cache.unsettled()), _burst_s(cache.held())
+    assert free < settled < held
+    assert held == pytest.approx(0.5 * 300 / 500 + 200 / BASE_MIBPS, abs=0.3)  # the last 200 MiB at the volume's rate
+    sim = simulate(Volume("st1", 500), [StageLoad("download", 2048 * MIB, floor_s=0.5)], cache=cache.held(),
+                   baseline_only=True, dt=0.02, sample_every_s=1.0)
+    assert max(s.dirty_bytes for s in sim.samples) <= cache.kernel_freerun_bytes + MIB
 
 
 def test_other_devices_dirty_pages_use_up_the_same_room() -> None:

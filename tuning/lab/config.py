@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tuning.ebs import Volume
 from tuning.host import HostTuning
-from tuning.simulator import DIRTYABLE_FRACTION
+from tuning.writecache import DIRTYABLE_FRACTION
 
 DEFAULT_STATE_DIR = Path("/run/iobatch-lab")
 DEFAULT_LAB_DIR = Path("/var/tmp/iobatch-lab")

@@ -34,7 +34,8 @@ from tuning.lab.config import LabConfig
 from tuning.lab.credits import read_host_sample
 from tuning.lab.volume import Lab
 from tuning.plan import AdviseError, Plan, Workload
-from tuning.simulator import WriteCache, simulate
+from tuning.simulator import simulate
+from tuning.writecache import WriteCache
 
 # Runs one batch on the lab volume: (run number, setting name, scratch directory on the volume) -> the
 # profiles of its children. It raises when the batch fails.
@@ -60,6 +61,8 @@ class LoopRun:
     # The optimistic bound: the same run with the kernel's pacing controller not yet settled (WriteCache); equal
     # to predicted_s when no writer is paced.
     predicted_low_s: float | None = None
+    # The pessimistic bound: writers held at the freerun point (WriteCache.held).
+    predicted_high_s: float | None = None
 
     @property
     def measured_s(self) -> float | None:
@@ -86,15 +89,16 @@ class LoopRun:
 
     @property
     def within_range(self) -> bool:
-        """Inside the predicted range (unsettled to settled controller), each end widened by AGREEMENT."""
+        """Inside the predicted range (unsettled controller to writers held at freerun), each end widened by
+        AGREEMENT."""
         low = self.predicted_low_s if self.predicted_low_s is not None else self.predicted_s
-        return self.measured_s is not None and low * (1 - AGREEMENT) <= self.measured_s <= \
-            self.predicted_s * (1 + AGREEMENT)
+        high = self.predicted_high_s if self.predicted_high_s is not None else self.predicted_s
+        return self.measured_s is not None and low * (1 - AGREEMENT) <= self.measured_s <= high * (1 + AGREEMENT)
 
     @property
     def has_range(self) -> bool:
         """Whether the two ends differ enough to show (writers paced past the freerun point)."""
-        return shows_range(self.predicted_low_s, self.predicted_s)
+        return shows_range(self.predicted_low_s, self.predicted_s, self.predicted_high_s)
 
 
 @dataclass(frozen=True)
@@ -191,7 +195,8 @@ def run_advise_loop(config: LabConfig, plan: ComparePlan, run_profiles: RunProfi
                 cache = cache_of(sysctls)
                 predicted = predict_download(advice.workload, plan, config, cache)
                 low = predict_download(advice.workload, plan, config, cache.unsettled())
-                runs[name] = LoopRun(name, sysctls, others, predicted, (), credits, low)
+                high = predict_download(advice.workload, plan, config, cache.held())
+                runs[name] = LoopRun(name, sysctls, others, predicted, (), credits, low, high)
             run = runs[name]
             if measured is not None:
                 runs[name] = run = dataclasses.replace(run, measured_each=(*run.measured_each, measured))
@@ -207,9 +212,14 @@ def _seconds(value: float | None) -> str:
 
 
 def predicted_cell(run: LoopRun) -> str:
-    """'2.7'; with a range (writers paced past the freerun point) '2.7 (0.6-2.7)': unsettled to settled."""
+    """'2.7'; with a range (writers paced past the freerun point) '2.7 (0.6-3.9)': a controller not yet settled to
+    one that holds writers at the freerun point."""
     text = f"{run.predicted_s:.1f}"
-    return text + (f" ({run.predicted_low_s:.1f}-{run.predicted_s:.1f})" if run.has_range else "")
+    if not run.has_range:
+        return text
+    low = run.predicted_low_s if run.predicted_low_s is not None else run.predicted_s
+    high = run.predicted_high_s if run.predicted_high_s is not None else run.predicted_s
+    return f"{text} ({low:.1f}-{high:.1f})"
 
 
 def measured_cell(run: LoopRun) -> str:
