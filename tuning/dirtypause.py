@@ -6,6 +6,12 @@ A child on a cgroup v2 host meets two writeback domains and is paced by whicheve
 OwnDirtyThresholdBytes, and dirty pages, against the host's): the domain whose dirty count stood nearer its freerun
 point; else from the plan's model of the stack's settings (Situation.current_domains).
 
+A pause measured in a run on another kind of host (a laptop, the lab, a smaller instance) need not recur on the
+plan's hosts: where the profiles carry no thresholds of a container and the plan's children each get well more of
+their own than the run's children had (its host's threshold over the children it ran at once), and the simulated
+download on the plan's hosts under the stack's settings now is no slower than under the advised cache, the finding
+says so (info, no cost) and names no knob.
+
 The fixes differ. The host's domain: the host's vm.dirty_*. The container's: a larger job MEMORY (its domain is the
 dirty ratio of its own memory), or a larger vm.dirty_* (each child gets it in proportion to its memory) with the
 scratch device's host-wide share bounded by the per-device limits /sys/class/bdi/<dev>/max_bytes and strict_limit.
@@ -23,6 +29,8 @@ from tuning.situation import Finding, Situation, make_finding, values_of
 
 # Writers count as paused when the dirty-throttle pause (eBPF) is at least this long in a stage.
 DIRTY_PAUSE_MIN_MS = 100.0
+# The plan's hosts give a child "well more" dirty room than the run's host did: at least this many times its share.
+MORE_ROOM = 1.25
 BDI_LIMITS = ("/sys/class/bdi/<dev>/max_bytes and strict_limit (Linux 6.2+, so on AL2023's 6.12 kernel; 6.1 has only "
               "max_ratio, in whole percent and enforced only past the freerun point)")
 
@@ -66,12 +74,28 @@ def paused_domain(s: Situation, rows: list[StageProfile]) -> tuple[str, str]:
 
 def _fix(s: Situation, domain: str) -> str:
     t = s.advised_tuning
-    raise_cache = f"vm.dirty_bytes={t.dirty_bytes} / vm.dirty_background_bytes={t.dirty_background_bytes}"
+    cache = f"vm.dirty_bytes={t.dirty_bytes} / vm.dirty_background_bytes={t.dirty_background_bytes}"
     if domain == HOST:
-        return f"raise the host's write cache to {raise_cache} so one instance's burst passes without pauses"
+        return f"raise the host's write cache to {cache} so one instance's burst passes without pauses"
     return (f"the child's own write cache is the limit, not the host's: give the job more memory (vcpusPerJob: "
-            f"3.5 GiB per vCPU), or raise the host's to {raise_cache}, which each child gets in proportion to its "
+            f"3.5 GiB per vCPU), or raise the host's to {cache}, which each child gets in proportion to its "
             f"memory, with the scratch device's host-wide share bounded by {BDI_LIMITS}")
+
+
+def _not_on_plan_hosts(s: Situation, rows: list[StageProfile], stage: str) -> str | None:
+    """Why a measured pause would not recur on the plan's hosts (see the module), or None when it may."""
+    d = s.current_domains
+    run_limits = [p.dirty_threshold_bytes for p in rows if p.dirty_threshold_bytes]
+    if d is None or not run_limits or any(p.own_dirty_threshold_bytes for p in rows):
+        return None
+    run_share = median([float(x) for x in run_limits]) / s.sharers(stage)
+    if d.child_limit_bytes < run_share * MORE_ROOM or s.current_download_s > s.tuned_download_s + \
+            DIRTY_PAUSE_MIN_MS / 1000:
+        return None
+    return (f"the run's children had {run_share / GIB:.2f} GiB of dirty room each (its host's threshold "
+            f"{median([float(x) for x in run_limits]) / GIB:.2f} GiB for {s.sharers(stage)} at once); on the plan's "
+            f"hosts each gets {d.child_limit_bytes / GIB:.2f} GiB ({d.tighter}'s domain) under the stack's settings "
+            f"now, and the download is modelled at {s.current_download_s:,.1f} s, as with the advised cache")
 
 
 def dirty_pause(s: Situation) -> list[Finding]:
@@ -94,6 +118,12 @@ def dirty_pause(s: Situation) -> list[Finding]:
             evidence = (f"{stage}: dirty data reached the point where the kernel pauses writers in "
                         f"{len(at_limit)} of {len(rows)} children")
             cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
+        if pause is not None and pause >= DIRTY_PAUSE_MIN_MS and (elsewhere := _not_on_plan_hosts(s, rows, stage)):
+            out.append(make_finding(
+                s, "DIRTY_PAUSE", "info", f"Writers paused by the run's dirty limit, not expected on the plan's hosts "
+                f"({stage})", f"{evidence}; {elsewhere}", "none needed on the plan's hosts: the stack's settings now "
+                "already hold a child's burst", None, stage=stage))
+            continue
         domain, why = paused_domain(s, rows)
         out.append(make_finding(
             s, "DIRTY_PAUSE", "high", f"Writers paused by the {domain}'s dirty limit ({stage})",

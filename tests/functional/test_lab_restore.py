@@ -21,7 +21,7 @@ import pytest
 
 from tuning.ebs import Volume
 from tuning.host import HostTuning
-from tuning.lab import Lab, LabConfig, fusedev, recover
+from tuning.lab import Lab, LabConfig, damon, fusedev, recover
 from tuning.lab.restore import BLKIO_ROOT, DIRTY_SYSCTLS, read_state, read_sysctl
 
 pytestmark = pytest.mark.root
@@ -68,7 +68,10 @@ CHILD = textwrap.dedent("""
 
 
 def snapshot() -> dict[str, str]:
-    return {key: read_sysctl(key) for key in DIRTY_SYSCTLS}
+    """The sysctls and every DAMON switch (on this machine kind a kdamond pages out idle memory: tuning.lab.damon)."""
+    switches = [*damon.KDAMONDS.glob("*/state"), damon.RECLAIM_ENABLED]
+    return {**{key: read_sysctl(key) for key in DIRTY_SYSCTLS},
+            **{str(p): p.read_text().strip() for p in switches if p.exists()}}
 
 
 def throttle_rules(devno: str) -> list[str]:
@@ -145,8 +148,9 @@ def test_signal_restores_everything(tmp_path: Path, sig: signal.Signals, throttl
     before = snapshot()
     proc, info = start_child(tmp_path, guard=False, throttle=throttle)
     try:
-        # While running: the sysctls, the throttle and the mount are in place.
+        # While running: the sysctls, the throttle and the mount are in place, the proactive reclaim paused.
         assert read_sysctl("vm.dirty_bytes") == str(3 * GIB)
+        assert damon.reclaiming() == {}
         if throttle == "blkio":
             assert throttle_rules(info["devno"]) != []
         else:

@@ -102,3 +102,21 @@ def test_dirty_pause_reads_the_domain_from_the_profiles_own_thresholds() -> None
 def test_a_job_bigger_than_the_host_is_refused() -> None:
     with pytest.raises(ValueError, match="job memory 40 GiB is not within the instance's 32 GiB"):
         dataclasses.replace(ONE_CHILD, job_memory_gib=40).validate()
+
+
+def test_a_pause_measured_on_a_smaller_host_is_not_carried_to_a_plan_whose_children_have_room() -> None:
+    # Measured on a host whose threshold was 0.36 GiB (the lab's 2 GiB of memory): paused 10 s per child. On an
+    # m6i.2xlarge child (6.75 GiB, 2.02 GiB of its own under dirtyRatio 30) a 250 MiB burst passes without pauses.
+    paused = batch(images=10, dirty_throttle_ms=10_000.0, dirty_threshold_bytes=int(0.36 * GIB),
+                   dirty_background_threshold_bytes=int(0.18 * GIB))
+    pause = next(f for f in advise(paused, ONE_CHILD).findings if f.code == "DIRTY_PAUSE")
+    assert pause.severity == "info" and pause.cost_s_per_child is None
+    assert pause.title.startswith("Writers paused by the run's dirty limit, not expected on the plan's hosts")
+    assert "0.36 GiB of dirty room each" in pause.evidence
+    assert "each gets 2.02 GiB (container's domain)" in pause.evidence
+    assert pause.fix.startswith("none needed")
+    # A plan whose children get less than the run's did: the pause stands, with its domain and knob.
+    small = dataclasses.replace(ONE_CHILD, job_memory_gib=0.5, memory_gib=2)
+    pause = next(f for f in advise(paused, small).findings if f.code == "DIRTY_PAUSE")
+    assert pause.title.startswith("Writers paused by the container's dirty limit") and "vcpusPerJob" in pause.fix
+

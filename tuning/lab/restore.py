@@ -1,10 +1,10 @@
 """Every kernel setting the lab changes, recorded before it is changed and restored on every exit path.
 
 The state file (`state.json` in the state directory) names the sysctls' original values, the loop device,
-its backing file, the mount point and the throttle rules. It is restored by the lab itself on normal exit,
-exception, SIGINT, SIGTERM and SIGHUP (LabInterrupted unwinds every `finally`); by a small guard process
-that waits on the lab's pid after SIGKILL; by the next lab run, which finds the state of a crashed one
-and cleans up first; and by hand with `recover()` (`iobatch lab --recover`).
+its backing file, the mount point, the throttle rules and the proactive reclaim it paused (tuning.lab.damon).
+It is restored by the lab itself on normal exit, exception, SIGINT, SIGTERM and SIGHUP (LabInterrupted unwinds
+every `finally`); by a small guard process that waits on the lab's pid after SIGKILL; by the next lab run, which
+finds the state of a crashed one and cleans up first; and by hand with `recover()` (`iobatch lab --recover`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any
 
 from profiling.probes.procfs import read_mount_points, read_process_state, read_start_time
 from tuning.host import sysctl_path
+from tuning.lab import damon
 from tuning.lab.config import DEFAULT_STATE_DIR, LabError
 
 STATE_NAME = "state.json"
@@ -124,8 +125,8 @@ def restore(state: Mapping[str, Any], *, say: Callable[[str], None] = lambda _: 
     """Undo everything a state records, in the safe order; returns the problems (empty when all went well).
 
     Throttle off first (so unmounting flushes at full speed), then unmount, detach, delete the backing
-    file (with the FUSE device: unmount it, end its daemon, delete its store), and restore the sysctls in
-    the form (ratio or bytes) they had.
+    file (with the FUSE device: unmount it, end its daemon, delete its store), restore the sysctls in
+    the form (ratio or bytes) they had, and turn the host's proactive reclaim back on (tuning.lab.damon).
     """
     problems: list[str] = []
     fuse: Mapping[str, Any] = state.get("fuse") or {}
@@ -172,6 +173,7 @@ def restore(state: Mapping[str, Any], *, say: Callable[[str], None] = lambda _: 
             Path(backing).unlink()
     sysctls: Mapping[str, str] = state.get("sysctls") or {}
     problems.extend(_restore_sysctls(sysctls))
+    problems.extend(damon.resume(state.get("damon") or {}))
     if problems:
         say("lab restore problems: " + "; ".join(problems))
     return problems

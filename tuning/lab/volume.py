@@ -30,7 +30,7 @@ from typing import Any
 
 from tuning.ebs import MIB
 from tuning.host import SCRATCH_DEVICE_NAME, HostTuning
-from tuning.lab import fusedev
+from tuning.lab import damon, fusedev
 from tuning.lab.config import LabConfig, LabError, emulated_sysctls
 from tuning.lab.credits import CreditController
 from tuning.lab.restore import (
@@ -109,7 +109,10 @@ class Lab:
         self._old_handlers = install_interrupt_handlers()
         # Record first, change second: the state names every setting before it is touched.
         self._state = new_state(backing=None if hypervisor else self.backing, mount=self.mount)
+        self._state["damon"] = damon.reclaiming()
         self._save()
+        for problem in damon.pause(self._state["damon"]):
+            self.say(f"lab: could not pause the host's proactive reclaim: {problem}")
         if self.config.guard:
             start_guard(self.config.state_dir)
         self.config.lab_dir.mkdir(parents=True, exist_ok=True)
@@ -151,7 +154,7 @@ class Lab:
                  f"-o {options}); burst {volume.burst_mibps:.1f} MiB/s, baseline {volume.baseline_mibps:.1f} "
                  f"MiB/s, credits " + ("held empty (baseline only)" if self.config.hold_empty else
                                         f"{initial / 1024:.1f} GiB (time scale {self.config.time_scale:g})")
-                 + self._store_note())
+                 + self._store_note() + damon.describe(self._state.get("damon") or {}))
 
     def _attach_loop(self) -> str:
         attach = _run(["losetup", "--find", "--show", "--direct-io=on", str(self.backing)])
