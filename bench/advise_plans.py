@@ -44,7 +44,7 @@ def advise_row(run: Path, instance_type: str, vcpus: int) -> str:
                            "--vcpus-per-job", str(vcpus), "--json"], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         line = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return f"| {instance_type} | {vcpus} | refused: {line[:100]} |||||||"
+        return f"| {instance_type} | {vcpus} | refused: {line.removeprefix('error: ')[:110]} |||||||"
     advice = json.loads(done.stdout)
     plan = advice["plan"]
     children, job_gib, memory = plan["jobs_per_instance"], plan["job_memory_gib"], plan["memory_gib"]
@@ -64,7 +64,8 @@ def advise_row(run: Path, instance_type: str, vcpus: int) -> str:
 
 def table(run: Path) -> list[str]:
     burst = _burst_gib(run)
-    lines = [f"Profiles: {run} (a child's download burst {burst:.2f} GiB; each plan at the stack's settings now, "
+    lines = [f"Profiles: {run.parent.name}/{run.name} (a child's download burst {burst:.2f} GiB; each plan at the "
+             "stack's settings now, "
              "dirtyRatio 30 / dirtyBackgroundRatio 20)", "",
              "| instance | vCPUs per job | children | job GiB | own limit now GiB | host's per child GiB | tighter | "
              "own limit advised GiB | DIRTY_PAUSE | knob |",

@@ -63,7 +63,7 @@ class CandidateResult:
     steady_download_s: float  # the median of the last quarter of the day
     steady_upload_s: float
     steady_round_s: float
-    time_to_durable_s: float | None  # the first round: until its writes are all on the volume
+    time_to_durable_s: float | None  # the first round: until its writes are on the volume or removed with scratch
     credits_run_out_h: float | None  # hours into the day; None when they last
     fits_day: bool
     monthly_usd: float | None  # None: not priced (an instance store whose share of the instance price is not given)

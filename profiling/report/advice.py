@@ -28,7 +28,7 @@ CANDIDATE_COLUMNS: tuple[tuple[str, str, Any], ...] = (
     ("burst_mibps", "burst MiB/s", number),
     ("download_s", "download s (full credits)", number),
     ("upload_s", "upload s", number),
-    ("time_to_durable_s", "on the volume after s", number),
+    ("time_to_durable_s", "on the volume (or removed) after s", number),
     ("steady_download_s", "download s (late in the day)", number),
     ("credits_run_out_h", "credits run out", lambda v: "never" if v is None else f"after {number(v)} h"),
     ("monthly_usd", "USD per month", lambda v: ABSENT if v is None else f"${number(v)}"),

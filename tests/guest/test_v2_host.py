@@ -187,7 +187,9 @@ def test_the_model_predicts_a_container_paced_childs_pauses_and_stage(packed_hos
 
     def predict(limit: int | None, background: int | None) -> tuple[float, float]:
         assert limit is not None and background is not None, profile.notices
-        sim = simulate(ST1, workload.stages, cache=WriteCache(limit, background), baseline_only=True)
+        # dd keeps its file and fsyncs it: nothing is dropped with a scratch directory (simulate's removes_scratch).
+        sim = simulate(ST1, workload.stages, cache=WriteCache(limit, background), baseline_only=True,
+                       removes_scratch=False)
         [wave] = sim.waves
         assert wave.durable_at is not None
         return wave.stage_s[load.name] - load.floor_s, wave.durable_at - wave.started_at
