@@ -75,11 +75,12 @@ def table(run: Path) -> list[str]:
 
 
 def _burst_gib(run: Path) -> float:
+    """The median child's bytes to scratch in its download, as the advisor reads them (tuning.plan)."""
     from profiling import runfiles
-    from profiling.metrics import median
+    from tuning.plan import workload_from_profiles
 
-    writes = [p.storage_write_bytes or 0 for p in runfiles.read_profiles(run) if p.stage == "download"]
-    return median([float(w) for w in writes]) / GIB if writes else 0.0
+    download = workload_from_profiles(list(runfiles.read_profiles(run))).stage("download")
+    return 0.0 if download is None else download.write_bytes / GIB
 
 
 def main() -> int:

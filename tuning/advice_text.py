@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice, shows_range
+from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice, range_ends, shows_range
 from tuning.cachedomain import domains
 from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
@@ -73,7 +73,8 @@ def _untuned_range(advice: Advice) -> str:
     low, high, at = advice.untuned_download_low_s, advice.untuned_download_high_s, advice.untuned_download_s
     if not shows_range(low, at, high):
         return ""
-    return (f" ({low if low is not None else at:,.1f}-{high if high is not None else at:,.1f} s: the burst ends "
+    low, high = range_ends(low, at, high)
+    return (f" ({low:,.1f}-{high:,.1f} s: the burst ends "
             "past the point where the kernel starts pacing writers, and how hard it paces them depends on the "
             "state of its controller on that writeback context: a new one lets writers through, one that earlier "
             "writers left low holds them at that point)")

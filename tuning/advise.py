@@ -117,6 +117,11 @@ def shows_range(low: float | None, predicted: float, high: float | None = None) 
         (high is not None and high > predicted * (1 + RANGE_SHOWN))
 
 
+def range_ends(low: float | None, predicted: float, high: float | None) -> tuple[float, float]:
+    """A prediction's range, an end that was not computed (None) taken as the prediction itself."""
+    return (predicted if low is None else low, predicted if high is None else high)
+
+
 @dataclass(frozen=True)
 class Advice:
     plan: Plan
@@ -129,7 +134,7 @@ class Advice:
     burst_note: str
     findings: tuple[Finding, ...] = ()
     comparison: tuple[str, ...] = ()  # st1 against gp3 and instance store on this plan (tuning.versus)
-    # The same with the kernel's pacing not yet settled (simulator.WriteCache.unsettled): the optimistic end of the
+    # The same with the kernel's pacing not yet settled (writecache.WriteCache.unsettled): the optimistic end of the
     # untuned download's range. Far below untuned_download_s when the burst ends just past the freerun point.
     untuned_download_low_s: float | None = None
     # ... and with writers held at the freerun point (WriteCache.held): the pessimistic end.
@@ -209,9 +214,9 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     tuned = _cache(cache.tuning, plan)
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
-    untuned = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan), waves=1)
-    untuned_low = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan).unsettled(), waves=1)
-    untuned_high = _evaluate(recommended.volume, workload, plan, _kernel_default_cache(plan).held(), waves=1)
+    default = _kernel_default_cache(plan)
+    untuned, untuned_low, untuned_high = (_evaluate(recommended.volume, workload, plan, c, waves=1)
+                                          for c in (default, default.unsettled(), default.held()))
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
     context.update(plan.host_context)

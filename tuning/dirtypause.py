@@ -88,12 +88,13 @@ def _not_on_plan_hosts(s: Situation, rows: list[StageProfile], stage: str) -> st
     run_limits = [p.dirty_threshold_bytes for p in rows if p.dirty_threshold_bytes]
     if d is None or not run_limits or any(p.own_dirty_threshold_bytes for p in rows):
         return None
-    run_share = median([float(x) for x in run_limits]) / s.sharers(stage)
+    run_limit, sharers = median([float(x) for x in run_limits]), s.sharers(stage)
+    run_share = run_limit / sharers
     if d.child_limit_bytes < run_share * MORE_ROOM or s.current_download_s > s.tuned_download_s + \
             DIRTY_PAUSE_MIN_MS / 1000:
         return None
     return (f"the run's children had {run_share / GIB:.2f} GiB of dirty room each (its host's threshold "
-            f"{median([float(x) for x in run_limits]) / GIB:.2f} GiB for {s.sharers(stage)} at once); on the plan's "
+            f"{run_limit / GIB:.2f} GiB for {sharers} at once); on the plan's "
             f"hosts each gets {d.child_limit_bytes / GIB:.2f} GiB ({d.tighter}'s domain) under the stack's settings "
             f"now, and the download is modelled at {s.current_download_s:,.1f} s, as with the advised cache")
 

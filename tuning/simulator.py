@@ -122,21 +122,40 @@ class _State:
     discarded: float = 0.0  # cumulative bytes dropped dirty: removed with the child's scratch, never written
     last_wb_t: float = 0.0  # when writeback last moved bytes
     wb_rates: _Rates | None = None  # writeback's figures: those of the last stage that wrote
-    # (t, accepted) whenever writers added bytes: how old the dirty data is (WriteCache.expire_s).
+    # (t, accepted) whenever writers added bytes: how old the dirty data is (WriteCache.expire_s). Entries before
+    # `first` are written or dropped (forgotten); the lists are cut once that prefix is long.
     history_t: list[float] = field(default_factory=list)
     history_accepted: list[float] = field(default_factory=list)
+    first: int = 0
+
+    def record(self, t: float) -> None:
+        """Writers have accepted `self.accepted` bytes by `t`."""
+        self.history_t.append(t)
+        self.history_accepted.append(self.accepted)
+        if self.first > 4096:  # a day of a busy plan is ~650,000 steps
+            del self.history_t[:self.first], self.history_accepted[:self.first]
+            self.first = 0
+
+    def _unwritten(self) -> int:
+        """The index of the oldest entry whose bytes are not all written or dropped (len when none)."""
+        gone = self.written_back + self.discarded + 0.5
+        while self.first < len(self.history_t) and self.history_accepted[self.first] <= gone:
+            self.first += 1
+        return self.first
 
     def expired(self, cache: WriteCache) -> float:
         """Dirty bytes accepted more than cache.expire_s ago (oldest written first): the flusher's to write."""
-        i = bisect.bisect_right(self.history_t, self.t - cache.expire_s)
-        old = self.history_accepted[i - 1] if i else 0.0
-        return min(self.dirty, max(0.0, old - self.written_back - self.discarded))
+        cutoff = self.t - cache.expire_s
+        first = self._unwritten()
+        if first == len(self.history_t) or self.history_t[first] > cutoff:
+            return 0.0
+        i = bisect.bisect_right(self.history_t, cutoff, lo=first)
+        return min(self.dirty, max(0.0, self.history_accepted[i - 1] - self.written_back - self.discarded))
 
     def next_expiry(self, cache: WriteCache) -> float | None:
         """When the oldest dirty byte not yet expired expires; None when there is none."""
-        gone = self.written_back + self.discarded + 0.5
-        i = bisect.bisect_right(self.history_accepted, gone)
-        return self.history_t[i] + cache.expire_s if i < len(self.history_t) else None
+        first = self._unwritten()
+        return self.history_t[first] + cache.expire_s if first < len(self.history_t) else None
 
 
 def simulate(
@@ -238,15 +257,14 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
         # No cache: writes go straight to the volume, sharing what reads left.
         accepted = moved = min(write_want, left)
     else:
-        moved, accepted = through_cache(cache, state.dirty, left, write_want, state.expired(cache))
+        # What has expired counts only below the background limit (above it all dirty data is written): not looked up
+        # on the steps above it, most of a paced download's.
+        below = state.dirty + cache.other_dirty_bytes <= cache.background_bytes
+        moved, accepted = through_cache(cache, state.dirty, left, write_want, state.expired(cache) if below else 0.0)
         state.dirty = max(0.0, state.dirty + accepted - moved)
     state.accepted += accepted
     if accepted > 0:
-        state.history_t.append(state.t + dt)
-        state.history_accepted.append(state.accepted)
-        if len(state.history_t) > 4096:  # forget what is written or dropped: a day is ~650,000 steps
-            gone = bisect.bisect_right(state.history_accepted, state.written_back + state.discarded)
-            del state.history_t[:gone], state.history_accepted[:gone]
+        state.record(state.t + dt)
     state.written_back += moved
     _spend(state, r, dt, read + moved)
     state.t += dt

@@ -44,6 +44,7 @@ class ThrottledProxy:
         self._server: asyncio.AbstractServer | None = None
         self._ready = threading.Event()
         self._buckets = {"up": TokenBucket(rate_bps), "down": TokenBucket(rate_bps)}
+        self._rate_changed: asyncio.Event | None = None  # made in the proxy's loop; set (and replaced) by set_rate
         self._thread = threading.Thread(target=self._run, name="throttled-proxy", daemon=True)
 
     def set_rate(self, rate_bps: float) -> None:
@@ -53,6 +54,22 @@ class ThrottledProxy:
         for bucket in self._buckets.values():  # in place: every open connection holds its direction's bucket
             bucket.rate = rate_bps
             bucket.capacity = max(float(CHUNK), rate_bps / 10)
+        if self._loop is not None:  # wake the connections waiting at the old rate: their wait is recomputed
+            self._loop.call_soon_threadsafe(self._wake)
+
+    def _wake(self) -> None:
+        if self._rate_changed is not None:
+            self._rate_changed.set()
+        self._rate_changed = asyncio.Event()
+
+    async def _pace(self, bucket: TokenBucket, n: int) -> None:
+        """Wait until `n` bytes may go at the bucket's rate; a rate changed meanwhile applies at once."""
+        delay = bucket.delay_for(n, time.monotonic())
+        while delay > 0:
+            assert self._rate_changed is not None
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rate_changed.wait(), delay)
+            delay = bucket.delay_for(0, time.monotonic())
 
     @property
     def endpoint(self) -> str:
@@ -61,9 +78,7 @@ class ThrottledProxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, bucket: TokenBucket) -> None:
         try:
             while data := await reader.read(CHUNK):
-                delay = bucket.delay_for(len(data), time.monotonic())
-                if delay:
-                    await asyncio.sleep(delay)
+                await self._pace(bucket, len(data))
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -86,6 +101,7 @@ class ThrottledProxy:
         self._loop = loop
 
         async def start() -> None:
+            self._wake()
             self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
             self.port = self._server.sockets[0].getsockname()[1]
             self._ready.set()

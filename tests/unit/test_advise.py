@@ -153,10 +153,10 @@ def test_advice_recommends_and_prints_cdk_context() -> None:
 
 
 def test_small_st1_runs_out_of_credits_under_heavy_load() -> None:
-    # 4 jobs x 1,280 MiB, more than an 8 GiB instance's cache holds, ~4,600 a day: far above a 125 GiB st1's
+    # 4 jobs x 1,280 MiB, more than an 8 GiB instance's cache holds, 2,400 a day: far above a 125 GiB st1's
     # 4.9 MiB/s baseline. (A burst the cache holds need not reach the volume: each job removes its scratch, and
     # what is still dirty then is dropped, never written: tests/unit/test_simulator.py.)
-    plan = Plan(jobs_per_instance=4, memory_gib=8, jobs_per_day=4 * 1150)
+    plan = Plan(jobs_per_instance=4, memory_gib=8, jobs_per_day=4 * 600)
     advice = advise(case_study_profiles(images=20), plan, [Volume("st1", 125), Volume("st1", 2048)])
     small, big = advice.candidates
     assert small.credits_run_out_h is not None and small.credits_run_out_h < 24

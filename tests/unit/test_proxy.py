@@ -42,6 +42,6 @@ def test_a_proxy_held_slow_lets_its_open_connections_go_when_its_rate_is_raised(
             chunk = client.recv(1 << 20)
             assert chunk, "the proxy closed early"
             received += chunk
-        assert time.monotonic() - started < 5
+        assert time.monotonic() - started < 2  # a wait begun at the slow rate (4 s a chunk) is cut short too
     with pytest.raises(ValueError):
         proxy.set_rate(0)

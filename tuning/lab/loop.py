@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.metrics import StageProfile, median
-from tuning.advise import Advice, advise, shows_range
+from tuning.advise import Advice, advise, range_ends, shows_range
 from tuning.ebs import GIB, MIB, Volume
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.lab.compare import ComparePlan
@@ -91,8 +91,7 @@ class LoopRun:
     def within_range(self) -> bool:
         """Inside the predicted range (unsettled controller to writers held at freerun), each end widened by
         AGREEMENT."""
-        low = self.predicted_low_s if self.predicted_low_s is not None else self.predicted_s
-        high = self.predicted_high_s if self.predicted_high_s is not None else self.predicted_s
+        low, high = range_ends(self.predicted_low_s, self.predicted_s, self.predicted_high_s)
         return self.measured_s is not None and low * (1 - AGREEMENT) <= self.measured_s <= high * (1 + AGREEMENT)
 
     @property
@@ -217,8 +216,7 @@ def predicted_cell(run: LoopRun) -> str:
     text = f"{run.predicted_s:.1f}"
     if not run.has_range:
         return text
-    low = run.predicted_low_s if run.predicted_low_s is not None else run.predicted_s
-    high = run.predicted_high_s if run.predicted_high_s is not None else run.predicted_s
+    low, high = range_ends(run.predicted_low_s, run.predicted_s, run.predicted_high_s)
     return f"{text} ({low:.1f}-{high:.1f})"
 
 
