@@ -67,6 +67,8 @@ RUNS: tuple[Run, ...] = (
     Run("lab_advise", "The advisor in the lab: predicted vs measured", args=("--full",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup", "fusermount3")),
     Run("lab_guest", "The lab in the cgroup v2 guest", needs_tools=("qemu-system-x86_64",)),
+    Run("guest_packed", "The lab in the cgroup v2 guest: a child its container paces",
+        needs_tools=("qemu-system-x86_64",)),
 )
 
 

@@ -31,17 +31,18 @@ events_logger = "file"
 default_ulimits = ["nofile=20000:20000"]
 """
 
-# A job that announces one stage to its profiler and writes MiB with fsync inside it: every byte reaches the
-# device within the stage, so the child's own device bytes are known exactly.
+# A job that announces one stage to its profiler and writes MiB inside it: with fsync every byte reaches the device
+# within the stage, so the child's own device bytes are known exactly; without, the stage ends once its data is in
+# the write cache, as a download's does.
 CHILD_JOB = """
 import subprocess, sys
 from pathlib import Path
 from profiling.protocol import StageReporter
-sock, target, mib = sys.argv[1], sys.argv[2], int(sys.argv[3])
+sock, target, mib, sync = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "fsync"
 reporter = StageReporter(Path(sock), connect_timeout_s=120, ack_timeout_s=120)
 with reporter.stage("download"):
-    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}", "conv=fsync"], check=True,
-                   capture_output=True)
+    subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}"] + (["conv=fsync"] if sync else []),
+                   check=True, capture_output=True)
 reporter.close()
 """
 
@@ -83,13 +84,20 @@ TRACE = "/sys/kernel/tracing"
 
 @dataclass(frozen=True)
 class Wave:
-    """Children started at once (name -> MiB each writes), each job container with `job_memory_mib`. With
-    `trace_pauses`, the kernel's balance_dirty_pages tracepoint (each pause of a writer, with the limit of the
-    domain that paced it) is kept for this wave in WORK/pauses.trace."""
+    """Children started at once (name -> MiB each writes, with fsync or not), each job container with
+    `job_memory_mib`, after the shell lines `before`. With `trace`, the kernel's balance_dirty_pages tracepoint
+    (each pause of a writer, with the limit of the domain that paced it) is kept for this wave in WORK/`trace`."""
 
     children: dict[str, int]
     job_memory_mib: int
-    trace_pauses: bool = False
+    trace: str | None = None
+    fsync: bool = True
+    before: str = ""
+
+
+def uptime(what: str) -> str:
+    """A line that prints when the guest got to `what` (its uptime, s), for where a slow run spent its time."""
+    return f"echo \"== {what} at $(cut -d' ' -f1 /proc/uptime) s\""
 
 
 def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, waves: Sequence[Wave],
@@ -106,8 +114,9 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
              "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
     common = ["--network", "host", "--security-opt", "unmask=/sys/dev/block",
               "--volume", f"{SCRATCH_MOUNT}:{SCRATCH_MOUNT}", "--volume", f"{work}:{work}"]
-    for wave in waves:
-        if wave.trace_pauses:
+    for number, wave in enumerate(waves, 1):
+        lines += [uptime(f"wave {number}")] + ([wave.before] if wave.before else [])
+        if wave.trace:
             lines += [f"echo 8192 > {TRACE}/buffer_size_kb", f"echo > {TRACE}/trace",
                       f"echo 1 > {TRACE}/events/writeback/balance_dirty_pages/enable"]
         for name, mib in wave.children.items():
@@ -115,7 +124,7 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
             sock = f"{task}/profiler.sock"
             job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{wave.job_memory_mib}m",
                    "--cpus", "1", *common, "--env", f"PYTHONPATH={REPO}", "--rootfs", "/run/rootfs",
-                   python, str(work / "child_job.py"), sock, f"{task}/data", str(mib)]
+                   python, str(work / "child_job.py"), sock, f"{task}/data", str(mib), "fsync" if wave.fsync else "-"]
             profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
                         "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
                         "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
@@ -124,10 +133,11 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
                         str(work / f"{name}.jsonl")]
             lines += [f"mkdir -p {task}", " ".join(map(q, job)), " ".join(map(q, profiler))]
         names = [f"{n}-job" for n in wave.children] + [f"{n}-{PROFILER_CONTAINER}" for n in wave.children]
-        lines += [f"podman wait {' '.join(names)}"] + [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
-        if wave.trace_pauses:
+        lines += [f"podman wait {' '.join(names)}", uptime(f"wave {number} done")]
+        lines += [f"echo '== {n}'; podman logs {n} 2>&1" for n in names]
+        if wave.trace:
             lines += [f"echo 0 > {TRACE}/events/writeback/balance_dirty_pages/enable",
-                      f"grep balance_dirty_pages {TRACE}/trace > {q(str(work / 'pauses.trace'))}"]
+                      f"grep balance_dirty_pages {TRACE}/trace > {q(str(work / wave.trace))}"]
     return "\n".join(lines) + "\n"
 
 
