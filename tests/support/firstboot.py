@@ -1,6 +1,7 @@
-"""The guest tier's first boot (tests/guest/conftest.py boots it once a session): every check that needs no scratch
-disk, since each boot is 10-30 s under TCG: the kernel's facts, the exact-count eBPF tests of this suite run again
-inside, and the probe's fentry hooks. The tests that use it read what that boot left."""
+"""The guest tier's first boot (tests/guest/conftest.py boots it once a session): every check that needs no host
+prepared by the user data, since each boot is 10-30 s under TCG: the kernel's facts, the raw scratch disk's
+throttle, the exact-count eBPF tests of this suite run again inside, and the probe's fentry hooks. The tests that
+use it read what that boot left."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.packedhost import ST1, scratch_image
 from tests.support.writebench import writebench
 from tuning.guest.machine import Guest, GuestError, GuestResult
+from tuning.guest.qemu import ScratchDisk, scratch_throttle
 
 REPO = Path(__file__).resolve().parents[2]
 # A boot, the eBPF tests, a first load of the programs with fentry hooks (verified under TCG: ~10 s) and small runs:
@@ -24,6 +27,14 @@ EBPF_EXACT = ("tests/functional/test_ebpf.py::test_counts_every_write_of_the_pro
               "tests/functional/test_ebpf.py::test_min_and_max_are_exact_with_one_slow_call",
               "tests/functional/test_ebpf.py::test_a_job_in_a_pid_namespace_is_found_and_counted",
               "tests/functional/test_ebpf_files.py::test_two_files_exact_per_file_with_their_access_pattern")
+
+# The scratch disk, raw, as st1 500 GiB past its cliff (credits 0): 40 MiB in 1 MiB writes, then 40 small random
+# ones, each with O_DIRECT so the guest's page cache does not hide the disk; what dd and the clock said, in SCRATCH_OUT.
+SCRATCH_OUT = "scratch.txt"
+SCRATCH_CHECK = ("dd if=/dev/zero of=/dev/xvdb bs=1M count=40 oflag=direct 2>&1 | tail -1; "
+                 "start=$(date +%s.%N); for i in $(seq 40); do "
+                 "dd if=/dev/zero of=/dev/xvdb bs=4k count=1 seek=$((i * 7919)) oflag=direct status=none; done; "
+                 "echo small $(echo \"$(date +%s.%N) - $start\" | bc)")
 
 # In the guest: a profiler holding the programs, a second one running a static program, then forked ones.
 FENTRY_CHECK = r"""
@@ -60,8 +71,8 @@ def qemu_running(share: Path) -> bool:
 
 
 def boot_first(share: Path) -> FirstBoot:
-    """Boot the guest once and run, in order, the facts, the eBPF tests and the fentry check; what each printed
-    or wrote is in `share`."""
+    """Boot the guest once and run, in order, the facts, the scratch disk's check, the eBPF tests and the fentry
+    check; what each printed or wrote is in `share`."""
     (share / "fentry_check.py").write_text(FENTRY_CHECK)
     bench = writebench().with_name("writebench-static")
     facts = ("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux && echo btf; "
@@ -70,9 +81,10 @@ def boot_first(share: Path) -> FirstBoot:
                   "--basetemp=/tmp/ebpf-tests " + " ".join(EBPF_EXACT) + f" > {share}/ebpf.log 2>&1; echo ebpf=$?")
     fentry = (f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} {share / 'fentry_check.py'} {bench} "
               f"> {share}/fentry.json 2> {share}/fentry.err; echo fentry=$?")
-    command = f"{facts}; {ebpf_tests}; {fentry}"
+    command = f"{facts}; ({SCRATCH_CHECK}) > {share / SCRATCH_OUT} 2>&1; {ebpf_tests}; {fentry}"
+    disk = ScratchDisk(scratch_image(share), scratch_throttle(ST1, credits_mib=0))
     try:
-        with Guest(vcpus=2, memory_mib=2048, share=share) as guest:
+        with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
             result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
     except GuestError as first:
         # Seen once (2026-11-26) in about ten first boots: both vCPUs of the TCG guest in soft lockup ("watchdog:
@@ -80,6 +92,6 @@ def boot_first(share: Path) -> FirstBoot:
         # kill, the tests' output empty. The second boot is the check; the first one's console is kept beside it.
         (share / "first-attempt.txt").write_text(str(first))
         print(f"the guest's first boot did not finish; booting once more: {str(first)[:200]}", file=sys.stderr)
-        with Guest(vcpus=2, memory_mib=2048, share=share) as guest:
+        with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
             result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
     return FirstBoot(result, share, qemu_running(share))

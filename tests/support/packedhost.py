@@ -129,6 +129,7 @@ class LoopRun:
 
     run: str  # "default" or "advised"
     model: Domains  # the write caches the advisor models for the child under the run's settings
+    floor_s: float  # the workload's floor (the default run's time not waiting on the volume), as the advisor takes it
     pause_s: float  # predicted time paused in the download stage
     slept_s: float  # the kernel's: the sum of the writer's balance_dirty_pages pauses (the tracepoint's)
     stage_s: float  # predicted download stage
@@ -138,6 +139,11 @@ class LoopRun:
     @property
     def modelled_limit_bytes(self) -> int:
         return self.model.child_limit_bytes
+
+    @property
+    def unpaused_s(self) -> float:
+        """The run's own time not paused (its stage less the kernel's pauses): the floor it had."""
+        return self.measured_s - self.slept_s
 
 
 def predicted(workload: Workload, cache: WriteCache) -> tuple[float, float]:
@@ -149,18 +155,19 @@ def predicted(workload: Workload, cache: WriteCache) -> tuple[float, float]:
 
 def closed_loop(host: PackedHost) -> list[LoopRun]:
     """The advisor's workload from the default run's profile (tuning.plan: its bytes, and its floor, the stage less
-    its own io stall: partly in-sample, as the lab loop's first run), replayed against the write cache the advisor
-    models for the child before each run (tuning.cachedomain: its container's domain under the stack's settings,
-    then under the advice's host sysctls, which reach it in proportion to its memory)."""
+    its own io stall: in-sample for the default run, as the lab loop's first run), replayed against the write cache
+    the advisor models for the child before each run (tuning.cachedomain: its container's domain under the stack's
+    settings, then under the advice's host sysctls, which reach it in proportion to its memory)."""
     assert host.advice is not None, "the advisor gave no advice: " + host.result.stderr[-2000:]
     profiles = {run: next(runfiles.read_profiles(host.work / name)) for run, (name, _) in RUNS.items()}
     workload = workload_from_profiles([profiles["default"]])
+    [load] = workload.stages
     tunings = {"default": HostTuning(), "advised": HostTuning.from_context(host.advice["cdk_context"])}
     out = []
     for run, (_, trace) in RUNS.items():
         model = domains(tunings[run], GUEST_MEMORY_MIB * MIB, SMALL_MEMORY_MIB * MIB, 1)
         pause, stage = predicted(workload, model.effective)
         profile = profiles[run]
-        out.append(LoopRun(run, model, pause, pause_seconds(host.work / trace), stage, profile.duration_s,
-                           profile.own_dirty_threshold_bytes))
+        out.append(LoopRun(run, model, load.floor_s, pause, pause_seconds(host.work / trace), stage,
+                           profile.duration_s, profile.own_dirty_threshold_bytes))
     return out
