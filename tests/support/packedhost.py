@@ -82,8 +82,11 @@ def _advise_when_asked(work: Path, iobatch: str, stop: threading.Event) -> None:
     while not (work / "default-done").exists():
         if stop.wait(0.5):
             return
-    done = subprocess.run([iobatch, "advise", str(work / RUNS["default"][0]), *ADVISE], capture_output=True,
-                          text=True, timeout=120)
+    try:
+        done = subprocess.run([iobatch, "advise", str(work / RUNS["default"][0]), *ADVISE], capture_output=True,
+                              text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        done = subprocess.CompletedProcess([], 1, "", "iobatch advise did not finish within 120 s")
     (work / "advice.json").write_text(done.stdout)
     if done.returncode != 0:
         lines = [f"echo {shlex.quote('advise failed: ' + done.stderr[-300:])} >&2", "exit 1"]
