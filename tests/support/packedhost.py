@@ -71,7 +71,8 @@ def sequential_st1() -> Throttle:
     """st1 at its baseline for sequential writeback, as the advisor models these children (no random I/O): bytes
     only. EBS merges sequential I/O into 1 MiB units; QEMU's `iops-size` cannot tell sequential from random and
     would charge every writeback bio under 1 MiB as a whole one, and its whole-number IOPS limit is 19 a second for
-    st1 500 GiB's 19.5 MiB/s (tests/guest/test_v2_host.py checks that charge for small random I/O on its own disk).
+    st1 500 GiB's 19.5 MiB/s. The guest tier checks that charge for small random I/O on a disk of its own, in its
+    first boot (tests/support/firstboot.py).
     """
     return dataclasses.replace(scratch_throttle(ST1, credits_mib=0), io_unit=None)
 
