@@ -49,9 +49,7 @@ def advise_row(run: Path, instance_type: str, vcpus: int) -> str:
     plan = advice["plan"]
     children, job_gib, memory = plan["jobs_per_instance"], plan["job_memory_gib"], plan["memory_gib"]
     job = None if job_gib is None else int(job_gib * GIB)
-    cache = advice["write_cache"]
-    advised = HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=cache["dirty_bytes"],
-                         dirty_background_bytes=cache["dirty_background_bytes"])
+    advised = HostTuning.from_context(advice["cdk_context"])  # the sysctls the advice deploys
     now = domains(HostTuning(), int(memory * GIB), job, children)  # the stack's settings now: dirtyRatio 30/20
     then = domains(advised, int(memory * GIB), job, children)
     own_now = "-" if now.container is None else f"{now.container.limit_bytes / GIB:.2f}"

@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _error(predicted: float, measured: float) -> str:
@@ -39,7 +36,6 @@ def main() -> int:
     if reason := unavailable():
         print(f"guest_packed: skipped, the guest cannot boot: {reason}")
         return 0
-    sys.path.insert(0, str(REPO))  # tests.support, as the guest tier uses it
     from tests.support.packedhost import SMALL_MEMORY_MIB, SMALL_MIB, boot_packed_host, closed_loop
     from tuning.ebs import MIB
 

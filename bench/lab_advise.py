@@ -118,11 +118,11 @@ def main() -> int:
 
 
 def _held_out(args: argparse.Namespace, started: float) -> int:
-    from pipeline.local.demo import lab_run_dir
-
     """Part 3: each workload of HELD_OUT is its own loop (its default run's profiles advise); per run the settled
     model's prediction, its range from the unsettled controller's to writers held at the freerun point
     (tuning.writecache.WriteCache), and the measured."""
+    from pipeline.local.demo import lab_run_dir
+
     print("## 3. Workloads not fitted to: st1 500 GiB at baseline, 2 children at once\n")
     print("| memory GiB | batch | cache | predicted s (range) | measured s (median, range) | error | in range |")
     print("|---:|---|---|---:|---:|---|---|")
@@ -142,9 +142,9 @@ def _held_out(args: argparse.Namespace, started: float) -> int:
           f"wall time {time.monotonic() - started:.0f} s")
     # Part 4: the largest burst's default run advised for the hosts Batch picks (instance types x job sizes).
     memory, images, image_mib, per_child = max(HELD_OUT, key=lambda w: w[2] * w[3])
-    run = lab_run_dir(args.run_dir / f"held-{memory:g}-{images}x{image_mib:g}-{per_child}", 1, "default")
+    profiles = lab_run_dir(args.run_dir / f"held-{memory:g}-{images}x{image_mib:g}-{per_child}", 1, "default")
     print("\n## 4. A default run advised for plans it did not run on (`bench.advise_plans`)\n")
-    print("\n".join(advise_plans.table(run)))
+    print("\n".join(advise_plans.table(profiles)))
     return 0
 
 

@@ -107,11 +107,12 @@ def dirty_pause(s: Situation) -> list[Finding]:
         pauses = values_of(rows, lambda p: p.dirty_throttle_ms)
         at_limit = [p for p in rows if max(_host_share(p) or 0.0, _own_share(p) or 0.0) >= 1.0]
         pause = median(pauses) if pauses else None
-        if not (pause is not None and pause >= DIRTY_PAUSE_MIN_MS) and len(at_limit) * 2 <= len(rows):
+        paused = pause is not None and pause >= DIRTY_PAUSE_MIN_MS
+        if not paused and len(at_limit) * 2 <= len(rows):
             continue
         cost: float | None
         modelled = False
-        if pause is not None and pause >= DIRTY_PAUSE_MIN_MS:
+        if pause is not None and paused:
             evidence = f"{stage}: writers paused {pause / 1000:.1f} s per child in balance_dirty_pages (median)"
             cost = pause / 1000
         else:
@@ -119,7 +120,7 @@ def dirty_pause(s: Situation) -> list[Finding]:
             evidence = (f"{stage}: dirty data reached the point where the kernel pauses writers in "
                         f"{len(at_limit)} of {len(rows)} children")
             cost = max(0.0, s.current_download_s - s.tuned_download_s) if stage == "download" else None
-        if pause is not None and pause >= DIRTY_PAUSE_MIN_MS and (elsewhere := _not_on_plan_hosts(s, rows, stage)):
+        if paused and (elsewhere := _not_on_plan_hosts(s, rows, stage)):
             out.append(make_finding(
                 s, "DIRTY_PAUSE", "info", f"Writers paused by the run's dirty limit, not expected on the plan's hosts "
                 f"({stage})", f"{evidence}; {elsewhere}", "none needed on the plan's hosts: the stack's settings now "
