@@ -134,8 +134,9 @@ class Advice:
     burst_note: str
     findings: tuple[Finding, ...] = ()
     comparison: tuple[str, ...] = ()  # st1 against gp3 and instance store on this plan (tuning.versus)
-    # The same with the kernel's pacing not yet settled (writecache.WriteCache.unsettled): the optimistic end of the
-    # untuned download's range. Far below untuned_download_s when the burst ends just past the freerun point.
+    # The same under the optimistic state of the kernel's pacing (cachedomain.Domains.optimistic: a controller not
+    # settled, or the children's new containers): the optimistic end of the untuned download's range. Far below
+    # untuned_download_s when the burst ends just past the freerun point.
     untuned_download_low_s: float | None = None
     # ... and with writers held at the freerun point (WriteCache.held): the pessimistic end.
     untuned_download_high_s: float | None = None
@@ -214,16 +215,23 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     tuned = _cache(cache.tuning, plan)
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
-    default = _kernel_default_cache(plan)
+    untouched = domains(KERNEL_DEFAULTS, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+    default = untouched.effective
     untuned, untuned_low, untuned_high = (_evaluate(recommended.volume, workload, plan, c, waves=1)
-                                          for c in (default, default.unsettled(), default.held()))
+                                          for c in (default, untouched.optimistic, default.held()))
     context = recommended.volume.to_context()
     context.update(cache.tuning.to_context())
     context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
                   _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)),
-                  untuned_low.download_s, untuned_high.download_s)
+                  *_extremes(untuned.download_s, untuned_low.download_s, untuned_high.download_s))
+
+
+def _extremes(*download_s: float) -> tuple[float, float]:
+    """A range's ends: a new container's context paces harder than the settled controller on a volume that drains
+    faster than its 100 MiB/s a writer, so the optimistic bound is not always the lowest."""
+    return min(download_s), max(download_s)
 
 
 def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,

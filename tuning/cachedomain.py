@@ -55,6 +55,13 @@ class Domains:
                           self.host.other_dirty_bytes)
 
     @property
+    def optimistic(self) -> WriteCache:
+        """The effective cache under the optimistic state of the kernel's pacing (tuning.writecache): a new writeback
+        context where the children's own containers pace them (each child is a new container), else a controller
+        not yet settled."""
+        return self.effective.fresh() if self.tighter == CONTAINER else self.effective.unsettled()
+
+    @property
     def child_limit_bytes(self) -> int:
         """The dirty limit one child meets (its share of the host's when the host's is the tighter)."""
         return self.effective.limit_bytes // self.children

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tuning.ebs import MIB, Volume
-from tuning.writecache import WriteCache, through_cache
+from tuning.writecache import FRESH, INIT_BW_BPS, RATELIMIT_TAU_S, WriteCache, through_cache
 
 # ---- the simulator -------------------------------------------------------------------------------------
 
@@ -127,6 +127,8 @@ class _State:
     history_t: list[float] = field(default_factory=list)
     history_accepted: list[float] = field(default_factory=list)
     first: int = 0
+    # Each writer's dirty_ratelimit under FRESH pacing (WriteCache): each round's children are new containers.
+    ratelimit_bps: float = INIT_BW_BPS
 
     def record(self, t: float) -> None:
         """Writers have accepted `self.accepted` bytes by `t`."""
@@ -203,6 +205,7 @@ def simulate(
     results: list[WaveResult] = []
     for wave in range(waves):
         started, credits_at_start = state.t, state.credits
+        state.ratelimit_bps = INIT_BW_BPS
         stage_s: dict[str, float] = {}
         for stage in stages:
             step = dt if dt is not None else max(0.05, min(2.0, (stage.floor_s or 2.0) / 40))
@@ -243,8 +246,9 @@ def _sample(state: _State, rate: float, sample_every_s: float) -> None:
 
 
 def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: float,
-          cache: WriteCache, sample_every_s: float) -> tuple[float, float]:
-    """Advance one step of a running stage; returns (bytes read, bytes accepted into the cache)."""
+          cache: WriteCache, sample_every_s: float, writers: int) -> tuple[float, float]:
+    """Advance one step of a running stage (`writers` jobs at once); returns (bytes read, bytes accepted into the
+    cache)."""
     if state.credits > 0:
         # Burst, but spend no more credits than the bucket holds plus what this step earns.
         affordable = (state.credits + r.earn * dt) / r.cost_per_byte
@@ -260,7 +264,16 @@ def _tick(state: _State, r: _Rates, *, dt: float, read_want: float, write_want: 
         # What has expired counts only below the background limit (above it all dirty data is written): not looked up
         # on the steps above it, most of a paced download's.
         below = state.dirty + cache.other_dirty_bytes <= cache.background_bytes
-        moved, accepted = through_cache(cache, state.dirty, left, write_want, state.expired(cache) if below else 0.0)
+        ratelimit = state.ratelimit_bps * writers * dt if cache.pacing == FRESH else 0.0
+        moved, accepted = through_cache(cache, state.dirty, left, write_want, state.expired(cache) if below else 0.0,
+                                        ratelimit)
+        if ratelimit:
+            # The controller moves dirty_ratelimit towards each writer's share of the drain: only down above the
+            # setpoint, only up between freerun and the setpoint (wb_update_dirty_ratelimit).
+            share, level = moved / dt / writers, state.dirty + cache.other_dirty_bytes
+            if (share < state.ratelimit_bps and level > cache.setpoint_bytes) or \
+                    (share > state.ratelimit_bps and cache.freerun_bytes < level < cache.setpoint_bytes):
+                state.ratelimit_bps += (share - state.ratelimit_bps) * -math.expm1(-dt / RATELIMIT_TAU_S)
         state.dirty = max(0.0, state.dirty + accepted - moved)
     state.accepted += accepted
     if accepted > 0:
@@ -305,7 +318,7 @@ def _run_stage(stage: StageLoad, r: _Rates, concurrency: int, cache: WriteCache,
             step = min(step, max(dt, need))
         read, accepted = _tick(state, r, dt=step, read_want=min(total_r - done_r, r_rate * step),
                                write_want=min(total_w - done_w, w_rate * step), cache=cache,
-                               sample_every_s=sample_every_s)
+                               sample_every_s=sample_every_s, writers=concurrency)
         done_r += read
         done_w += accepted
         last_rate = max(read, accepted) / step

@@ -6,13 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 
 # The share of an instance's memory the kernel counts as "dirtyable" (free + reclaimable page cache);
 # vm.dirty_ratio is a percentage of that, not of MemTotal. An approximation: it depends on what runs.
 DIRTYABLE_FRACTION = 0.9
 # WriteCache.pacing: how the kernel's controller paces writers past the freerun point.
-SETTLED, UNSETTLED, HELD = "settled", "unsettled", "held"
+SETTLED, UNSETTLED, HELD, FRESH = "settled", "unsettled", "held", "fresh"
+# A new writeback context's dirty_ratelimit, per writer (mm/backing-dev.c, wb_init: INIT_BW, 100 MB/s in pages).
+INIT_BW_BPS = 100 * 1024 * 1024
+# How fast a FRESH context's dirty_ratelimit comes down to the rate its writers drain, while the count is above the
+# setpoint (time constant, s; the kernel's steps shrink as the gap does: wb_update_dirty_ratelimit). Measured in the
+# cgroup v2 guest's container-paced child (bench.guest_packed, the balance_dirty_pages tracepoint; BENCHMARKS.md),
+# against a 19.5 MiB/s drain: 100 -> 68-75 MiB/s in ~9 s of pacing (17-24 s), 100 -> 87-94 in ~3.5 s (20-50 s).
+RATELIMIT_TAU_S = 20.0
 
 
 @dataclass(frozen=True)
@@ -35,14 +43,24 @@ class WriteCache:
 
     The model keeps the converged controller (pacing SETTLED): above freerun, writers together dirty at the
     rate writeback drains the device times the global pos_ratio, so the dirty count climbs from freerun
-    towards the setpoint and stays there. A controller in another state does otherwise, and two bounds say how
-    far (mm/page-writeback.c, wb_update_dirty_ratelimit; mm/backing-dev.c, wb_init):
+    towards the setpoint and stays there. A controller in another state does otherwise, and three bounds say
+    how far (mm/page-writeback.c, wb_update_dirty_ratelimit; mm/backing-dev.c, wb_init):
 
-    - UNSETTLED, the optimistic one: dirty_ratelimit starts at INIT_BW (100 MiB/s per writer) on a new
-      writeback context (a device's, and on cgroup v2 each container's own: a new child starts afresh) and
-      moves down only while the count is above the setpoint (below it, only up), by about an eighth of the gap
-      each 200 ms. So below the setpoint such writers are paced at 100-200 MiB/s each, hardly a pause on an
-      HDD volume. The cache runs writers free up to the setpoint, then as the settled one.
+    - UNSETTLED, the optimistic one on the host's domain: dirty_ratelimit starts at INIT_BW (100 MiB/s per
+      writer) on a new writeback context and moves down only while the count is above the setpoint (below it,
+      only up). So below the setpoint such writers are paced at 100-200 MiB/s each, hardly a pause on an HDD
+      volume. The cache runs writers free up to the setpoint, then as the settled one.
+    - FRESH, the optimistic one for a child in its own container (cgroup v2): its container's writeback
+      context is new (wb_init: dirty_ratelimit = INIT_BW), and since the count is above the setpoint only once
+      the child is paced, dirty_ratelimit comes down slowly (RATELIMIT_TAU_S). So the child is paced at
+      INIT_BW x pos_ratio, and the count settles where that equals the drain rate: past the setpoint, towards
+      the limit (pos_ratio 0.2 for a 19.5 MiB/s volume). Measured in the guest (BENCHMARKS.md), a 256 MiB
+      container writing 240 MiB under 1.26 GiB of vm.dirty_bytes: its count at a median of 165-168 MiB while
+      paced, up to 181 (modelled setpoint 157, limit 179), dirty_ratelimit 100 -> 87-94 MiB/s. It is
+      optimistic: until the new context has written some back, the kernel paced the child at a quarter of that
+      (the device's own factor with no share of recent writeout yet, wb_position_ratio: the tracepoint's
+      bdi_setpoint 0, task_ratelimit / dirty_ratelimit 0.25), and the count swung below the balance rather
+      than sitting on it: the pauses came out between this bound and the settled one.
     - HELD, the pessimistic one: writers paced at the rate the device drains, so the count stays at the
       freerun point. Measured, not derived: in some lab runs the kernel held the count there for the whole
       burst. Which state does it is not pinned down (a dirty_ratelimit that earlier writers left low climbs
@@ -81,6 +99,21 @@ class WriteCache:
         """Where the kernel holds the dirty count under sustained writing."""
         return (self.kernel_freerun_bytes + self.limit_bytes) // 2
 
+    def fresh(self) -> WriteCache:
+        """The same limits in a new writeback context, a new container's (see the class): the optimistic bound for
+        children in their own containers."""
+        return dataclasses.replace(self, pacing=FRESH)
+
+    def balance_bytes(self, ratio: float) -> float:
+        """The count at which pos_ratio is `ratio`: where writers paced at 1 / `ratio` times the drain rate stay
+        (the setpoint for 1; the freerun point for 2 or more, the limit for 0 or less)."""
+        if ratio >= 2.0:
+            return float(self.kernel_freerun_bytes)
+        if ratio <= 0.0:
+            return float(self.limit_bytes)
+        span = max(self.limit_bytes - self.setpoint_bytes, 1)
+        return self.setpoint_bytes - span * math.copysign(abs(ratio - 1.0) ** (1 / 3), ratio - 1.0)
+
     def unsettled(self) -> WriteCache:
         """The same limits with a controller that has not settled (see the class): the optimistic bound."""
         return dataclasses.replace(self, pacing=UNSETTLED)
@@ -104,13 +137,14 @@ class WriteCache:
 
 
 def through_cache(cache: WriteCache, dirty: float, room: float, want: float,
-                  expired: float = 0.0) -> tuple[float, float]:
+                  expired: float = 0.0, ratelimit: float = 0.0) -> tuple[float, float]:
     """One step of the write cache (WriteCache): (bytes written back, bytes accepted from writers).
 
     Writeback moves what the volume allows once the global count is above the background limit; below it, only
     the `expired` bytes (older than the cache's expire_s). Writers fill the room below freerun at their own
     speed; past it they are paced at the drained bytes times pos_ratio, never past the setpoint in one step
-    (held: at the drained bytes, so the count stays at freerun).
+    (held: at the drained bytes, so the count stays at freerun; fresh: at `ratelimit`, the writers' dirty_ratelimit
+    over the step, times pos_ratio, never past the count where that equals the drained bytes).
     """
     others = cache.other_dirty_bytes
     moved = min(dirty, room) if dirty + others > cache.background_bytes else min(expired, room)
@@ -120,7 +154,13 @@ def through_cache(cache: WriteCache, dirty: float, room: float, want: float,
     if cache.pacing == HELD:
         return moved, min(want, free + moved)
     level = dirty + free + others  # the global count once the free room is used
-    paced = moved * cache.pos_ratio(level)
-    if level < cache.setpoint_bytes:
-        paced = min(paced, moved + cache.setpoint_bytes - level)
+    if cache.pacing == FRESH:
+        if ratelimit <= 0:
+            raise ValueError("fresh pacing needs the writers' dirty_ratelimit over the step")
+        rate, balance = ratelimit, cache.balance_bytes(moved / ratelimit)
+    else:
+        rate, balance = moved, cache.setpoint_bytes
+    paced = rate * cache.pos_ratio(level)
+    if level < balance:
+        paced = min(paced, moved + balance - level)
     return moved, min(want, free + paced)

@@ -20,7 +20,7 @@ import pytest
 
 from profiling import runfiles
 from tests.support.firstboot import EBPF_EXACT, SCRATCH_OUT, FirstBoot, qemu_running
-from tests.support.guest import pause_freeruns, stage_profiles
+from tests.support.guest import pacing, pause_freeruns, stage_profiles
 from tests.support.packedhost import (
     RUNS,
     ST1,
@@ -33,11 +33,16 @@ from tests.support.packedhost import (
 from tuning.cachedomain import CONTAINER
 from tuning.ebs import MIB
 from tuning.guest.machine import Guest, GuestError, unavailable
+from tuning.lab.loop import AGREEMENT, in_range
 from tuning.plan import workload_from_profiles
 from tuning.writecache import WriteCache
 
+# The settled point's agreement on the advised run (see the closed loop's test).
+ADVISED_POINT = 0.40
+
 if reason := unavailable():
     pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)
+
 
 def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_holds_there(
         first_boot: FirstBoot) -> None:
@@ -132,14 +137,16 @@ def test_the_model_predicts_a_container_paced_childs_pauses_and_stage_default_an
         packed_host: PackedHost) -> None:
     """The closed loop on a child its container paces (tests.support.packedhost.closed_loop): the advisor's model,
     before each run, predicts the time the child's writer slept in balance_dirty_pages (the tracepoint's scheduled
-    pauses) and its download stage within 25 % under the stack's settings (its floor in-sample) and within 40 %
-    advised, and the child's own limit within 10 % of the profiler's. Measured here (2026-11-26, bytes-only disk,
-    8 runs): pause -16 % to +5 % default, -13 % to +26 % advised; stage -6 % to +4 %
-    default, +13 % to +34 % advised; own limit modelled 76.8 MiB against 72.6-73.2, advised 179.3 against
-    169.8-173.0. The advised stage misses 25 % by its floor, carried from the default run: a paced run's time not
-    paused was 4.0-4.9 s for 240 MiB, an advised run's 2.7-3.8 s (BENCHMARKS.md). With the host's thresholds the
-    same replay predicts almost no pause. The advice says which domain it is: the child's own, with more memory
-    per job as the way out."""
+    pauses) and its download stage, inside the range the advice gives, each end widened by 25 % as the lab loop's
+    cells are (tuning.lab.loop.in_range): from the child's new writeback context (its container's,
+    Domains.optimistic) to writers held at the freerun point. The settled point within 25 % under the stack's
+    settings (its floor in-sample) and within 40 % advised; the child's own limit within 10 % of the profiler's.
+    Measured (BENCHMARKS.md, 6 rounds, 19:03 and 19:13 UTC): settled pause -11 % to +24 % in both runs, stage -4 %
+    to +3 % default and +9 % to +27 % advised (earlier runs +13 % to +34 %), every run inside its range. The advised
+    stage is long by its floor, carried from the paced run: a run's floor is its writer's CPU time within 0.2-0.4 s,
+    which the emulated cores spend at ~120x a real core's rate (2.5-4.3 s for 240 MiB; 0.028 s natively) and more
+    of when paced (median 3.5 s against 3.0 s). With the host's thresholds the same replay predicts almost no pause. The
+    advice says which domain it is: the child's own, with more memory per job as the way out."""
     result = packed_host.result
     assert result.returncode == 0, result.stdout + result.stderr
     runs = closed_loop(packed_host)
@@ -148,14 +155,24 @@ def test_the_model_predicts_a_container_paced_childs_pauses_and_stage_default_an
     for run in runs:
         own = run.own_limit_bytes
         assert own is not None, run
-        numbers = (f"{run.run}: pauses predicted {run.pause_s:.2f} s, the kernel's {run.slept_s:.2f} s; stage "
-                   f"predicted {run.stage_s:.2f} s, measured {run.measured_s:.2f} s; own limit modelled "
-                   f"{run.modelled_limit_bytes / MIB:.1f} MiB, measured {own / MIB:.1f} MiB")
+        numbers = (f"{run.run}: pauses predicted {run.pause_s:.2f} s ({run.pause_range[0]:.2f}-"
+                   f"{run.pause_range[1]:.2f}), the kernel's {run.slept_s:.2f} s; stage predicted {run.stage_s:.2f} s "
+                   f"({run.stage_range[0]:.2f}-{run.stage_range[1]:.2f}), measured {run.measured_s:.2f} s; own limit "
+                   f"modelled {run.modelled_limit_bytes / MIB:.1f} MiB, measured {own / MIB:.1f} MiB")
         assert run.model.tighter == CONTAINER, numbers
-        within = 0.25 if run.run == "default" else 0.40
+        assert in_range(run.measured_s, *run.stage_range), numbers
+        assert in_range(run.slept_s, *run.pause_range), numbers
+        # The settled point too: advised, its floor carried from the paced run is long by the emulation's cost of
+        # pacing (see the docstring), so held to ADVISED_POINT.
+        within = AGREEMENT if run.run == "default" else ADVISED_POINT
         assert abs(run.stage_s - run.measured_s) <= within * run.measured_s, numbers
         assert abs(run.pause_s - run.slept_s) <= within * run.slept_s, numbers
         assert abs(run.modelled_limit_bytes - own) <= 0.10 * own, numbers
+    # The advised child's new writeback context held its count past the setpoint (what the range's optimistic end
+    # models: tuning.writecache, fresh), its dirty_ratelimit still near the 100 MiB/s it started at.
+    paced = pacing(packed_host.work / RUNS["advised"][1])
+    assert paced is not None and paced.dirty_mib[0] > runs[1].model.effective.setpoint_bytes / MIB, paced
+    assert paced.ratelimit_mibps[1] > 80, paced
     [default] = runfiles.read_profiles(packed_host.work / RUNS["default"][0])
     assert default.dirty_threshold_bytes and default.dirty_background_threshold_bytes, default.notices
     workload = workload_from_profiles([default])

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,16 +34,19 @@ default_ulimits = ["nofile=20000:20000"]
 
 # A job that announces one stage to its profiler and writes MiB inside it: with fsync every byte reaches the device
 # within the stage, so the child's own device bytes are known exactly; without, the stage ends once its data is in
-# the write cache, as a download's does.
+# the write cache, as a download's does. It leaves dd's CPU time (user + system, s: the kernel's pacing of its
+# writes runs in its context) in WORK/NAME.cpu.
 CHILD_JOB = """
-import subprocess, sys
+import resource, subprocess, sys
 from pathlib import Path
 from profiling.protocol import StageReporter
-sock, target, mib, sync = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "fsync"
+sock, target, mib, sync, cpu = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "fsync", Path(sys.argv[5])
 reporter = StageReporter(Path(sock), connect_timeout_s=120, ack_timeout_s=120)
 with reporter.stage("download"):
     subprocess.run(["dd", "if=/dev/zero", f"of={target}", "bs=1M", f"count={mib}"] + (["conv=fsync"] if sync else []),
                    check=True, capture_output=True)
+used = resource.getrusage(resource.RUSAGE_CHILDREN)
+cpu.write_text(f"{used.ru_utime + used.ru_stime:.3f}\\n")
 reporter.close()
 """
 
@@ -124,7 +128,8 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
             sock = f"{task}/profiler.sock"
             job = ["podman", "run", "--detach", "--name", f"{name}-job", "--memory", f"{wave.job_memory_mib}m",
                    "--cpus", "1", *common, "--env", f"PYTHONPATH={REPO}", "--rootfs", "/run/rootfs",
-                   python, str(work / "child_job.py"), sock, f"{task}/data", str(mib), "fsync" if wave.fsync else "-"]
+                   python, str(work / "child_job.py"), sock, f"{task}/data", str(mib), "fsync" if wave.fsync else "-",
+                   str(work / f"{name}.cpu")]
             profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
                         "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
                         "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
@@ -166,6 +171,30 @@ def pause_seconds(trace: Path, comm: str = "dd") -> float:
         if task.rsplit("-", 1)[0] == comm and found and int(found[1]) > 0:
             total += int(found[1])
     return total / 1000
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """What a writer's balance_dirty_pages events say from its first pause on: the pacing domain's dirty count
+    (`dirty`, pages: its dirty and writeback pages) and the writeback context's dirty_ratelimit (KiB/s)."""
+
+    dirty_mib: tuple[float, float]  # median, highest
+    ratelimit_mibps: tuple[float, float]  # first, last
+
+
+def pacing(trace: Path, comm: str = "dd") -> Pacing | None:
+    """The writer's Pacing from a balance_dirty_pages trace; None when it was never paused."""
+    events = []
+    for line in trace.read_text().splitlines():
+        fields = {k: int(v) for k, v in re.findall(r" (dirty|dirty_ratelimit|pause)=(-?\d+)", line)}
+        if line.strip().split(" ", 1)[0].rsplit("-", 1)[0] == comm and len(fields) == 3:
+            events.append(fields)
+    first = next((i for i, e in enumerate(events) if e["pause"] > 0), None)
+    if first is None:
+        return None
+    dirty = [e["dirty"] * 4096 / (1 << 20) for e in events[first:]]
+    return Pacing((statistics.median(dirty), max(dirty)), (events[first]["dirty_ratelimit"] / 1024,
+                                             events[-1]["dirty_ratelimit"] / 1024))
 
 
 def stage_profiles(path: Path) -> list[dict[str, Any]]:

@@ -134,11 +134,16 @@ class LoopRun:
     run: str  # "default" or "advised"
     model: Domains  # the write caches the advisor models for the child under the run's settings
     floor_s: float  # the workload's floor (the default run's time not waiting on the volume), as the advisor takes it
-    pause_s: float  # predicted time paused in the download stage
+    pause_s: float  # predicted time paused in the download stage (the settled controller's)
     slept_s: float  # the kernel's: the sum of the writer's balance_dirty_pages pauses (the tracepoint's)
     stage_s: float  # predicted download stage
     measured_s: float  # the profile's
     own_limit_bytes: int | None  # the child's own dirty threshold, as the profiler read it
+    # The predicted range, (optimistic, pessimistic), as the advice and the lab give it: the child's new writeback
+    # context (Domains.optimistic) to writers held at the freerun point (tuning.writecache).
+    pause_range: tuple[float, float] = (0.0, 0.0)
+    stage_range: tuple[float, float] = (0.0, 0.0)
+    cpu_s: float | None = None  # the writer's CPU time in the stage (tests.support.guest.CHILD_JOB); None: not left
 
     @property
     def modelled_limit_bytes(self) -> int:
@@ -161,17 +166,27 @@ def closed_loop(host: PackedHost) -> list[LoopRun]:
     """The advisor's workload from the default run's profile (tuning.plan: its bytes, and its floor, the stage less
     its own io stall: in-sample for the default run, as the lab loop's first run), replayed against the write cache
     the advisor models for the child before each run (tuning.cachedomain: its container's domain under the stack's
-    settings, then under the advice's host sysctls, which reach it in proportion to its memory)."""
+    settings, then under the advice's host sysctls, which reach it in proportion to its memory), under the settled
+    controller and the two ends of the range the advice gives."""
     assert host.advice is not None, "the advisor gave no advice: " + host.result.stderr[-2000:]
     profiles = {run: next(runfiles.read_profiles(host.work / name)) for run, (name, _) in RUNS.items()}
     workload = workload_from_profiles([profiles["default"]])
     [load] = workload.stages
     tunings = {"default": HostTuning(), "advised": HostTuning.from_context(host.advice["cdk_context"])}
     out = []
-    for run, (_, trace) in RUNS.items():
+    for run, (name, trace) in RUNS.items():
         model = domains(tunings[run], GUEST_MEMORY_MIB * MIB, SMALL_MEMORY_MIB * MIB, 1)
-        pause, stage = predicted(workload, model.effective)
+        ends = [predicted(workload, c) for c in (model.effective, model.optimistic, model.effective.held())]
+        (pause, stage), pauses, stages = ends[0], [e[0] for e in ends], [e[1] for e in ends]
         profile = profiles[run]
         out.append(LoopRun(run, model, load.floor_s, pause, pause_seconds(host.work / trace), stage,
-                           profile.duration_s, profile.own_dirty_threshold_bytes))
+                           profile.duration_s, profile.own_dirty_threshold_bytes, (min(pauses), max(pauses)),
+                           (min(stages), max(stages)), _cpu_seconds(host.work / Path(name).with_suffix(".cpu"))))
     return out
+
+
+def _cpu_seconds(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None

@@ -11,10 +11,11 @@ from profiling.probes.wbdomain import CgroupMemory, DirtySettings, HostDirtyStat
 from tests.support.profiles import batch
 from tuning.advise import advise, advise_cache
 from tuning.cachedomain import CONTAINER, HOST, domains, host_bytes_for_child_limit
-from tuning.ebs import GIB, MIB
+from tuning.ebs import GIB, MIB, Volume
 from tuning.host import HostTuning
 from tuning.instances import job_memory_mib
 from tuning.plan import Plan, workload_from_profiles
+from tuning.writecache import FRESH, UNSETTLED
 
 STACK = HostTuning()  # the stack's dirtyRatio 30 / dirtyBackgroundRatio 20
 JOB_GIB = job_memory_mib(2) / 1024  # 6.75: the job container of a 2-vCPU job
@@ -44,6 +45,22 @@ def test_four_children_share_the_host_and_each_meets_its_own() -> None:
     over = domains(STACK, 32 * GIB, 4 * GIB, children=8)
     assert over.tighter == HOST and over.effective == over.host
     assert domains(STACK, 32 * GIB, int(3.5 * GIB), children=8).tighter == CONTAINER
+
+
+def test_children_their_containers_pace_start_in_a_new_writeback_context() -> None:
+    # The optimistic end of the advice's range: a new container's context where the containers pace the children, a
+    # controller not yet settled where the host does.
+    assert domains(STACK, 32 * GIB, int(JOB_GIB * GIB), children=4).optimistic.pacing == FRESH
+    over = domains(STACK, 32 * GIB, 4 * GIB, children=8)
+    assert over.optimistic == over.host.unsettled()
+    assert domains(STACK, 32 * GIB, None, children=4).optimistic.pacing == UNSETTLED
+    # On st1 the new context lets a burst through sooner than the settled controller; on a volume draining faster
+    # than its 100 MiB/s it paces harder, and the advice's range still spans the point it prints.
+    profiles = batch(images=100)  # 2.5 GiB a child: past its container's 1.7 GiB freerun point
+    for volume in (Volume("st1", 500), Volume("gp3", 500, iops=16000, throughput_mibps=1000)):
+        advice = advise(profiles, ONE_CHILD, [volume])
+        low, high = advice.untuned_download_low_s, advice.untuned_download_high_s
+        assert low is not None and high is not None and low <= advice.untuned_download_s <= high, (volume, advice)
 
 
 def test_dirty_bytes_reach_a_child_in_proportion_to_its_memory() -> None:

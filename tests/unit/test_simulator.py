@@ -6,7 +6,7 @@ import pytest
 
 from tuning.ebs import GIB, MIB, Volume
 from tuning.simulator import StageLoad, simulate
-from tuning.writecache import WriteCache
+from tuning.writecache import INIT_BW_BPS, RATELIMIT_TAU_S, WriteCache, through_cache
 
 
 def test_write_cache_freerun_is_halfway() -> None:
@@ -128,6 +128,35 @@ def test_the_bounds_of_pacing_run_free_to_the_setpoint_or_hold_writers_at_freeru
     sim = simulate(Volume("st1", 500), [StageLoad("download", 2048 * MIB, floor_s=0.5)], cache=cache.held(),
                    baseline_only=True, dt=0.02, sample_every_s=1.0)
     assert max(s.dirty_bytes for s in sim.samples) <= cache.kernel_freerun_bytes + MIB
+
+
+def test_balance_is_where_pos_ratio_reaches_a_ratio() -> None:
+    cache = WriteCache(400 * MIB, 200 * MIB)  # freerun 300, setpoint 350 MiB
+    assert cache.balance_bytes(1.0) == cache.setpoint_bytes
+    assert (cache.balance_bytes(2.5), cache.balance_bytes(0.0)) == (cache.freerun_bytes, cache.limit_bytes)
+    for ratio in (0.2, 0.7, 1.5):
+        assert cache.pos_ratio(cache.balance_bytes(ratio)) == pytest.approx(ratio)
+
+
+def test_a_new_containers_writer_is_held_past_the_setpoint_until_its_ratelimit_comes_down() -> None:
+    """A fresh writeback context paces at INIT_BW x pos_ratio: the count climbs past the setpoint to where that
+    equals the drain (pos_ratio 0.195 at st1's baseline: ~396 MiB of 400), then follows dirty_ratelimit down towards
+    the setpoint over a few RATELIMIT_TAU_S."""
+    cache = WriteCache(400 * MIB, 200 * MIB)
+    balance = cache.balance_bytes(BASE_MIBPS * MIB / INIT_BW_BPS)
+    assert 390 * MIB < balance < cache.limit_bytes
+    long = simulate(Volume("st1", 500), [StageLoad("download", 4096 * MIB, floor_s=0.5)], cache=cache.fresh(),
+                    baseline_only=True, dt=0.02, sample_every_s=1.0)
+    early = [s.dirty_bytes for s in long.samples if s.t < 5]
+    late = [s.dirty_bytes for s in long.samples if 5 * RATELIMIT_TAU_S < s.t < 6 * RATELIMIT_TAU_S]
+    assert balance - 5 * MIB < max(early) <= balance + MIB
+    # After 5 time constants dirty_ratelimit is within 1 % of the drain: pos_ratio 0.97, 0.3 of the way to the limit.
+    assert cache.setpoint_bytes < min(late) < cache.setpoint_bytes + 20 * MIB < max(early) - 20 * MIB
+    # Past the setpoint a burst ends sooner than the settled controller lets it, later than run free to the limit.
+    fresh = _burst_s(cache.fresh())
+    assert (500 - 400) / BASE_MIBPS < fresh < _burst_s(cache)
+    with pytest.raises(ValueError, match="dirty_ratelimit"):
+        through_cache(cache.fresh(), 350 * MIB, MIB, MIB)
 
 
 def test_other_devices_dirty_pages_use_up_the_same_room() -> None:

@@ -46,6 +46,11 @@ ADVISED = "advised"
 AGREEMENT = 0.25
 
 
+def in_range(measured: float, low: float, high: float) -> bool:
+    """Whether a measured time is inside a predicted range, each end widened by AGREEMENT."""
+    return low * (1 - AGREEMENT) <= measured <= high * (1 + AGREEMENT)
+
+
 @dataclass(frozen=True)
 class LoopRun:
     """One run of the loop: its write cache, the predicted and the measured download of the median child."""
@@ -91,8 +96,8 @@ class LoopRun:
     def within_range(self) -> bool:
         """Inside the predicted range (unsettled controller to writers held at freerun), each end widened by
         AGREEMENT."""
-        low, high = range_ends(self.predicted_low_s, self.predicted_s, self.predicted_high_s)
-        return self.measured_s is not None and low * (1 - AGREEMENT) <= self.measured_s <= high * (1 + AGREEMENT)
+        return self.measured_s is not None and in_range(
+            self.measured_s, *range_ends(self.predicted_low_s, self.predicted_s, self.predicted_high_s))
 
     @property
     def has_range(self) -> bool:
