@@ -30,7 +30,7 @@ from typing import Any
 
 from profiling import emf, runfiles
 from profiling.metrics import StageProfile, median
-from tuning.cachedomain import domains, host_bytes_for_child_limit
+from tuning.cachedomain import Domains, domains, host_bytes_for_child_limit
 from tuning.ebs import GIB, MIB, Volume
 from tuning.findings import Finding, Situation, find
 from tuning.host import KERNEL_DEFAULTS, HostTuning
@@ -118,8 +118,12 @@ def shows_range(low: float | None, predicted: float, high: float | None = None) 
 
 
 def range_ends(low: float | None, predicted: float, high: float | None) -> tuple[float, float]:
-    """A prediction's range, an end that was not computed (None) taken as the prediction itself."""
-    return (predicted if low is None else low, predicted if high is None else high)
+    """A prediction's range: the lowest and the highest of its optimistic end, the prediction and its pessimistic
+    end (an end that was not computed, None, taken as the prediction itself). The optimistic state is not always the
+    lowest: a new container's context paces harder than the settled controller on a volume that drains faster than
+    its 100 MiB/s a writer (tuning.writecache)."""
+    ends = [predicted] + [end for end in (low, high) if end is not None]
+    return min(ends), max(ends)
 
 
 @dataclass(frozen=True)
@@ -215,7 +219,7 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     tuned = _cache(cache.tuning, plan)
     results = tuple(_evaluate(v, workload, plan, tuned) for v in volumes)
     recommended = recommend(results)
-    untouched = domains(KERNEL_DEFAULTS, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+    untouched = _domains(KERNEL_DEFAULTS, plan)
     default = untouched.effective
     untuned, untuned_low, untuned_high = (_evaluate(recommended.volume, workload, plan, c, waves=1)
                                           for c in (default, untouched.optimistic, default.held()))
@@ -225,20 +229,14 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
                   _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)),
-                  *_extremes(untuned.download_s, untuned_low.download_s, untuned_high.download_s))
-
-
-def _extremes(*download_s: float) -> tuple[float, float]:
-    """A range's ends: a new container's context paces harder than the settled controller on a volume that drains
-    faster than its 100 MiB/s a writer, so the optimistic bound is not always the lowest."""
-    return min(download_s), max(download_s)
+                  *range_ends(untuned_low.download_s, untuned.download_s, untuned_high.download_s))
 
 
 def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload, tuned: WriteCache,
                cache: CacheAdvice, recommended: Volume) -> Situation:
     """The stack's volume and cache as they are now, replayed under the plan, for the findings."""
     volume, tuning = plan.current_volume, plan.current_tuning
-    current = domains(tuning, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+    current = _domains(tuning, plan)
     now = _evaluate(volume, workload, plan, current.effective)
     advised = _evaluate(volume, workload, plan, tuned, waves=1)
     return Situation(plan, profiles, workload, volume, tuning, now.download_s, now.steady_download_s,
@@ -287,7 +285,7 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
     tuning = HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=limit,
                         dirty_background_bytes=background)
     tuning.validate(plan.kernel_release)
-    default = _kernel_default_cache(plan)
+    default = _cache(KERNEL_DEFAULTS, plan)
     tradeoff = (
         f"Up to {limit / GIB:.2f} GiB per instance of downloaded data lives only in memory until it is "
         "written back (background writeback starts at "
@@ -311,18 +309,19 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
     return CacheAdvice(tuning, burst, budget, fits, default.freerun_bytes, tradeoff)
 
 
+def _domains(tuning: HostTuning, plan: Plan) -> Domains:
+    """The host's and each child's write cache under `tuning` on the plan's hosts (tuning.cachedomain)."""
+    return domains(tuning, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance)
+
+
 def _cache(tuning: HostTuning, plan: Plan) -> WriteCache:
     """The write cache the plan's children meet under `tuning`: the host's, or their containers' when tighter."""
-    return domains(tuning, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance).effective
-
-
-def _kernel_default_cache(plan: Plan) -> WriteCache:
-    return _cache(KERNEL_DEFAULTS, plan)
+    return _domains(tuning, plan).effective
 
 
 def default_cache_domain(plan: Plan) -> str:
     """Which domain pauses the children under the kernel's defaults: 'container' or 'host'."""
-    return domains(KERNEL_DEFAULTS, plan.memory_bytes, plan.job_memory_bytes, plan.jobs_per_instance).tighter
+    return _domains(KERNEL_DEFAULTS, plan).tighter
 
 
 def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:

@@ -146,31 +146,30 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
     return "\n".join(lines) + "\n"
 
 
+def dirty_events(trace: Path, comm: str = "dd") -> list[dict[str, int]]:
+    """The balance_dirty_pages events of a task named `comm` in a trace, in order, each its `name=number` fields
+    (include/trace/events/writeback.h: limit, setpoint, dirty, dirty_ratelimit, pause, ...)."""
+    events = []
+    for line in trace.read_text().splitlines():
+        fields = {k: int(v) for k, v in re.findall(r" (\w+)=(-?\d+)", line)}
+        if line.strip().split(" ", 1)[0].rsplit("-", 1)[0] == comm and "pause" in fields:
+            events.append(fields)
+    return events
+
+
 def pause_freeruns(trace: Path, comm: str = "dd") -> list[int]:
     """The freerun point (pages) of the domain that paced each balance_dirty_pages pause of a task named `comm`.
 
     The tracepoint (include/trace/events/writeback.h, Linux 6.1) prints `limit` as the host domain's dirty limit
     whichever domain paced the writer, and `setpoint` as (that limit + freerun) / 2 with freerun = (thresh +
     bg_thresh) / 2 of the pacing domain: so 2 x setpoint - limit is the pacing domain's freerun point."""
-    found = []
-    for line in trace.read_text().splitlines():
-        task = line.strip().split(" ", 1)[0]
-        fields = dict(re.findall(r" (limit|setpoint)=(\d+)", line))
-        if task.rsplit("-", 1)[0] == comm and len(fields) == 2:
-            found.append(2 * int(fields["setpoint"]) - int(fields["limit"]))
-    return found
+    return [2 * e["setpoint"] - e["limit"] for e in dirty_events(trace, comm)]
 
 
 def pause_seconds(trace: Path, comm: str = "dd") -> float:
     """The time a task named `comm` slept in balance_dirty_pages: the sum of the tracepoint's `pause` (ms; 6.1
     prints it with jiffies_to_msecs) over its events that paused (a pause <= 0 does not sleep)."""
-    total = 0
-    for line in trace.read_text().splitlines():
-        task = line.strip().split(" ", 1)[0]
-        found = re.search(r" pause=(-?\d+)", line)
-        if task.rsplit("-", 1)[0] == comm and found and int(found[1]) > 0:
-            total += int(found[1])
-    return total / 1000
+    return sum(e["pause"] for e in dirty_events(trace, comm) if e["pause"] > 0) / 1000
 
 
 @dataclass(frozen=True)
@@ -184,11 +183,7 @@ class Pacing:
 
 def pacing(trace: Path, comm: str = "dd") -> Pacing | None:
     """The writer's Pacing from a balance_dirty_pages trace; None when it was never paused."""
-    events = []
-    for line in trace.read_text().splitlines():
-        fields = {k: int(v) for k, v in re.findall(r" (dirty|dirty_ratelimit|pause)=(-?\d+)", line)}
-        if line.strip().split(" ", 1)[0].rsplit("-", 1)[0] == comm and len(fields) == 3:
-            events.append(fields)
+    events = dirty_events(trace, comm)
     first = next((i for i, e in enumerate(events) if e["pause"] > 0), None)
     if first is None:
         return None

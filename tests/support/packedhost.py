@@ -29,6 +29,7 @@ from pipeline.interface import JOB_CONTAINER, PROFILER_CONTAINER, SCRATCH_MOUNT
 from profiling import runfiles
 from tests.support.guest import Wave, children_script, job_memory, pause_seconds, template_user_data
 from tests.support.synth import synthesize
+from tuning.advise import range_ends
 from tuning.cachedomain import Domains, domains
 from tuning.ebs import MIB, Volume
 from tuning.guest.machine import Guest, GuestResult
@@ -176,12 +177,12 @@ def closed_loop(host: PackedHost) -> list[LoopRun]:
     out = []
     for run, (name, trace) in RUNS.items():
         model = domains(tunings[run], GUEST_MEMORY_MIB * MIB, SMALL_MEMORY_MIB * MIB, 1)
-        ends = [predicted(workload, c) for c in (model.effective, model.optimistic, model.effective.held())]
-        (pause, stage), pauses, stages = ends[0], [e[0] for e in ends], [e[1] for e in ends]
-        profile = profiles[run]
+        (pause, stage), low, high = (predicted(workload, c) for c in (model.effective, model.optimistic,
+                                                                      model.effective.held()))
+        profile, cpu = profiles[run], _cpu_seconds(host.work / Path(name).with_suffix(".cpu"))
         out.append(LoopRun(run, model, load.floor_s, pause, pause_seconds(host.work / trace), stage,
-                           profile.duration_s, profile.own_dirty_threshold_bytes, (min(pauses), max(pauses)),
-                           (min(stages), max(stages)), _cpu_seconds(host.work / Path(name).with_suffix(".cpu"))))
+                           profile.duration_s, profile.own_dirty_threshold_bytes, range_ends(low[0], pause, high[0]),
+                           range_ends(low[1], stage, high[1]), cpu))
     return out
 
 
