@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
 CDK_ARGS ?=
 
-.PHONY: setup bpf guest demo test test-shifted-clock fuzz lint synth bench clean help
+.PHONY: setup bpf host-mounts guest demo test test-shifted-clock fuzz lint synth bench clean help
 .PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
@@ -37,7 +37,7 @@ help:
 	@echo "make fuzz    the fuzz tests with new examples drawn (make test replays the same ones)"
 
 setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages \
-  interposer bpf guest localstack
+  interposer bpf host-mounts guest localstack
 	@echo "[$$(date -u +%T)] set up"
 
 setup-start:
@@ -97,7 +97,13 @@ $(TOOLS)/.demo-packages: Makefile
 	$(call install-packages,$(DEMO_PACKAGES))
 
 # What `make demo` needs: the Python environment, the S3 server, the interposer and the eBPF probe.
-setup-demo: $(VENV)/.installed $(TOOLS)/bin/versitygw $(TOOLS)/.demo-packages interposer bpf
+setup-demo: $(VENV)/.installed $(TOOLS)/bin/versitygw $(TOOLS)/.demo-packages interposer bpf host-mounts
+
+# The mounts a booted host has and the eBPF probe uses (bpffs, tracefs: profiling/probes/hoststate.py owns the list):
+# as root, mounted when missing, one line each; a machine that boots no systemd has neither. Never a stamp file: a
+# mount is gone after a reboot while a stamp stays.
+host-mounts: $(VENV)/.installed
+	@$(PY) -m profiling.hoststate
 
 interposer: $(VENV)/.installed
 	@if [ -f profiling/interpose/Makefile ]; then $(MAKE) --no-print-directory -C profiling/interpose; fi

@@ -20,7 +20,7 @@ from typing import TextIO
 from profiling.files import program_problem
 from profiling.finish import Evaluator, finish_stage
 from profiling.metrics import StageProfile
-from profiling.probes import CallProbe
+from profiling.probes import CallProbe, command_environment
 from profiling.probes.procfs import BlockDevice, ProcIo
 from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
 
@@ -98,7 +98,8 @@ def _kill(pid: int) -> None:
 
 
 def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | None, stage: str,
-            properties: Mapping[str, str] | None, stdout: TextIO | None) -> tuple[int, StageProfile]:
+            properties: Mapping[str, str] | None, stdout: TextIO | None,
+            env: Mapping[str, str]) -> tuple[int, StageProfile]:
     """Run `argv` under a StageSampler: (exit code, the profile of its kernel counters)."""
     if not argv:
         raise CommandNotFound("no command given: write it after --, e.g. iobatch profile -- dd ...")
@@ -108,7 +109,7 @@ def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | Non
     if found is not None and (problem := program_problem(found)) and os.access(found, os.X_OK):
         raise CommandNotFound(f"command {argv[0]!r} {problem}")
     try:
-        child = subprocess.Popen(list(argv), stdout=stdout)
+        child = subprocess.Popen(list(argv), stdout=stdout, env={**os.environ, **env} if env else None)
     except FileNotFoundError:
         raise CommandNotFound(f"command {argv[0]!r} not found: check the name and PATH") from None
     except PermissionError:
@@ -156,7 +157,7 @@ def profile_command(
     calls = None
     try:
         returncode, profile = _sample(argv, interval_s=interval_s, device=device, stage=stage,
-                                      properties=properties, stdout=stdout)
+                                      properties=properties, stdout=stdout, env=command_environment(call_probe))
     finally:
         if call_probe is not None:
             calls = call_probe.stop()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import settings
 
+from tests.support.hostsetup import environment_left, setup_missing
+
 if TYPE_CHECKING:
     # Imported where used: pipeline.local brings boto3, half a second here and 10-15 s for the guest tier's pytest
     # under emulation, which runs only the eBPF tests (tests/support/firstboot.py).
@@ -50,6 +52,23 @@ def tier_markers(path: Path) -> tuple[str, ...]:
     except (ValueError, IndexError):
         return ()
     return TIERS.get(folder, ())
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stop at once, in one line, when what setup makes is missing: not dozens of failures deep inside tests."""
+    missing = setup_missing(TESTS.parent, os.geteuid())
+    if missing is not None:
+        pytest.exit(missing, returncode=pytest.ExitCode.USAGE_ERROR)
+
+
+@pytest.fixture(autouse=True)
+def _no_environment_left_behind() -> Iterator[None]:
+    """A test that leaves a preload or an iobatch variable in this process's environment fails (and it is put back)."""
+    before = dict(os.environ)
+    yield
+    left = environment_left(before, os.environ)
+    if left is not None:
+        pytest.fail(left)
 
 
 @pytest.hookimpl(tryfirst=True)

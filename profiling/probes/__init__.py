@@ -26,8 +26,8 @@ from profiling.probes.disk import disk_of, whole_disk
 from profiling.probes.interpose import preload_env
 from profiling.probes.procfs import BlockDevice
 
-__all__ = ["CallProbe", "Warn", "call_probes_for", "merge_results", "preload_env", "prepare", "start_command_probe",
-           "stop_later"]
+__all__ = ["CallProbe", "Warn", "call_probes_for", "command_environment", "merge_results", "preload_env", "prepare",
+           "start_command_probe", "stop_later"]
 
 Warn = Callable[[str], None]
 
@@ -142,7 +142,13 @@ def _dynamically_linked(program: str) -> bool:
 
 
 class _CommandInterposeProbe(interpose.InterposeProbe):
-    """The interposer's records of one command, in a directory of their own that stop() removes."""
+    """The interposer's records of one command, in a directory of their own that stop() removes; `environment`
+    is what the command is started with on top of this process's (never set in this process's own environment:
+    it would reach every program this process starts later)."""
+
+    def __init__(self, scratch: Path) -> None:
+        super().__init__(interpose.record_dir(scratch))
+        self.environment = preload_env(scratch)
 
     def stop(self) -> dict[str, Any] | None:
         import shutil
@@ -153,13 +159,19 @@ class _CommandInterposeProbe(interpose.InterposeProbe):
             shutil.rmtree(self.directory.parent, ignore_errors=True)
 
 
+def command_environment(probe: CallProbe | None) -> dict[str, str]:
+    """What the command a probe of `start_command_probe` watches is started with, on top of this process's
+    environment: the interposer's preload, or nothing."""
+    return dict(probe.environment) if isinstance(probe, _CommandInterposeProbe) else {}
+
+
 def start_command_probe(warn: Warn, argv: Sequence[str] = (), *,
                         device: BlockDevice | None = None) -> CallProbe | None:
     """A per-call probe on the processes this process starts from now on (not on itself), started; or
     None with one notice through `warn` when none can run here. For `iobatch profile -- CMD`.
 
     eBPF when it can run (any binary); else, for a dynamically linked `argv[0]`, the LD_PRELOAD
-    interposer, preloaded through this process's environment (which the command inherits). eBPF also classes
+    interposer, preloaded through the command's environment (`command_environment`). eBPF also classes
     the requests of `device`'s disk (DeviceRandomShare)."""
     reason = ebpf.available()
     if reason is None:
@@ -173,9 +185,8 @@ def start_command_probe(warn: Warn, argv: Sequence[str] = (), *,
         import tempfile
 
         scratch = Path(tempfile.mkdtemp(prefix="iobatch-calls-"))
-        os.environ.update(preload_env(scratch))
         warn(f"{reason}: per-call figures from the LD_PRELOAD interposer")
-        command_probe = _CommandInterposeProbe(interpose.record_dir(scratch))
+        command_probe = _CommandInterposeProbe(scratch)
         command_probe.start(os.getpid())
         return command_probe
     warn(f"{reason}: no per-call latency; counts and bytes come from procfs")

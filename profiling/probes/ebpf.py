@@ -39,8 +39,9 @@ calls there and how many such files it saw first. The job-wide "cells" stay unde
 ("path_attribution" false): contract rules on a path prefix read calls["files"].
 
 Needs Linux 5.17+ (the path walk uses bpf_loop), root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the
-kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023), the host's bpffs at /sys/fs/bpf (mounted
-here when absent; bind-mounted into a container) and libbpf; `available()` says what is missing.
+kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023) and libbpf; `available()` says what is missing.
+The host's bpffs at /sys/fs/bpf (bind-mounted into a container) lets profilers share one copy; without it each
+profiler loads its own (ebpf_private.py) and says so.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from pathlib import Path
 from typing import Any
 
 import profiling.probes.ebpf_maps as layout
+from profiling import hoststate
 from profiling.probes.callstats import Cells, calls_dict, cells_since
 from profiling.probes.cgroup import Carved, carve
 from profiling.probes.ebpf_host import join
@@ -129,13 +131,14 @@ def available() -> str | None:
     return None
 
 
-def _mount_tracefs() -> None:
+def _mount_tracefs() -> str | None:
     """The classic tracepoint (balance_dirty_pages) is attached by its id under tracefs: mount it if it is not
-    (left mounted, as most distributions do at boot). The raw tracepoints need no tracefs."""
-    if not (TRACEFS / "events").is_dir():
-        import subprocess
-
-        subprocess.run(["mount", "-t", "tracefs", "tracefs", str(TRACEFS)], check=False, capture_output=True)
+    (left mounted, as a booted host has it: profiling/probes/hoststate.py), and say so. The raw tracepoints need
+    no tracefs."""
+    if (TRACEFS / "events").is_dir():
+        return None
+    problem = hoststate.make(hoststate.TRACEFS)
+    return f"mounted tracefs at {TRACEFS}, as a booted host has it" if problem is None else None
 
 
 class _Loaded:
@@ -145,12 +148,11 @@ class _Loaded:
         path = object_path()
         if path is None:
             raise RuntimeError("the eBPF program is not built")
-        _mount_tracefs()
+        mounted = _mount_tracefs()
         self.slot = join(path, tuple(name for name, _what in EXTRA_PROGRAMS))
-        self.slot.watch()
         self.attached = self.slot.attached
         self.notes = [f"{what}: not available on this kernel" for name, what in EXTRA_PROGRAMS
-                      if name not in self.attached] + self.slot.notes
+                      if name not in self.attached] + self.slot.notes + ([mounted] if mounted else [])
         self.files_cap = self.slot.files_cap
         self.state, self.cells, self.files = self.slot.state, self.slot.cells, self.slot.files
         self.dev: int | None = None  # the disk whose requests are classed (the kernel's dev_t)

@@ -200,7 +200,7 @@ class BpfObject:
         `skip_sections`, are not loaded (their hook is missing or refused here)."""
         lib = _lib()
         self._lib = lib
-        self._links: list[int] = []
+        self._links: dict[str, int] = {}  # program name -> its link (libbpf's struct bpf_link)
         self._maps: list[mmap.mmap] = []
         obj = lib.bpf_object__open_file(str(path).encode(), None)
         if not obj:
@@ -241,29 +241,39 @@ class BpfObject:
                 names.append(self._lib.bpf_program__name(prog).decode())
         return names
 
-    def attach(self, name: str, pin: Path | None = None) -> None:
-        """Attach program `name` to the hook its section names; detached by close() unless pinned at `pin`
-        (bpffs): a pinned link stays attached until its pin is removed."""
+    def attach(self, name: str) -> None:
+        """Attach program `name` to the hook its section names; detached by close() unless pinned (pin_link)."""
         link = self._lib.bpf_program__attach(self._program(name))
         if not link:
             raise _fail(f"attaching {name}")
-        self._links.append(int(link))
-        if pin is not None and self._lib.bpf_link__pin(link, str(pin).encode()) < 0:
+        self._links[name] = int(link)
+
+    @property
+    def attached(self) -> list[str]:
+        """The names of the programs attached, in the order they were."""
+        return list(self._links)
+
+    def pin_link(self, name: str, path: Path) -> None:
+        """Pin attached program `name`'s link at `path` (bpffs): it stays attached until the pin is removed."""
+        if self._lib.bpf_link__pin(self._links[name], str(path).encode()) < 0:
             raise _fail(f"pinning {name}")
+
+    def program_fd(self, name: str) -> int:
+        return int(self._lib.bpf_program__fd(self._program(name)))
 
     def let_pins_hold(self) -> None:
         """Give up this object's links without detaching them (their pins hold them): libbpf's own detach
         would disable a perf-event link's event, which the pin still uses."""
-        for link in self._links:
+        for link in self._links.values():
             fd = int(self._lib.bpf_link__fd(link))
             self._lib.bpf_link__disconnect(link)
             self._lib.bpf_link__destroy(link)
             if fd >= 0:
                 os.close(fd)
-        self._links = []
+        self._links = {}
 
     def pin_program(self, name: str, path: Path) -> None:
-        obj_pin(int(self._lib.bpf_program__fd(self._program(name))), path)
+        obj_pin(self.program_fd(name), path)
 
     def pin_map(self, name: str, path: Path) -> None:
         obj_pin(self.map_fd(name), path)
@@ -323,9 +333,9 @@ class BpfObject:
         for memory in self._maps:
             memory.close()
         self._maps = []
-        for link in self._links:
+        for link in self._links.values():
             self._lib.bpf_link__destroy(link)
-        self._links = []
+        self._links = {}
         if self._obj:
             self._lib.bpf_object__close(self._obj)
             self._obj = None

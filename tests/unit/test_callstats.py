@@ -79,6 +79,10 @@ def test_the_probe_modules_import_one_way() -> None:
     assert imports("libbpf") == set() and imports("cgroup") == set()
     assert imports("ebpf_maps") == {"profiling.probes.callstats"}
     assert imports("interpose") == {"profiling.probes.callstats"}
-    assert imports("ebpf") == {"profiling.probes.callstats", "profiling.probes.cgroup", "profiling.probes.ebpf_host",
-                               "profiling.probes.ebpf_maps", "profiling.probes.libbpf", "profiling.probes.procfs"}
-    assert imports("ebpf_host") == {"profiling.probes.ebpf_maps", "profiling.probes.libbpf"}
+    assert imports("ebpf") == {"profiling.probes.callstats", "profiling.probes.cgroup",
+                               "profiling.probes.ebpf_host", "profiling.probes.ebpf_maps", "profiling.probes.libbpf",
+                               "profiling.probes.procfs"}
+    assert imports("ebpf_host") == {"profiling.probes.ebpf_private", "profiling.probes.ebpf_maps",
+                                    "profiling.probes.libbpf", "profiling.probes.ebpf_slot"}
+    assert imports("ebpf_slot") == {"profiling.probes.ebpf_maps", "profiling.probes.libbpf"}
+    assert imports("ebpf_private") == {"profiling.probes.ebpf_slot", "profiling.probes.libbpf"}

@@ -219,8 +219,8 @@ def test_a_cgroup_deeper_than_the_depth_mask_is_refused_in_words() -> None:
     """iob_host.levels is a 64-bit mask of the depths profilers select: a deeper cgroup is a RuntimeError (the
     probe then says it did not start), never an OverflowError from the mask (found by the CLI fuzz, which left a
     process carved 64 levels deep)."""
-    from profiling.probes import ebpf_host
+    from profiling.probes import ebpf_slot
 
-    slot = object.__new__(ebpf_host.Slot)  # refused before it touches the host's maps
+    slot = object.__new__(ebpf_slot.Slot)  # refused before it touches the host's maps
     with pytest.raises(RuntimeError, match="64 levels deep"):
         slot.select(1234, 64, 0)
