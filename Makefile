@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
 CDK_ARGS ?=
 
-.PHONY: setup bpf host-mounts guest demo test test-shifted-clock fuzz lint synth bench clean help
+.PHONY: setup bpf host-mounts guest demo fresh-check test test-shifted-clock fuzz lint synth bench clean help
 .PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
@@ -35,6 +35,7 @@ help:
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make lint    ruff and mypy"
 	@echo "make fuzz    the fuzz tests with new examples drawn (make test replays the same ones)"
+	@echo "make fresh-check   make demo and make test as a new machine runs them (a fresh clone, no bpffs, no caches)"
 
 setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages \
   interposer bpf host-mounts guest localstack
@@ -181,6 +182,12 @@ synth: setup-deploy
 
 bench: setup
 	$(PY) -m bench
+
+# The README's two commands as a new machine runs them (a fresh clone, a mount namespace without bpffs or tracefs,
+# podman storage and caches of its own): run it before resolving an issue. Takes as long as a new machine's first
+# make demo and make test (about 40 minutes); as root.
+fresh-check:
+	scripts/fresh-check.sh
 
 clean:
 	rm -rf cdk.out .iobatch .pytest_cache .mypy_cache .ruff_cache
