@@ -10,13 +10,12 @@ Whatever goes wrong here is logged as one warning and never reaches the job: the
 
 Injected, with defaults for the real thing:
 
-- per-call probes (`probes`; default profiling.probes.call_probes_for(scratch_dir), made when the
-  socket is bound): each is started with the stage's pid at stage_start (before the baseline, so
-  attaching is not stage time) and stopped at stage_end (before the ack, so the job's work after the
-  stage is not counted); the interposer takes an exact reading of every recording process at both, waiting
-  at most 200 ms (profiling/probes/interpose.py). A probe with a `close()` (eBPF keeps its program loaded
-  for the whole job) is closed when `serve` returns, on every path (job_end, EOF, SIGTERM, error).
-  `iobatch sidecar --no-call-probes` runs the kernel counters alone.
+- per-call probes (`probes`; default profiling.probes.call_probes_for(scratch_dir), made when the socket is
+  bound): each is started with the stage's pid at stage_start (before the baseline, so attaching is not stage
+  time) and stopped at stage_end (before the ack, so the job's work after the stage is not counted); the
+  interposer takes an exact reading of every recording process at both, waiting at most 200 ms. A probe with a
+  `close()` (eBPF keeps its program loaded for the whole job) is closed when `serve` returns, on every path.
+  Why a probe is not running is said once and kept in every stage's notices. `--no-call-probes`: counters alone.
 - contracts (`rules_loader`; default profiling.finish.contract_rules): called once with the contract
   file, when one is given; the Evaluator it returns runs at every stage end.
 """
@@ -61,11 +60,8 @@ def _warn(text: str) -> None:
 
 
 def remove_stale_socket(path: Path) -> None:
-    """Remove a socket a dead profiler left at `path`; refuse anything else that is there.
-
-    Only a Unix socket nobody listens on is removed (connect(2) gives ECONNREFUSED for a socket without a
-    listener, unix(7)): a file, a directory or a live profiler's socket is the user's or another's.
-    """
+    """Remove a socket a dead profiler left at `path` (connect(2) gives ECONNREFUSED for a socket without a
+    listener, unix(7)); refuse anything else there: a file, a directory or a live profiler's socket is another's."""
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
@@ -107,8 +103,7 @@ class SidecarConfig:
 
 
 def write_profile_line(path: Path, profile: StageProfile) -> None:
-    """Append one profile JSON object (schema 1) as a line, whole or not at all (a full disk leaves no line
-    cut in the middle: profiling.files.append_line)."""
+    """Append one profile JSON object (schema 1) as a line, whole or not at all (profiling.files.append_line)."""
     append_line(path, json.dumps(profile.to_dict(), separators=(",", ":")))
 
 
@@ -148,6 +143,7 @@ class Sidecar:
         self._server: socket.socket | None = None
         self._register: DeviceRegister | None = None
         self._said: set[str] = set()  # notices already printed: each is said once per job
+        self._probes_missing: list[str] = []  # why a per-call probe is not running
         # What the running stage's own command announces (the user's process command): profiling/substages.py.
         self._substages = SubStages(device=config.device, interval_s=config.interval_s,
                                     properties=config.properties, record=self._record_in_order, warn=warn)
@@ -160,10 +156,8 @@ class Sidecar:
     # -- lifecycle
 
     def bind(self) -> None:
-        """Create the socket (removing a stale one): the job retries connecting for a few seconds.
-
-        Then make the per-call probes, unless they were given: a socket that cannot be served is the
-        only message its caller prints."""
+        """Create the socket (removing a stale one): the job retries connecting for a few seconds. Then make the
+        per-call probes, unless given: a socket that cannot be served is the only message its caller prints."""
         path = self.config.socket_path
         if len(str(path)) > protocol.MAX_SOCKET_PATH:
             raise ValueError(f"socket path {path} is over {protocol.MAX_SOCKET_PATH} bytes: use a shorter path")
@@ -201,15 +195,21 @@ class Sidecar:
         cgroup, notice = own_cgroup(pid, device.major if device else None, device.minor if device else None,
                                     self.config.host_cgroup_mount)
         self._notice(notice)
-        return Sources(cgroup=cgroup, register=self._register, net=True, notices=(notice,) if notice else ())
+        notices = (*self._probes_missing, *((notice,) if notice else ()))
+        return Sources(cgroup=cgroup, register=self._register, net=True, notices=notices)
+
+    def _probe_missing(self, text: str) -> None:
+        """A per-call probe that cannot run, said once and kept in the profiles (the report names the reason)."""
+        self._probes_missing += [] if text in self._probes_missing else [text]
+        self._notice(text)
 
     def _make_probes(self) -> list[CallProbe]:
         if self.config.scratch_dir is None or not self.config.call_probes:
             return []
         try:
-            return list(call_probes_for(self.config.scratch_dir))
+            return list(call_probes_for(self.config.scratch_dir, warn=self._probe_missing))
         except Exception as exc:  # a probe must never stop the sidecar
-            self.warn(f"per-call probes unavailable ({exc})")
+            self._probe_missing(f"per-call probes unavailable ({exc})")
             return []
 
     def stop(self) -> None:
@@ -365,7 +365,7 @@ class Sidecar:
                 probe.start(pid)
                 self._running_probes.append(probe)
             except Exception as exc:  # a probe must never stop the sidecar
-                self.warn(f"probe {probe.name} did not start ({exc})")
+                self._probe_missing(f"probe {probe.name} did not start ({exc})")
         sampler = StageSampler(stage=stage, pid=pid, device=self.config.device,
                                interval_s=self.config.interval_s, sources=self._sources(pid))
         sampler.start()

@@ -139,6 +139,16 @@ def _pattern(record: Mapping[str, Any] | None, stats: Mapping[str, Mapping[str, 
     return "; ".join(parts) or ABSENT
 
 
+def ebpf_missing(data: ReportData) -> str:
+    """Why the eBPF probe did not run, as the profilers said it (their first reason naming it), else that they did
+    not say: never a guess."""
+    for entry in data.entries:
+        for notice in entry.profile.notices:
+            if "ebpf" in notice.lower():
+                return notice
+    return "the profiles do not say why: the children's logs may"
+
+
 def _io(stats: Mapping[str, Any]) -> str:
     count = int(stats.get("count") or 0)
     if not count:
@@ -151,7 +161,7 @@ def _files_table(data: ReportData) -> str:
     rows = file_rows(data)
     if not rows:
         return ("<p id=no-file-records class=note>No per-file records: they come from the eBPF probe, which did "
-                "not run for this run (it needs root, or the stack's profilerEbpf).</p>")
+                f"not run for this run ({e(ebpf_missing(data))}).</p>")
     head = ("<tr><th class=l>file</th><th class=l>child</th><th class=l>stage</th><th>time in calls</th>"
             "<th>calls</th><th>reads</th><th>writes</th><th>slowest call</th><th class=l>access pattern</th></tr>")
     body = []

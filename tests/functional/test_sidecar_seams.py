@@ -68,6 +68,8 @@ def test_probe_results_are_stored_and_a_failing_probe_is_one_warning(tmp_path: P
     # Besides the probe's: at most the host's one notice about its cgroup's controllers (cgroupfs.own_cgroup).
     assert [w for w in warned if "controller files" not in w] == ["probe fake did not start (no tracer here)"]
     assert len(sink.lines) == 1
+    # and the reason stays with the profile, for the report to name (profiling.report.summary.ebpf_missing)
+    assert "probe fake did not start (no tracer here)" in profile.notices
 
 
 def test_contract_rules_results_land_in_the_profile(tmp_path: Path) -> None:
