@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from aws_cdk import Aws
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
@@ -13,16 +15,16 @@ from pipeline.interface import (
     AWS_ENV,
     CONTAINER_COMMANDS,
     ENV,
-    EXIT_PERMANENT,
     EXIT_RETRYABLE,
-    EXIT_USAGE,
     HOST_CGROUP_MOUNT,
     JOB_CONTAINER,
     PROFILER_CONTAINER,
     SCRATCH_MOUNT,
     contract_in_image,
 )
-from profiling.metrics import DEFAULT_NAMESPACE
+from profiling.emf import MAX_EVENT_BYTES
+from profiling.metrics import DEFAULT_NAMESPACE, STAGES
+from profiling.protocol import MAX_SUBSTAGES
 
 SCRATCH_VOLUME = "scratch"  # the task's name for the host's scratch mount
 # The host's cgroup v2 hierarchy, read-only in the profiler container: the job's io.stat, io.pressure and
@@ -38,6 +40,16 @@ BPFFS_VOLUME = "host-bpffs"
 BPFFS_PATH = "/sys/fs/bpf"
 
 
+# awslogs delivery, pinned rather than left to the account: ECS's default became non-blocking on 2025-06-25 unless the
+# account setting defaultLogDriverMode says blocking ("Amazon ECS account settings", Default log driver mode).
+# Non-blocking: with blocking, a CloudWatch Logs hiccup blocks the containers' stdout, stalling the job's stages and
+# the profiler's acks (the very timings measured). Its ring buffer (Docker's default 1 MB) drops whole lines when full
+# (API LogConfiguration, max-buffer-size), so it holds twice every EMF document a child emits, each at the largest an
+# event may be (its stages and sub-stages x profiling.emf.MAX_EVENT_BYTES).
+AWSLOGS_MODE = "non-blocking"
+AWSLOGS_BUFFER_MIB = math.ceil(2 * (len(STAGES) + MAX_SUBSTAGES) * MAX_EVENT_BYTES / 2**20)
+
+
 def ecs_tasks_principal() -> iam.ServicePrincipal:
     """ECS tasks of this account and region only: the trust policy's confused-deputy conditions ("Task IAM role",
     Amazon ECS Developer Guide: aws:SourceArn arn:aws:ecs:REGION:ACCOUNT:* and aws:SourceAccount ACCOUNT)."""
@@ -48,24 +60,28 @@ def ecs_tasks_principal() -> iam.ServicePrincipal:
 
 
 def retry_conditions() -> list[batch.CfnJobDefinition.EvaluateOnExitProperty]:
-    """Batch checks these in order (at most five); a job that matches none is retried, so the last
-    one sends everything else (bugs, out of memory) to FAILED instead.
+    """Batch's five rules, the first that matches deciding; a job that matches none is retried ("Automated job
+    retries", AWS Batch User Guide: onStatusReason, onReason and onExitCode are globs that may end in `*`).
 
-    Which container's exit code onExitCode matches in a multi-container job is not documented: EvaluateOnExit
-    matches "the ExitCode returned for a job" (AWS Batch API Reference, EvaluateOnExit), and JobDetail's `container`
-    "will be empty" for a multi-container job, which reports each container's exitCode instead
-    (AttemptTaskContainerDetails). So the profiler's exit must not matter whichever is taken: it is not essential,
-    and when the job's exit stops the task, ECS sends it SIGTERM, on which it flushes the running stage and exits 0
-    well within the stop timeout (tests/functional/test_sidecar.py), so it never brings a 143 or 137 that could
-    shadow the job's 75 or 65."""
+    Start failures carry no exit code (nextflow-io/nextflow#4096): a failed image pull, a container that could not
+    start (its log stream among them: CreateLogStream is throttled at 50 TPS, two streams a child) and Docker's
+    timeouts are retried by their reason ("Stopped tasks error codes", Amazon ECS Developer Guide:
+    CannotPullContainerError, CannotStartContainerError, CannotCreateContainerError, DockerTimeoutError), and so,
+    falling through every rule, is any other failure without an exit code. Every exit code but the retryable one
+    ends the child: 64 and 65 are permanent, 1 is a bug, 137 is out of memory.
+
+    Which container's code onExitCode matches in a multi-container job is not documented (EvaluateOnExit matches
+    "the ExitCode returned for a job", and JobDetail's `container` is empty for one), so the profiler exits with
+    the code the job tells it at its end (`iobatch sidecar`, pipeline/cli/profiler.py): the rules mean the same
+    whichever container Batch reads."""
     job = batch.CfnJobDefinition.EvaluateOnExitProperty
     return [
         # Spot reclaim and host failures: "Host EC2 (instance i-...) terminated."
         job(action="RETRY", on_status_reason="Host EC2*"),
+        job(action="RETRY", on_reason="Cannot*"),
+        job(action="RETRY", on_reason="DockerTimeoutError*"),
         job(action="RETRY", on_exit_code=str(EXIT_RETRYABLE)),
-        job(action="EXIT", on_exit_code=str(EXIT_PERMANENT)),
-        job(action="EXIT", on_exit_code=str(EXIT_USAGE)),
-        job(action="EXIT", on_reason="*"),
+        job(action="EXIT", on_exit_code="*"),
     ]
 
 
@@ -143,6 +159,8 @@ class Jobs(Construct):
                     "awslogs-group": self.log_group.log_group_name,
                     "awslogs-region": Aws.REGION,
                     "awslogs-stream-prefix": stream_prefix,
+                    "mode": AWSLOGS_MODE,
+                    "max-buffer-size": f"{AWSLOGS_BUFFER_MIB}m",
                 },
             )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from aws_cdk import RemovalPolicy
 from aws_cdk import aws_ec2 as ec2
 from aws_cdk import aws_logs as logs
 from constructs import Construct
@@ -37,7 +38,9 @@ class Network(Construct):
                 "S3": ec2.GatewayVpcEndpointOptions(service=ec2.GatewayVpcEndpointAwsService.S3),
             },
         )
-        flow_log_group = logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH)
+        # Removed with the stack, as the README's Deploy section says (CDK retains a LogGroup by default).
+        flow_log_group = logs.LogGroup(self, "FlowLogs", retention=logs.RetentionDays.ONE_MONTH,
+                                       removal_policy=RemovalPolicy.DESTROY)
         vpc.add_flow_log(
             "FlowLog",
             destination=ec2.FlowLogDestination.to_cloud_watch_logs(flow_log_group),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aws_cdk import Acknowledgment, Aws, CfnOutput, IgnoreMode, Stack, Validations
+from aws_cdk import Acknowledgment, Aws, CfnOutput, IgnoreMode, RemovalPolicy, Stack, Validations
 from aws_cdk import aws_ecr as ecr
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
@@ -14,6 +14,7 @@ from constructs import Construct
 
 from infra.compute import Compute
 from infra.dashboard import Dashboard
+from infra.emfalarms import EmfAlarms
 from infra.jobs import Jobs
 from infra.network import Network
 from infra.settings import ECR_IMAGE, StackSettings
@@ -59,7 +60,9 @@ class PipelineStack(Stack):
         self.network = Network(self, "Network", vpc_id=settings.vpc_id)
         self.storage = Storage(self, "Storage")
         # The jobs' containers and the hosts that fail their setup write here (infra/compute.py).
-        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH)
+        # Removed with the stack, as the README's Deploy section says (CDK's default for a LogGroup is to retain it).
+        self.log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.ONE_MONTH,
+                                       removal_policy=RemovalPolicy.DESTROY)
         self.compute = Compute(self, "Compute", settings=settings, vpc=self.network.vpc, subnets=self.network.subnets,
                                log_group=self.log_group)
         # jobImage: the user's image, built FROM the project's (README "Your own processing"); else ours.
@@ -73,6 +76,7 @@ class PipelineStack(Stack):
             environment={},
             log_group=self.log_group,
         )
+        self.emf_alarms = EmfAlarms(self, "EmfAlarms", log_group=self.log_group, pipeline=name)
         self.dashboard = Dashboard(
             self,
             "Dashboard",

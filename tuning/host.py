@@ -10,13 +10,16 @@ the machine.
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from profiling.identity import INSTANCE_FILE
+from tuning import hostpost
 from tuning.hostscript import SCRIPT
 from tuning.mountopts import FILESYSTEMS, MountOptionError, check_mount_options
 
@@ -48,11 +51,38 @@ class HostTuningError(ValueError):
 @dataclass(frozen=True)
 class HostReport:
     """Where a host whose setup failed says why before it shuts down: a CloudWatch Logs group of the pipeline (names
-    may be CDK tokens, resolved in the user data)."""
+    may be CDK tokens, resolved in the user data), in the host's own region (from IMDS: tuning/hostpost.py)."""
 
     log_group: str
-    region: str
     pipeline: str
+
+
+def poster_source() -> str:
+    """tuning/hostpost.py as the user data runs it: its code without docstrings, comments, annotations or deep
+    indents, for user data is limited to 16 KB (EC2 User Guide, "Run commands when you launch an EC2 instance with
+    user data input"). ast.unparse keeps the code as 3.9-compatible as the source is."""
+    tree = ast.parse(Path(hostpost.__file__).read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.FunctionDef) and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+        if isinstance(node, ast.FunctionDef):
+            node.returns = None
+        elif isinstance(node, ast.arg):
+            node.annotation = None
+    tree = _Unannotate().visit(tree)
+    # unparse indents by four spaces a level and writes no literal over two lines: one space a level is the same code.
+    lines = ast.unparse(tree).splitlines()
+    return "\n".join(" " * ((len(line) - len(line.lstrip(" "))) // 4) + line.lstrip(" ") for line in lines if line)
+
+
+class _Unannotate(ast.NodeTransformer):
+    """`x: T = v` as `x = v`."""
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
+        assert node.value is not None, "hostpost.py annotates only assignments"
+        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno), node)
 
 
 # CDK context keys (camelCase) and the HostTuning fields they set.
@@ -76,11 +106,19 @@ _SYSCTL_FIELDS: dict[str, str] = {
 }
 
 
-def parse_kernel_release(release: str) -> tuple[int, int]:
-    """(major, minor) of a `uname -r` string such as '6.1.0-18-amd64'."""
-    match = re.match(r"^\s*(\d+)\.(\d+)", release)
+# A `uname -r` release, whole: MAJOR.MINOR[.PATCH] and a suffix of letters, digits and . _ - + ~ (6.1.0-18-amd64,
+# 6.1.115-126.197.amzn2023.x86_64, 6.12.0-rc1+), at most 64 characters (utsname's release field, __NEW_UTS_LEN).
+_KERNEL_RELEASE = re.compile(r"(\d{1,4})\.(\d{1,4})(?:\.\d{1,6})?(?:[-+_.~][A-Za-z0-9._+~-]*)?", re.ASCII)
+
+
+def parse_kernel_release(release: str, what: str = "kernel release") -> tuple[int, int]:
+    """(major, minor) of a whole `uname -r` string such as '6.1.0-18-amd64'; HostTuningError naming `what` for
+    anything else (a release followed by other text is not a release)."""
+    text = release.strip()
+    match = _KERNEL_RELEASE.fullmatch(text) if len(text) <= 64 else None
     if not match:
-        raise HostTuningError(f"kernel release {release!r} is not like '6.1.0': pass `uname -r` output")
+        raise HostTuningError(f"{what} {release[:70]!r} is not a whole `uname -r` release like '6.1.0-18-amd64': "
+                              "pass the hosts' `uname -r` output")
     return int(match[1]), int(match[2])
 
 
@@ -233,9 +271,10 @@ class HostTuning:
         With scratch "instance-store" the device is the one NVMe device of model STORE_MODEL (none or several:
         the setup fails, and the host is fenced like any other failed setup).
 
-        Four variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
-        (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab), IOBATCH_IMDS (empty: no IMDS) and
-        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in).
+        Five variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
+        (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab), IOBATCH_IMDS (empty: no IMDS),
+        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in) and IOBATCH_LOGS_ENDPOINT
+        (a stand-in for CloudWatch Logs, on a loopback address only: tuning/hostpost.py).
         """
         self.validate()
         sysctl_lines = "".join(f"{key} = {value}\n" for key, value in self.sysctls().items())
@@ -256,7 +295,7 @@ class HostTuning:
             ready_marker=q(SCRATCH_READY_MARKER),
             instance_file=q(INSTANCE_FILE),
             failure_log_group=q(report.log_group if report else ""),
-            failure_region=q(report.region if report else ""),
+            poster=poster_source(),
             pipeline=q(report.pipeline if report else ""),
         )
 

@@ -24,7 +24,6 @@ IMDS="${{IOBATCH_IMDS-http://169.254.169.254}}"
 INSTANCE_FILE={instance_file}
 # Where a failed setup says why before the host goes (the pipeline's log group; empty: only the console).
 FAILURE_LOG_GROUP={failure_log_group}
-FAILURE_REGION={failure_region}
 PIPELINE={pipeline}
 LAST_ERROR=""
 
@@ -43,25 +42,22 @@ INSTANCE_TYPE="$(imds instance-type || true)"
 [[ "$INSTANCE_ID" =~ ^i-[0-9a-f]{{8,32}}$ ]] || INSTANCE_ID=""
 [[ "$INSTANCE_TYPE" =~ ^[a-z0-9-]+\.[a-z0-9-]+$ ]] || INSTANCE_TYPE=""
 
-# A failed setup says why where it outlives the host: the EC2 console output (GetConsoleOutput) and, with the AWS CLI
-# (Amazon Linux 2023 ships it), one JSON event in the pipeline's log group, stream host-setup/<instance id>, which a
-# metric filter counts and an alarm watches (infra/compute.py).
+# A failed setup says why where it outlives the host: the EC2 console output (GetConsoleOutput) and one JSON event in
+# the pipeline's log group, stream host-setup/<instance id>, which a metric filter counts and an alarm watches
+# (infra/compute.py). Posted by python3 (tuning/hostpost.py): the ECS-optimized AL2023 AMI has no AWS CLI.
 report_failure() {{
-  local rc=$1 reason message stream now
+  local rc=$1 reason message
   reason="$(printf '%s' "${{LAST_ERROR:-exit $rc}}" | tr -c 'A-Za-z0-9 ._:/=,()+-' ' ' | cut -c1-400)"
   local format='{{"HostSetup": "failed", "Pipeline": "%s", "InstanceId": "%s", "InstanceType": "%s", "Reason": "%s"}}'
   message="$(printf "$format" "$PIPELINE" "${{INSTANCE_ID:-unknown}}" "${{INSTANCE_TYPE:-unknown}}" "$reason")"
   echo "iobatch-host: $message" > /dev/console 2>/dev/null || true
-  if [ -z "$FAILURE_LOG_GROUP" ]; then return 0; fi
-  if ! command -v aws >/dev/null 2>&1; then log "no AWS CLI: the failure is only in the console output"; return 0; fi
-  stream="host-setup/${{INSTANCE_ID:-unknown}}"
-  now="$(($(date +%s) * 1000))"
-  aws --region "$FAILURE_REGION" logs create-log-stream --log-group-name "$FAILURE_LOG_GROUP" \
-    --log-stream-name "$stream" >/dev/null 2>&1 || true
-  aws --region "$FAILURE_REGION" logs put-log-events --log-group-name "$FAILURE_LOG_GROUP" \
-    --log-stream-name "$stream" --log-events "[{{\"timestamp\": $now, \"message\": \"${{message//\"/\\\"}}\"}}]" \
-    >/dev/null 2>&1 \
-    || log "could not write the failure to log group $FAILURE_LOG_GROUP"
+  if [ -z "$FAILURE_LOG_GROUP" ] || [ -z "$IMDS" ]; then return 0; fi
+  if ! command -v python3 >/dev/null 2>&1; then log "no python3: the failure is only on the console"; return 0; fi
+  IOBATCH_IMDS="$IMDS" IOBATCH_LOG_GROUP="$FAILURE_LOG_GROUP" IOBATCH_MESSAGE="$message" \
+    IOBATCH_LOG_STREAM="host-setup/${{INSTANCE_ID:-unknown}}" \
+    python3 -I - <<'IOBATCH_POST' || log "could not write the failure to log group $FAILURE_LOG_GROUP"
+{poster}
+IOBATCH_POST
 }}
 
 # A host that could not prepare scratch must not take jobs: the ECS agent starts after cloud-init whether

@@ -52,7 +52,8 @@ def test_a_hosts_failed_setup_is_counted_and_alarms(synthesized: Synthesized) ->
     assert (transform["MetricNamespace"], transform["MetricName"], transform["MetricValue"]) == (
         DEFAULT_NAMESPACE, "HostSetupFailures", "1")
     assert transform["Dimensions"] == [{"Key": "Pipeline", "Value": "$.Pipeline"}]
-    alarm = synthesized.only("AWS::CloudWatch::Alarm")["Properties"]
+    [alarm] = [a["Properties"] for a in synthesized.resources("AWS::CloudWatch::Alarm").values()
+               if a["Properties"]["Namespace"] == DEFAULT_NAMESPACE]
     assert (alarm["MetricName"], alarm["Namespace"], alarm["Statistic"], alarm["Threshold"]) == (
         "HostSetupFailures", DEFAULT_NAMESPACE, "Sum", 1)
     assert alarm["Dimensions"] == [{"Name": "Pipeline", "Value": "iobatch"}]

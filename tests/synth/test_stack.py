@@ -17,6 +17,7 @@ from pipeline.interface import (
     ENV,
     EXIT_PERMANENT,
     EXIT_RETRYABLE,
+    EXIT_USAGE,
     HOST_CGROUP_MOUNT,
     OUTPUT_KEYS,
     PROFILER_CONTAINER,
@@ -44,14 +45,14 @@ def flatten(node: Any) -> str:
 
 
 def host_script(synthesized: Synthesized) -> str:
-    """The shell-script part of the launch template's MIME multipart user data."""
+    """The shell-script part of the launch template's MIME multipart user data (a text part, not base64)."""
     user_data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]["UserData"]
-    parts = user_data["Fn::Base64"]["Fn::Join"][1]
-    header = parts[0]
-    assert "multipart/mixed" in header and "text/x-shellscript" in header
-    scripts = [p["Fn::Base64"] for p in parts if isinstance(p, dict) and "Fn::Base64" in p]
-    assert len(scripts) == 1
-    return flatten(scripts[0])
+    text = flatten(user_data["Fn::Base64"])
+    head, _, rest = text.partition('Content-Type: text/x-shellscript; charset="utf-8"\n\n')
+    assert "multipart/mixed" in head and rest and "Content-Type" not in rest
+    script, _, tail = rest.rpartition("\n--")
+    assert tail.endswith("--\n") or tail.endswith("--"), tail
+    return script
 
 
 def statements(synthesized: Synthesized, role_prefix: str) -> list[dict[str, Any]]:
@@ -88,7 +89,7 @@ def test_user_data_is_the_script_tuning_host_renders(synthesized: Synthesized) -
     script = host_script(synthesized)
     tuning = HostTuning()
     [log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("Logs")]
-    assert script == tuning.render_script(report=HostReport(f"<{log_group}>", "<AWS::Region>", "iobatch"))
+    assert script == tuning.render_script(report=HostReport(f"<{log_group}>", "iobatch"))
     assert "vm.dirty_ratio = 30\n" in script and "vm.dirty_background_ratio = 20\n" in script
     assert "MOUNT_OPTIONS=noatime,nodiratime,logbufs=8,logbsize=256k,nofail\n" in script
     assert SYSCTL_CONF_PATH in script
@@ -134,6 +135,9 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
         logs = container["LogConfiguration"]
         assert logs["LogDriver"] == "awslogs"
         assert logs["Options"]["awslogs-group"] == {"Ref": job_log_group}
+        # Pinned, not the account's default: the job never blocks on CloudWatch, and the ring holds 2 x 11 documents
+        # of 256 KiB (3 stages and 8 sub-stages a child).
+        assert (logs["Options"]["mode"], logs["Options"]["max-buffer-size"]) == ("non-blocking", "6m")
         env = {e["Name"]: e["Value"] for e in container["Environment"]}
         assert env["AWS_EMF_NAMESPACE"] == DEFAULT_NAMESPACE
         assert env["IOBATCH_PIPELINE"] == "iobatch" and env["IOBATCH_VOLUME_TYPE"] == "st1"
@@ -145,16 +149,44 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
     assert props["Timeout"] == {"AttemptDurationSeconds": 120 * 60}
 
 
-def test_retry_strategy_keys_on_exit_codes_and_host_reclaim(synthesized: Synthesized) -> None:
+def test_retry_strategy_retries_reclaims_start_failures_and_75_and_ends_every_other_code(
+        synthesized: Synthesized) -> None:
     strategy = synthesized.only("AWS::Batch::JobDefinition")["Properties"]["RetryStrategy"]
     assert strategy["Attempts"] == 3
     assert strategy["EvaluateOnExit"] == [
         {"Action": "RETRY", "OnStatusReason": "Host EC2*"},
+        {"Action": "RETRY", "OnReason": "Cannot*"},
+        {"Action": "RETRY", "OnReason": "DockerTimeoutError*"},
         {"Action": "RETRY", "OnExitCode": str(EXIT_RETRYABLE)},
-        {"Action": "EXIT", "OnExitCode": str(EXIT_PERMANENT)},
-        {"Action": "EXIT", "OnExitCode": "64"},
-        {"Action": "EXIT", "OnReason": "*"},
+        {"Action": "EXIT", "OnExitCode": "*"},
     ]
+    # Batch's first match decides; what matches none is retried (a failure with no exit code that no reason names).
+    first = {"start": retry_action(strategy, reason="CannotStartContainerError: Error response from daemon: failed "
+                                   "to initialize logging driver: failed to create Cloudwatch log stream: "
+                                   "ThrottlingException: Rate exceeded"),
+             "pull": retry_action(strategy, reason="CannotPullContainerError: context canceled"),
+             "docker": retry_action(strategy, reason="DockerTimeoutError: Could not transition to created"),
+             "reclaim": retry_action(strategy, status="Host EC2 (instance i-0abc) terminated."),
+             "other start": retry_action(strategy, reason="ResourceInitializationError: unable to pull secrets"),
+             **{str(code): retry_action(strategy, code=code, reason="Essential container in task exited")
+                for code in (1, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE, 137)}}
+    assert first == {"start": "RETRY", "pull": "RETRY", "docker": "RETRY", "reclaim": "RETRY", "other start": "RETRY",
+                     "1": "EXIT", "64": "EXIT", "65": "EXIT", "75": "RETRY", "137": "EXIT"}
+
+
+def retry_action(strategy: dict[str, Any], *, status: str = "", reason: str = "", code: int | None = None) -> str:
+    """What Batch does with a failed attempt: the first rule whose every glob matches ("Automated job retries"),
+    else RETRY. A glob is its text, or a prefix when it ends in `*`; an attempt with no exit code matches none."""
+    def matches(glob: str, value: str | None) -> bool:
+        if value is None:
+            return False
+        return value.startswith(glob[:-1]) if glob.endswith("*") else value == glob
+
+    for rule in strategy["EvaluateOnExit"]:
+        if all(matches(rule[key], value) for key, value in (("OnStatusReason", status), ("OnReason", reason),
+               ("OnExitCode", None if code is None else str(code))) if key in rule):
+            return str(rule["Action"])
+    return "RETRY"
 
 
 def test_job_role_reads_only_the_input_prefix_and_writes_only_the_output_prefix(synthesized: Synthesized) -> None:
