@@ -30,6 +30,7 @@ from pipeline.submit.plan import (
     plan_requests,
     status_command,
     submit_kwargs,
+    tag_value,
 )
 from pipeline.submit.stack import StackOutputs, resolve_target
 from pipeline.submit.status import (
@@ -80,4 +81,5 @@ __all__ = [
     "submit_kwargs",
     "submit_planned",
     "submit_to_stack",
+    "tag_value",
 ]

@@ -15,6 +15,7 @@ Nothing here calls AWS; `SubmitResult` renders what a submission did (or, with d
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +31,13 @@ TAG_OFFSET = "iobatch:offset"
 TAG_PER_CHILD = "iobatch:images-per-child"
 TAG_IMAGES = "iobatch:images"
 TAG_OUTPUT = "iobatch:output"
+# The job definition propagates its job's tags to the ECS task, and ECS takes a tag value only of letters, spaces,
+# digits and `_.:/=+-@`, at most 256 characters (botocore's ECS model, shape TagValue: pattern
+# ([\p{L}\p{Z}\p{N}_.:/=+\-@]*), max 256): any other character (an S3 key's `( ) ' !`) would fail every child's
+# task at start, so `tag_value` writes it as TAG_VALUE_JUNK.
+TAG_VALUE_MAX = 256
+TAG_VALUE_PUNCTUATION = frozenset("_.:/=+-@")
+TAG_VALUE_JUNK = "_"
 
 # ---- the request, validated before any call --------------------------------------------------------
 
@@ -197,6 +205,13 @@ class BatchTarget:
     containers: tuple[str, ...] | None = CONTAINERS
 
 
+def tag_value(text: str) -> str:
+    """`text` as a tag value ECS accepts (TAG_VALUE_MAX characters of letters (L), separators (Z), numbers (N) and
+    TAG_VALUE_PUNCTUATION; TAG_VALUE_JUNK for anything else)."""
+    return "".join(c if unicodedata.category(c)[0] in "LZN" or c in TAG_VALUE_PUNCTUATION else TAG_VALUE_JUNK
+                   for c in text[:TAG_VALUE_MAX])
+
+
 def submit_kwargs(plan: ArrayJobPlan, target: BatchTarget, environment: Mapping[str, str],
                   tags: Mapping[str, str]) -> dict[str, Any]:
     """The SubmitJob request for one array job (pure)."""
@@ -205,7 +220,7 @@ def submit_kwargs(plan: ArrayJobPlan, target: BatchTarget, environment: Mapping[
         "jobName": plan.name,
         "jobQueue": target.job_queue,
         "jobDefinition": target.job_definition,
-        "tags": dict(tags),
+        "tags": {key: tag_value(value) for key, value in tags.items()},
     }
     if plan.size > 1:
         kwargs["arrayProperties"] = {"size": plan.size}
@@ -228,7 +243,7 @@ def plan_requests(request: SubmitRequest, target: BatchTarget, *, manifest: S3Ur
     for plan in plans:
         tags = {TAG_BATCH: request.name, TAG_OFFSET: str(plan.offset),
                 TAG_PER_CHILD: str(request.images_per_child), TAG_IMAGES: str(plan.images),
-                TAG_OUTPUT: str(request.output)[:256]}
+                TAG_OUTPUT: str(request.output)}
         out.append((plan, submit_kwargs(plan, target, batch_environment(request, manifest, plan.offset), tags)))
     return out
 

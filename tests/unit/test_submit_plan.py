@@ -151,3 +151,29 @@ def test_check_flags_needs_no_client() -> None:
 
 def test_a_target_overrides_the_interface_containers_by_default() -> None:
     assert sub.BatchTarget("q", "d").containers == CONTAINERS == ("job", "profiler")
+
+
+def _ecs_tag_value() -> Any:
+    """ECS's tag value rule, from botocore's ECS model (shape TagValue), as `regex` reads \\p{...} classes."""
+    regex = pytest.importorskip("regex")
+    from botocore.loaders import Loader
+
+    shape = Loader().load_service_model("ecs", "service-2")["shapes"]["TagValue"]
+    pattern = regex.compile(shape["pattern"])
+    return lambda value: pattern.fullmatch(value) is not None and len(value) <= shape["max"]
+
+
+def test_an_output_prefix_ecs_would_refuse_as_a_tag_value_is_tagged_as_it_accepts() -> None:
+    ecs_accepts = _ecs_tag_value()
+    request = sub.SubmitRequest.build(manifest=None, prefix="s3://inb/img/", images_per_child=5, input_bucket="inb",
+                                      output="s3://outb/run (1) it's done!/été", output_bucket="outb")
+    (_, only), = sub.plan_requests(request, sub.BatchTarget("q", "d"), manifest=S3Uri("outb", "m"), children=1,
+                                   images=4)
+    assert not ecs_accepts(str(request.output))
+    assert only["tags"][sub.TAG_OUTPUT] == "s3://outb/run _1_ it_s done_/été/"
+    assert all(ecs_accepts(value) for value in only["tags"].values())
+
+
+@given(st.text(max_size=400))
+def test_every_tag_value_is_one_ecs_accepts(text: str) -> None:
+    assert _ecs_tag_value()(sub.tag_value(text))
