@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
 CDK_ARGS ?=
 
-.PHONY: setup bpf host-mounts guest demo fresh-check test test-shifted-clock fuzz lint synth bench clean help
+.PHONY: setup bpf host-mounts guest images demo fresh-check test test-shifted-clock fuzz lint synth bench clean help
 .PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
@@ -38,7 +38,7 @@ help:
 	@echo "make fresh-check   make demo and make test as a new machine runs them (a fresh clone, no bpffs, no caches)"
 
 setup: setup-start $(VENV)/.installed $(TOOLS)/bin/versitygw node_modules/.installed $(TOOLS)/.system-packages \
-  interposer bpf host-mounts guest localstack
+  interposer bpf host-mounts guest images localstack
 	@echo "[$$(date -u +%T)] set up"
 
 setup-start:
@@ -124,6 +124,13 @@ guest: $(TOOLS)/.system-packages $(VENV)/.installed
 	  { [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/initramfs-init.sh ] && [ $(TOOLS)/guest/initramfs.cpio -nt tuning/guest/assets.py ] \
 	    || $(PY) -m tuning.guest.assets $(TOOLS)/guest; }; \
 	else echo "note: not preparing the cgroup v2 guest (needs root, qemu-system-x86 and busybox-static)"; fi
+
+# The images the task rehearsals run (tests/support/images.py: a debootstrap base, the job image, a user's image from
+# examples/Dockerfile), as root with podman: a few minutes on a new machine, seconds once podman's layer cache holds
+# them. Without root or podman the rehearsals skip, saying so.
+images: $(TOOLS)/.system-packages $(VENV)/.installed
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null; then $(PY) -m tests.support.images; \
+	else echo "note: not building the rehearsals' images (needs root and podman)"; fi
 
 # LocalStack's free runtime (S3, CloudWatch Logs) for the localstack test tier, in its own virtualenv, every package
 # pinned in requirements-localstack.lock (installed without a resolver). Without network or Python it says so once

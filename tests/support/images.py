@@ -1,13 +1,18 @@
 """The job image, built without a Docker daemon: a Debian base made once with debootstrap (cached under
 .tools/ as a tar and as a podman image), then containers/job/Dockerfile with `--build-arg BASE=` that base.
-podman's layer cache makes every later build of an unchanged tree take seconds."""
+podman's layer cache makes every later build of an unchanged tree take seconds, and each image is built once a
+process (the tree does not change under a test run). `make setup` builds them as root, so a new machine's suite
+does not (`python -m tests.support.images`)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,7 @@ def debian_mirror() -> str:
     return DEFAULT_MIRROR
 
 
+@functools.cache
 def base_image() -> str:
     """localhost/iobatch-base:bookworm, from the cached debootstrap tar (made on first use, ~1 min)."""
     if run("podman", "image", "exists", BASE_IMAGE).returncode == 0:
@@ -62,6 +68,7 @@ def base_image() -> str:
     return BASE_IMAGE
 
 
+@functools.cache
 def job_image() -> str:
     """The job image, built from the repository with BASE set to the debootstrap base."""
     args = ["podman", "build", "--isolation=chroot", "--network=host", "--build-arg", f"BASE={base_image()}",
@@ -79,9 +86,31 @@ def job_image() -> str:
 USER_IMAGE = "localhost/iobatch-user:test"
 
 
+@functools.cache
 def user_image() -> str:
     """A user's image as the README's "Your own processing" builds it: examples/Dockerfile FROM the job image."""
     built = run("podman", "build", "--isolation=chroot", "--network=host", "--build-arg", f"BASE={job_image()}",
                 "-f", "examples/Dockerfile", "-t", USER_IMAGE, "examples", cwd=ROOT, timeout=600)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
     return USER_IMAGE
+
+
+def main() -> int:
+    """Build the images the rehearsals use, saying how long each took; a skip (no mirror) is one line, not a failure
+    of setup (the tests that need the images then skip with the same line)."""
+    for build in (base_image, job_image, user_image):
+        start = time.monotonic()
+        try:
+            name = build()
+        except pytest.skip.Exception as skipped:
+            print(f"note: the rehearsals' images were not built: {skipped}")
+            return 0
+        except AssertionError as failed:
+            print(f"the rehearsals' image {build.__name__} did not build: {str(failed)[-2000:]}", file=sys.stderr)
+            return 1
+        print(f"image {name}: {time.monotonic() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
