@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
 CDK_ARGS ?=
 
-.PHONY: setup bpf host-mounts guest images demo fresh-check test test-shifted-clock fuzz lint synth bench clean help
+.PHONY: setup bpf host-mounts guest images demo fresh-check check test test-shifted-clock fuzz lint synth bench clean help
 .PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
@@ -33,7 +33,7 @@ help:
 	@echo "make synth   cdk synth the stack offline with the pinned CLI"
 	@echo "make bootstrap / deploy / destroy   the CDK CLI with CDK_ARGS (setup-deploy: only what deploying needs)"
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
-	@echo "make lint    ruff and mypy"
+	@echo "make check   ruff and mypy (make lint is the same), with only the Python environment"
 	@echo "make fuzz    the fuzz tests with new examples drawn (make test replays the same ones)"
 	@echo "make fresh-check   make demo and make test as a new machine runs them (a fresh clone, no bpffs, no caches)"
 
@@ -151,8 +151,7 @@ demo: setup-demo
 # Each step says when it starts (UTC), and pytest names its 20 slowest tests: where a run's time goes.
 test: setup
 	@echo "[$$(date -u +%T)] lint"
-	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
-	$(PY) -m mypy
+	@$(MAKE) --no-print-directory check
 	@echo "[$$(date -u +%T)] the shifted clock"
 	$(MAKE) --no-print-directory test-shifted-clock
 	@echo "[$$(date -u +%T)] the suite"
@@ -179,9 +178,12 @@ test-shifted-clock: setup
 fuzz: setup
 	HYPOTHESIS_PROFILE=explore $(PY) -m pytest -q tests/unit/test_cli_fuzz.py tests/unit/test_fuzz_inputs.py $(PYTEST_ARGS)
 
-lint: setup
+# Lint and types: only the Python environment (none of the test tools, Debian packages, Go or npm); under a minute.
+check: $(VENV)/.installed
 	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
 	$(PY) -m mypy
+
+lint: check
 
 synth: setup-deploy
 	rm -rf cdk.out
