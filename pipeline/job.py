@@ -43,7 +43,7 @@ from typing import Any
 
 from pipeline import s3 as s3io
 from pipeline.errors import IntegrityError, Interrupted, IobatchError, ManifestError, ScratchError, print_error
-from pipeline.interface import soft_deadline_s
+from pipeline.interface import EXIT_BUG, EXIT_OK, soft_deadline_s
 from pipeline.manifest import ManifestEntry, shard_bounds
 from pipeline.process import (
     Command,
@@ -139,8 +139,9 @@ def local_name(key: str, position: int) -> str:
     return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
 
 
-def run_stages(settings: JobSettings) -> ChildResult:
-    """Run one child's three stages (download, process, upload) in this process, or raise an IobatchError.
+def run_stages(settings: JobSettings, reporter: StageReporter) -> ChildResult:
+    """Run one child's three stages (download, process, upload) in this process, or raise an IobatchError; each
+    stage is announced to the profiler through `reporter`.
 
     The process command is found first (a usage error: nothing has run); then the attempt's scratch directory is
     claimed, and removed on every way out, failures included."""
@@ -157,12 +158,12 @@ def run_stages(settings: JobSettings) -> ChildResult:
     if swept:
         log("swept", scratch=str(settings.scratch_root), attempts=swept)
     try:
-        return _run_claimed(settings, scratch, command)
+        return _run_claimed(settings, scratch, command, reporter)
     finally:
         scratch.release()
 
 
-def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command) -> ChildResult:
+def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command, reporter: StageReporter) -> ChildResult:
     s3 = s3io.client(settings.s3_endpoint)
     success = settings.child_output.join(s3io.SUCCESS_MARKER)
     if not settings.force and s3io.exists(s3, success):
@@ -173,51 +174,41 @@ def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command) -> C
     needed = sum(e.size or 0 for e in entries)
     scratch.check_fits(needed)
     incoming, outgoing = settings.work_dir / "input", settings.work_dir / "output"
-    reporter = StageReporter(settings.socket_path,
-                             identity={"JobId": settings.job_id, "ArrayIndex": str(settings.array_index)})
     log("start", child=settings.child, images=len(entries), job_id=settings.job_id,
         profiled=reporter.active, scratch=str(settings.work_dir))
-    outcome = "failed"
-    try:
-        log("stage_start", stage="download")
-        with reporter.stage("download") as stage:
-            copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(incoming / local_name(e.key, i)))
-                      for i, e in enumerate(entries)]
-            try:
-                results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
-                                     endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
-                                     retries=settings.s5cmd_retries)
-            except ScratchError:
-                raise scratch.full_error("downloading", at_least=needed) from None
-            for i, entry in enumerate(entries):
-                verify_size(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
-                if not command.is_builtin:
-                    verify_content(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
-            bytes_in = sum(r.size or 0 for r in results)
-            stage.items = len(entries)
-        log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
+    log("stage_start", stage="download")
+    with reporter.stage("download") as stage:
+        copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(incoming / local_name(e.key, i)))
+                  for i, e in enumerate(entries)]
+        try:
+            results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
+                                 endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
+                                 retries=settings.s5cmd_retries)
+        except ScratchError:
+            raise scratch.full_error("downloading", at_least=needed) from None
+        for i, entry in enumerate(entries):
+            verify_size(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
+            if not command.is_builtin:
+                verify_content(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
+        bytes_in = sum(r.size or 0 for r in results)
+        stage.items = len(entries)
+    log("stage_end", stage="download", images=len(entries), bytes=bytes_in)
 
-        images_file = settings.work_dir / "images.jsonl"  # written before the stage: not the command's bytes
-        write_images_file(images_file, [(local_name(e.key, i), e) for i, e in enumerate(entries)])
-        log("stage_start", stage="process", command=command.text)
-        with reporter.stage("process") as stage:
-            outputs = _process(settings, scratch, command, incoming, outgoing, images_file,
-                               profiled=reporter.active)
-            stage.items = len(entries)
-        bytes_out = sum(o.size for o in outputs)
-        log("stage_end", stage="process", images=len(entries), files=len(outputs), bytes=bytes_out)
+    images_file = settings.work_dir / "images.jsonl"  # written before the stage: not the command's bytes
+    write_images_file(images_file, [(local_name(e.key, i), e) for i, e in enumerate(entries)])
+    log("stage_start", stage="process", command=command.text)
+    with reporter.stage("process") as stage:
+        outputs = _process(settings, scratch, command, incoming, outgoing, images_file,
+                           profiled=reporter.active)
+        stage.items = len(entries)
+    bytes_out = sum(o.size for o in outputs)
+    log("stage_end", stage="process", images=len(entries), files=len(outputs), bytes=bytes_out)
 
-        log("stage_start", stage="upload")
-        with reporter.stage("upload") as stage:
-            _upload(settings, s3, outputs, images=len(entries))
-            stage.items = len(entries)
-        log("stage_end", stage="upload", images=len(entries), files=len(outputs), bytes=bytes_out)
-        outcome = "ok"
-    except Interrupted:
-        outcome = "interrupted"
-        raise
-    finally:
-        reporter.close(outcome)
+    log("stage_start", stage="upload")
+    with reporter.stage("upload") as stage:
+        _upload(settings, s3, outputs, images=len(entries))
+        stage.items = len(entries)
+    log("stage_end", stage="upload", images=len(entries), files=len(outputs), bytes=bytes_out)
     log("done", child=settings.child, images=len(entries), output=str(settings.child_output))
     return ChildResult(settings.child, False, len(entries), bytes_in, bytes_out)
 
@@ -289,20 +280,27 @@ def record_calls(settings: JobSettings) -> None:
 
 
 def main(settings: JobSettings | None = None) -> int:
-    """Entrypoint: returns the process exit code (see pipeline/errors.py)."""
+    """Entrypoint: returns the process exit code (see pipeline/errors.py), which the job's last message tells the
+    profiler on every way out once the settings are read, so that its container ends with the same code."""
     signal.signal(signal.SIGTERM, _stop_with(
         "the child was stopped by SIGTERM (Spot reclaim, a job cancelled, or Batch's timeout): it will be retried"))
     # Ctrl-C stops it the same way (exit 75, the stage recorded as interrupted), not with a traceback.
     signal.signal(signal.SIGINT, _stop_with("the child was interrupted (SIGINT, Ctrl-C): run it again to finish it"))
+    reporter: StageReporter | None = None
+    code, outcome = EXIT_BUG, "failed"  # what an unexpected exception leaves (Python exits 1 on one)
     try:
         settings = settings or JobSettings.from_env()
-        record_calls(settings)  # before the deadline's timer, which would outlive an exec
+        record_calls(settings)  # before the deadline's timer, which would outlive an exec, and before connecting
         arm_deadline(settings.timeout_s)
-        run_stages(settings)
-        return 0
+        reporter = StageReporter(settings.socket_path,
+                                 identity={"JobId": settings.job_id, "ArrayIndex": str(settings.array_index)})
+        run_stages(settings, reporter)
+        code, outcome = EXIT_OK, "ok"
     except IobatchError as exc:
         log("failed", error=exc.headline, exit_code=exc.exit_code, retryable=exc.retryable)
         print_error(exc.headline)
-        return exc.exit_code
-
-
+        code, outcome = exc.exit_code, getattr(exc, "stage_outcome", "failed")
+    finally:
+        if reporter is not None:
+            reporter.close(outcome, code)
+    return code

@@ -9,7 +9,7 @@ Transport: a Unix stream socket on the shared scratch volume. One JSON object pe
     sidecar -> job   {"type": "ack", "stage": "download"}          (last sample taken; the sidecar
                                                                    builds and emits the profile once the
                                                                    job is idle or its next stage is 0.5 s old)
-    job -> sidecar   {"type": "job_end", "outcome": "ok"}          (the sidecar may exit)
+    job -> sidecar   {"type": "job_end", "outcome": "ok", "exit_code": 0}   (the sidecar exits, with that code)
 
 The job waits for each ack so that the sidecar's baseline precedes the stage's first byte and its last
 sample follows the stage's last byte. socket send/recv are not read/write calls, so the protocol does
@@ -104,6 +104,9 @@ def decode(line: bytes) -> dict[str, Any]:
         raise ProtocolError(f"{kind} message names no stage")
     if kind == "stage_start" and not isinstance(message.get("pid"), int):
         raise ProtocolError("stage_start message has no integer pid")
+    code = message.get("exit_code")
+    if code is not None and not (type(code) is int and 0 <= code <= 255):
+        raise ProtocolError(f"exit_code {str(code)[:20]!r} is not a process exit code (0-255)")
     job = message.get("job")
     if job is not None and not (isinstance(job, dict) and set(job) <= set(IDENTITY_KEYS) and all(
             isinstance(v, str) and 0 < len(v) <= MAX_IDENTITY_VALUE for v in job.values())):
@@ -210,9 +213,13 @@ class StageReporter:
         finally:
             self._exchange({"type": "stage_end", "stage": name, "outcome": outcome, "items": handle.items})
 
-    def close(self, outcome: str = "ok") -> None:
-        """Tell the sidecar the job is over, so it can exit."""
-        self._exchange({"type": "job_end", "outcome": outcome}, wait_ack=False)
+    def close(self, outcome: str = "ok", exit_code: int | None = None) -> None:
+        """Tell the sidecar the job is over, so it can exit, with the job's exit code when given: the profiler's
+        container then ends as the job's does (pipeline/cli/profiler.py)."""
+        message: dict[str, Any] = {"type": "job_end", "outcome": outcome}
+        if exit_code is not None:
+            message["exit_code"] = exit_code
+        self._exchange(message, wait_ack=False)
         if self._sock is not None:
             self._sock.close()
             self._sock = None

@@ -51,8 +51,7 @@ from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
 from profiling.substages import SubStages
 
 ProbeResults = list[tuple[str, dict[str, Any] | None]]
-# Each probe's reading taken at a stage's end, and how to build its figures from it (a probe's `stop_later`).
-ProbeReadings = list[tuple[str, Callable[[], dict[str, Any] | None]]]
+ProbeReadings = list[tuple[str, Callable[[], dict[str, Any] | None]]]  # a probe's reading, its figures built later
 
 
 def _warn(text: str) -> None:
@@ -143,6 +142,7 @@ class Sidecar:
         self._server: socket.socket | None = None
         self._register: DeviceRegister | None = None
         self._said: set[str] = set()  # notices already printed: each is said once per job
+        self.job_exit_code: int | None = None  # the code the job's job_end says it exits with
         self._probes_missing: list[str] = []  # why a per-call probe is not running
         # What the running stage's own command announces (the user's process command): profiling/substages.py.
         self._substages = SubStages(device=config.device, interval_s=config.interval_s,
@@ -309,6 +309,7 @@ class Sidecar:
             return False
         kind = message["type"]
         if kind == "job_end":
+            self.job_exit_code = message.get("exit_code")
             self._finish_pending()
             if self._sampler is not None:
                 self._end_stage("interrupted", None)

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import typer
 
 from pipeline.cli import checks
-from pipeline.errors import UsageError
-from pipeline.interface import ENV, exit_code_of
+from pipeline.errors import IobatchError, UsageError
+from pipeline.interface import ENV, EXIT_OK, exit_code_of
 from profiling.protocol import SOCKET_NAME
 
 
@@ -65,57 +67,89 @@ def sidecar(
 ) -> None:
     """Profile the job beside it: one StageProfile and one EMF document per stage (container entrypoint).
 
-    Exits 0 after the job's job_end, when the job closes the socket, or on SIGTERM (the running stage is
-    flushed as interrupted). It never makes the job fail.
+    Exits after the job's job_end with the code the job says it exits with, so that its container ends as the job's
+    does whichever of the two Batch reads (infra/jobs.py, retry_conditions); 0 when the job closes the socket without
+    one, on SIGTERM (the running stage is flushed as interrupted), and when the profiler cannot start (one warning:
+    the job runs unprofiled). It never makes the job fail; only a bad flag exits 64.
     """
+    # A SIGTERM before the server's own handler (ECS stops the profiler when the job ended first) exits 0, not 75.
+    signal.signal(signal.SIGTERM, _stopped_early)
+    try:
+        server = _start_sidecar(socket_path, emf, profile_out, interval, device, scratch_dir, namespace, contract,
+                                call_probes)
+    except _StoppedEarly:
+        raise typer.Exit(EXIT_OK) from None
+    if server is not None:
+        server.serve()
+    raise typer.Exit(EXIT_OK if server is None or server.job_exit_code is None else server.job_exit_code)
+
+
+class _StoppedEarly(BaseException):
+    """SIGTERM while the profiler was still starting."""
+
+
+def _stopped_early(signum: int, frame: FrameType | None) -> None:
+    raise _StoppedEarly
+
+
+def _start_sidecar(socket_path: Path | None, emf: str, profile_out: Path | None, interval: float, device: str | None,
+                   scratch_dir: Path | None, namespace: str, contract: Path | None, call_probes: bool) -> Any:
+    """The sidecar with its socket bound and SIGTERM handled, or None (and one warning) when it cannot start.
+
+    A bad flag is the caller's (UsageError, 64); what the environment or the machine stands in the way of (the
+    pipeline's variables, the scratch directory, the socket) is the profiler's own start-up failure, which never
+    fails the child: the job runs unprofiled, and the profiler's container exits 0."""
     import os
 
     from pipeline.interface import AWS_ENV, HOST_CGROUP_MOUNT
     from pipeline.settings import job_identity
     from profiling.emf import dimension_value_problem, sink_for
     from profiling.metrics import DEFAULT_NAMESPACE
+    from profiling.protocol import MAX_SOCKET_PATH
     from profiling.sidecar import Sidecar, SidecarConfig
 
     for path, flag in ((profile_out, "--profile-out"), (None if emf == "-" else Path(emf), "--emf")):
         if path is not None:
             checks.output_file(path, flag)
-    chosen = namespace or os.environ.get(AWS_ENV.EMF_NAMESPACE) or DEFAULT_NAMESPACE
-    checks.emf_namespace(chosen, "--namespace" if namespace else AWS_ENV.EMF_NAMESPACE)
-    identity = job_identity(dict(os.environ))
-    if problem := dimension_value_problem(identity.pipeline):
-        raise UsageError(f"{ENV.PIPELINE}={identity.pipeline[:40]!r} {problem}: set it to the stack's pipeline name")
-    target = socket_path or identity.socket_path
-    if target is None:
-        raise UsageError(f"no socket: give --socket PATH or set {ENV.PROFILER_SOCKET}")
-    scratch = scratch_dir or identity.work_dir
-    if device is None and not scratch.exists():
-        checks.output_dir(scratch, "--scratch-dir")
-        scratch.mkdir(parents=True, exist_ok=True)
-        if os.geteuid() == 0:  # a root profiler (profilerEbpf) beside a job of another user: like /scratch
-            scratch.chmod(0o1777)
-    config = SidecarConfig(
-        socket_path=target,
-        emf_sink=sink_for(emf),
-        profile_out=profile_out,
-        interval_s=_interval(interval),
-        device=_device(device, scratch),
-        scratch_dir=scratch,
-        namespace=chosen,
-        properties=identity.properties,
-        contract_path=contract,
-        call_probes=call_probes,
-        remove_empty_dir=target.parent == identity.work_dir,
-        host_cgroup_mount=Path(HOST_CGROUP_MOUNT),
-    )
-    server = Sidecar(config)
-    server.install_sigterm()
+    if namespace:
+        checks.emf_namespace(namespace, "--namespace")
+    if socket_path is not None and len(str(socket_path)) > MAX_SOCKET_PATH:
+        raise UsageError(f"--socket {str(socket_path)[:40]}...: the path is over {MAX_SOCKET_PATH} bytes; use a "
+                         "shorter path")
+    if scratch_dir is not None and device is None and not scratch_dir.exists():
+        checks.output_dir(scratch_dir, "--scratch-dir")
+    step, flagged_device = _interval(interval), _device(device) if device else None
+    server = target = None
     try:
+        chosen = namespace or os.environ.get(AWS_ENV.EMF_NAMESPACE) or DEFAULT_NAMESPACE
+        checks.emf_namespace(chosen, AWS_ENV.EMF_NAMESPACE)
+        identity = job_identity(dict(os.environ))
+        if problem := dimension_value_problem(identity.pipeline):
+            raise UsageError(f"{ENV.PIPELINE}={identity.pipeline[:40]!r} {problem}: set it to the stack's pipeline "
+                             "name")
+        target = socket_path or identity.socket_path
+        if target is None:
+            raise UsageError(f"no socket: give --socket PATH or set {ENV.PROFILER_SOCKET}")
+        scratch = scratch_dir or identity.work_dir
+        if device is None and not scratch.exists():
+            scratch.mkdir(parents=True, exist_ok=True)
+            if os.geteuid() == 0:  # a root profiler (profilerEbpf) beside a job of another user: like /scratch
+                scratch.chmod(0o1777)
+        server = Sidecar(SidecarConfig(
+            socket_path=target, emf_sink=sink_for(emf), profile_out=profile_out, interval_s=step,
+            device=flagged_device or _device(None, scratch), scratch_dir=scratch, namespace=chosen,
+            properties=identity.properties, contract_path=contract, call_probes=call_probes,
+            remove_empty_dir=target.parent == identity.work_dir, host_cgroup_mount=Path(HOST_CGROUP_MOUNT)))
+        server.install_sigterm()
         server.bind()
         if os.geteuid() == 0:  # the job may be another user (profilerEbpf runs the profiler as root)
             target.chmod(0o666)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot serve the profiler socket {target}: {exc}") from None
-    server.serve()
+    except (IobatchError, OSError, ValueError) as exc:
+        why = exc.headline if isinstance(exc, IobatchError) else str(exc)
+        where = f" the profiler socket {target}:" if target is not None and server is not None else ""
+        print(f"warning: profiler: cannot serve{where} {why}; the job runs unprofiled", file=sys.stderr, flush=True)
+        return None
+    return server
 
 
 def profile(
