@@ -32,6 +32,7 @@ from botocore.exceptions import (
     EndpointConnectionError,
     NoCredentialsError,
     NoRegionError,
+    SSLError,
 )
 
 from pipeline.errors import (
@@ -43,6 +44,7 @@ from pipeline.errors import (
     TransferError,
     UsageError,
 )
+from pipeline.interface import ENV
 
 #: Slow down: the same call succeeds later.
 THROTTLING_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "TooManyRequestsException"})
@@ -147,11 +149,48 @@ def refuse_foreign_answers(events: Any, *, service: str, fix: str) -> None:
         error = parsed.get("Error") or {}
         why = foreign_answer(int(http_response.status_code), http_response.headers, str(error.get("Code") or ""))
         if why:
-            where = urlsplit(str(http_response.url))
-            raise UsageError(f"{where.scheme}://{where.netloc} is not {service}: it answered {operation.name} with "
-                             f"{why}: {fix}")
+            raise UsageError(f"{origin(str(http_response.url))} is not {service}: it answered {operation.name} "
+                             f"with {why}: {fix}")
 
     events.register_first("needs-retry.*.*", check)
+
+
+def origin(url: str) -> str:
+    """scheme://HOST[:PORT] of a URL, without its user info, path or query: how an error line names a server."""
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
+
+
+def _said(said: object) -> str:
+    """An exception's (or a URL's) text for an error line, any URL's user info hidden: botocore names the URLs
+    it tried, and AWS_ENDPOINT_URL is not checked here."""
+    return re.sub(r"(?<=://)[^/\s@]*@", "***@", str(said))
+
+
+# ---- TLS to a plain-HTTP server: a wrong scheme, not an outage ----------------------------------------------
+
+#: What a TLS client meets when the server answers in plain HTTP: OpenSSL's alert (1.1 and 3.0 "wrong version
+#: number", 3.2 and later "record layer failure", as botocore's SSLError carries it) and Go's (s5cmd's lines).
+PLAIN_HTTP_SIGNS = ("wrong version number", "wrong_version_number", "record layer failure",
+                    "first record does not look like a tls handshake", "server gave http response to https client")
+
+
+def plain_http(text: str) -> bool:
+    """Whether a TLS failure's text says the server speaks plain HTTP (PLAIN_HTTP_SIGNS)."""
+    lowered = text.lower()
+    return any(sign in lowered for sign in PLAIN_HTTP_SIGNS)
+
+
+def https_to_plain_http(url: str, flag: str) -> UsageError:
+    """An https endpoint whose server speaks plain HTTP: no retry can get past it (64), the scheme is the fix."""
+    return UsageError(f"{origin(url)} answers in plain HTTP, not TLS: its scheme is http, not https; write "
+                      f"{flag} as http://...")
+
+
+def _wrong_scheme(exc: Exception, flag: str) -> UsageError | None:
+    if isinstance(exc, SSLError) and plain_http(str(exc)):
+        return https_to_plain_http(str(exc.kwargs.get("endpoint_url") or "https://?"), flag)
+    return None
 
 
 # ---- regions ----------------------------------------------------------------------------------------
@@ -204,8 +243,8 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
         return UsageError("no AWS credentials found: set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or a profile")
     if isinstance(exc, EndpointConnectionError):
         return _no_such_region(exc) or EndpointUnreachable(
-            f"S3 endpoint does not answer for {what} ({exc.kwargs.get('endpoint_url')}): check --s3-endpoint and "
-            "the network")
+            f"S3 endpoint does not answer for {what} ({_said(exc.kwargs.get('endpoint_url'))}): check "
+            "--s3-endpoint and the network")
     if isinstance(exc, ClientError):
         code = error_code(exc)
         if code == "NoSuchBucket":
@@ -227,8 +266,10 @@ def s3_error(exc: Exception, *, what: str) -> Exception:
         if "(BadDigest)" in text or "(InvalidDigest)" in text:
             return TransferError(f"S3 rejected the upload of {what} as corrupt in transit (BadDigest): retry")
         return TransferError(f"uploading {what} failed: {text[:200]}")
+    if wrong := _wrong_scheme(exc, f"--s3-endpoint (a job: {ENV.S3_ENDPOINT})"):
+        return wrong
     if isinstance(exc, BotoCoreError):
-        return RetryableError(f"S3 request for {what} failed: {exc}")
+        return RetryableError(f"S3 request for {what} failed: {_said(exc)}")
     return exc
 
 
@@ -251,8 +292,10 @@ def aws_error(exc: Exception, *, doing: str) -> IobatchError:
         return PermanentError(f"AWS answered {code} while {doing}: {message}".rstrip(": "))
     if isinstance(exc, EndpointConnectionError) and (wrong := _no_such_region(exc)):
         return wrong
+    if wrong := _wrong_scheme(exc, "AWS_ENDPOINT_URL"):
+        return wrong
     if isinstance(exc, BotoCoreError):
-        return RetryableError(f"AWS request failed while {doing}: {exc}")
+        return RetryableError(f"AWS request failed while {doing}: {_said(exc)}")
     if isinstance(exc, IobatchError):
         return exc
     raise exc
@@ -301,7 +344,8 @@ def logs_error(exc: Exception, *, log_group: str) -> IobatchError:
         return UsageError("no AWS credentials: set AWS_PROFILE or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY")
     if isinstance(exc, EndpointConnectionError):
         return _no_such_region(exc) or EndpointUnreachable(
-            f"CloudWatch Logs endpoint does not answer ({exc}): check --region, --logs-endpoint and the network")
+            f"CloudWatch Logs endpoint does not answer ({_said(exc)}): check --region, --logs-endpoint and the "
+            "network")
     if isinstance(exc, ClientError):
         code = error_code(exc)
         if code == "ResourceNotFoundException":
@@ -318,8 +362,10 @@ def logs_error(exc: Exception, *, log_group: str) -> IobatchError:
                               "logs:FilterLogEvents on it")
         message = _message(exc).splitlines()[0][:160] if _message(exc) else ""
         return UsageError(f"CloudWatch Logs answered {code} while reading {log_group}: {message}".rstrip(": "))
+    if wrong := _wrong_scheme(exc, "--logs-endpoint"):
+        return wrong
     if isinstance(exc, BotoCoreError):
-        return EndpointUnreachable(f"CloudWatch Logs read failed ({exc}): retry")
+        return EndpointUnreachable(f"CloudWatch Logs read failed ({_said(exc)}): retry")
     if isinstance(exc, IobatchError):
         return exc
     raise exc

@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import stat
 import tarfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -22,8 +23,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from pipeline.errors import BadImageError
-from profiling.files import read_regular
+from pipeline.errors import BadImageError, PermanentError
+from profiling.files import kind_of, read_regular
 
 SHARD_NAME = "shard.tar"
 INDEX_NAME = "index.json"
@@ -107,6 +108,7 @@ def write_shard(
     Both files are written under temporary names and renamed into place, so a killed or failed stage
     never leaves a shard that looks complete.
     """
+    _check_regular(items)
     out_dir.mkdir(parents=True, exist_ok=True)
     result = ShardResult()
     index: dict[str, Any] = {"schema": INDEX_SCHEMA, "child": child, "train_size": list(size),
@@ -125,6 +127,23 @@ def write_shard(
     result.shard_bytes = (out_dir / SHARD_NAME).stat().st_size
     result.index_bytes = len(index_bytes)
     return result
+
+
+def _check_regular(items: Sequence[tuple[str, Path]]) -> None:
+    """Every input is a regular file (or a link to one), judged by stat before any is read: a FIFO is never
+    opened (its open would wait for a writer), and a FIFO, device, socket or directory is one error naming it
+    (65), never a sample silently missing from the shard."""
+    for key, path in items:
+        try:
+            mode = path.stat().st_mode
+        except FileNotFoundError:
+            raise PermanentError(f"image {key} ({path}) does not exist (a broken symbolic link?): remove it or give "
+                                 "the file") from None
+        except OSError as exc:
+            raise PermanentError(f"image {key} ({path}) cannot be read ({exc.strerror}): give an image file") from None
+        if not stat.S_ISREG(mode):
+            raise PermanentError(f"image {key} ({path}) is {kind_of(mode)}, not a regular file: a shard is made of "
+                                 "image files; remove it from the folder")
 
 
 def _write_samples(shard_tmp: Path, items: Sequence[tuple[str, Path]], size: tuple[int, int],
@@ -162,9 +181,8 @@ def process_directory(input_dir: Path, output_dir: Path, *, images: Sequence[Map
     name each sample by its S3 key; without them (a folder by hand) each image is named by its file name.
     `check(line, data)` sees each image's bytes before they are decoded.
     """
-    if images is None:
-        rows: list[Mapping[str, Any]] = [{"file": p.name, "key": p.name} for p in sorted(input_dir.iterdir())
-                                         if p.is_file()]
+    if images is None:  # every entry, whatever it is: write_shard refuses one that is not a regular file
+        rows: list[Mapping[str, Any]] = [{"file": p.name, "key": p.name} for p in sorted(input_dir.iterdir())]
     else:
         rows = list(images)
     by_key = {str(row["key"]): row for row in rows}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.aws import EXPIRED_CODES, refused, refused_code
+from pipeline.aws import EXPIRED_CODES, https_to_plain_http, plain_http, refused, refused_code
 from pipeline.errors import (
     EndpointUnreachable,
     IntegrityError,
@@ -27,6 +28,7 @@ from pipeline.errors import (
     TransferError,
     UsageError,
 )
+from pipeline.interface import ENV
 
 # Error fragments s5cmd reports for objects that are not there. Its refused credentials are told by the
 # codes of pipeline.aws (the one list) and give the same error as boto3's, except expired ones, which a new
@@ -124,6 +126,12 @@ def parse_json_lines(lines: Iterable[str]) -> list[CopyResult]:
     return results
 
 
+def _url_in(error: str) -> str:
+    """The first https URL an s5cmd error line names (Go quotes the request's), for the line naming the server."""
+    match = re.search(r"https://[^\s\"']+", error)
+    return match[0] if match else "https://the endpoint"
+
+
 def classify_failure(failed: CopyResult) -> Exception:
     """One failed object -> the error that names it and says whether a retry can help."""
     error = failed.error or "unknown error"
@@ -137,6 +145,8 @@ def classify_failure(failed: CopyResult) -> Exception:
         return ScratchError(f"scratch is full copying {failed.source}")
     if "checksum" in lowered or "baddigest" in lowered:
         return IntegrityError(f"{failed.source}: checksum mismatch ({short})")
+    if plain_http(error):  # Go's TLS client meeting a plain-HTTP server: the endpoint's scheme, not an outage
+        return https_to_plain_http(_url_in(error), f"--s3-endpoint (a job: {ENV.S3_ENDPOINT})")
     if any(fragment in lowered for fragment in _UNREACHABLE):
         return EndpointUnreachable(f"S3 endpoint unreachable copying {failed.source}: {short[:160]}")
     return TransferError(f"copying {failed.source} failed: {short[:200]}")

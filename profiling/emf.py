@@ -27,6 +27,7 @@ from profiling.metrics import (
     OUTCOMES,
     PROPERTY_KEYS,
     StageProfile,
+    figure_problem,
     median,
     to_metrics,
 )
@@ -220,16 +221,16 @@ _INT_FIELDS = {f.name for f in dataclasses.fields(StageProfile) if str(f.type).s
 _ZERO_DEFAULT = {f.name for f in dataclasses.fields(StageProfile) if f.default == 0}
 
 
-def _scalar(value: Any) -> float | None:
-    """An EMF metric value: a number, or a list of observations (their median)."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, list):
-        numbers = [float(v) for v in value if isinstance(v, int | float) and not isinstance(v, bool)]
-        return median(numbers) if numbers else None
-    return None
+def _figure(value: Any, name: str) -> float:
+    """An EMF metric value, a number or a list of observations (their median), each checked as a profile line's
+    figures are (metrics.figure_problem); ValueError naming the metric otherwise."""
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise ValueError(f"{name} is an empty list, not a number")
+    for one in values:
+        if problem := figure_problem(one):
+            raise ValueError(f"{name} is {json.dumps(one)[:40]}: {problem}")
+    return median([float(v) for v in values])
 
 
 def _as_list(value: Any) -> list[Any]:
@@ -304,18 +305,20 @@ def profile_from_emf(doc: Mapping[str, Any], *, namespace: str | None = DEFAULT_
     if not isinstance(stage, str) or not stage:
         return None
     kwargs: dict[str, Any] = {}
-    for spec in METRICS:
-        if spec.name not in doc or spec.field == "throughput_bps":
-            continue
-        value = _scalar(doc[spec.name])
-        if value is not None:
-            kwargs[spec.field] = round(value) if spec.field in _INT_FIELDS else value
+    timestamp = meta.get("Timestamp")
+    try:
+        for spec in METRICS:
+            if spec.name in doc and spec.field != "throughput_bps":
+                value = _figure(doc[spec.name], spec.name)
+                kwargs[spec.field] = round(value) if spec.field in _INT_FIELDS else value
+        ended = _figure(timestamp, "_aws.Timestamp") / 1000 if timestamp is not None else 0.0
+    except ValueError as exc:
+        child = doc.get("ArrayIndex", doc.get("JobId", "?"))
+        raise ValueError(f"the EMF document of stage {stage[:40]!r} (child {str(child)[:40]}): {exc}") from None
     for spec in METRICS:
         if spec.field in _ZERO_DEFAULT and spec.field not in kwargs:
             kwargs[spec.field] = None
     duration = float(kwargs.pop("duration_s", 0.0))
-    timestamp = meta.get("Timestamp")
-    ended = float(timestamp) / 1000 if isinstance(timestamp, int | float) else 0.0
     outcome = doc.get("Outcome")
     contract = doc.get("Contract")
     properties = {k: str(doc[k]) for k in ("Pipeline", *PROPERTY_KEYS) if k in doc and doc[k] is not None}

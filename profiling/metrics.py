@@ -9,6 +9,7 @@ Everything here is pure: no /proc, no files, no clock.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -410,3 +411,14 @@ def median(values: Sequence[float]) -> float:
         raise ValueError("median of nothing")
     mid = n // 2
     return ordered[mid] if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def figure_problem(value: Any) -> str | None:
+    """Why `value` cannot be a figure of a stage profile (times, durations, bytes, counts, rates: a finite number
+    of 0 or more), or None when it can: the one value check of the profile and EMF readers (profiling.runfiles,
+    profiling.emf), so a damaged figure is refused alike wherever it is read."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "not a number"
+    if not (math.isfinite(value) and value >= 0):
+        return "a profile holds finite figures of 0 or more"
+    return None

@@ -28,7 +28,7 @@ import orjson
 from profiling import fanout
 from profiling.emf import profiles_from_emf
 from profiling.files import open_regular
-from profiling.metrics import PROFILE_SCHEMA, StageProfile, TimelinePoint
+from profiling.metrics import DEFAULT_NAMESPACE, PROFILE_SCHEMA, StageProfile, TimelinePoint, figure_problem
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
@@ -169,8 +169,8 @@ def _check_fields(body: Any, cls: type, what: str) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise ValueError(f"{where}{name} is {json.dumps(value)[:40]}, not a {kinds}")
-        if isinstance(value, int | float) and not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{where}{name} is {value}: a profile holds finite figures of 0 or more")
+        if isinstance(value, int | float) and (problem := figure_problem(value)):
+            raise ValueError(f"{where}{name} is {value}: {problem}")
 
 
 def _properties(body: dict[str, Any]) -> None:
@@ -318,12 +318,26 @@ def emf_documents(lines: Iterable[str], *, where: str) -> Iterator[dict[str, Any
             yield doc
 
 
-def profiles_from_emf_lines(lines: Iterable[str], *, where: str, namespace: str | None = None) -> list[StageProfile]:
+def profiles_from_documents(docs: Iterable[Mapping[str, Any]], *, where: str,
+                            namespace: str | None = DEFAULT_NAMESPACE) -> list[StageProfile]:
+    """The stage profiles EMF documents describe (profiling.emf.profiles_from_emf), of the pipeline's namespace
+    unless told (None: any). A document whose figures no profile could hold (NaN, a string, a negative byte
+    count) raises DamagedFileError naming `where`, as a profile line with them does."""
+    try:
+        return profiles_from_emf(docs, namespace=namespace)
+    except DamagedFileError:
+        raise
+    except ValueError as exc:
+        raise DamagedFileError(f"{where}: {exc}") from None
+
+
+def profiles_from_emf_lines(lines: Iterable[str], *, where: str,
+                            namespace: str | None = DEFAULT_NAMESPACE) -> list[StageProfile]:
     """Stage profiles from EMF text lines (a run's .emf file or a log group's messages).
 
-    Documents that are not stage documents (of `namespace`, when given) are skipped.
+    Documents that are not stage documents of `namespace` (the pipeline's unless told; None: any) are skipped.
     """
-    return profiles_from_emf(emf_documents(lines, where=where), namespace=namespace)
+    return profiles_from_documents(emf_documents(lines, where=where), where=where, namespace=namespace)
 
 
 def read_emf_documents(path: Path) -> list[dict[str, Any]]:
@@ -332,8 +346,8 @@ def read_emf_documents(path: Path) -> list[dict[str, Any]]:
         return list(emf_documents(lines, where=str(path)))
 
 
-def read_emf(path: Path, *, namespace: str | None = None) -> list[StageProfile]:
-    """The stage profiles in one EMF file; a local run's files are read whatever their namespace."""
+def read_emf(path: Path, *, namespace: str | None = DEFAULT_NAMESPACE) -> list[StageProfile]:
+    """The stage profiles in one EMF file (profiles_from_emf_lines)."""
     with _text(path, errors="replace") as lines:
         return profiles_from_emf_lines(lines, where=str(path), namespace=namespace)
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from profiling import emf, runfiles
-from profiling.metrics import StageProfile, median
+from profiling import runfiles
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, median
 from tuning.cachedomain import Domains, domains, host_bytes_for_child_limit
 from tuning.ebs import GIB, MIB, Volume
 from tuning.findings import Finding, Situation, find
@@ -390,9 +390,10 @@ def _burst_note(result: CandidateResult) -> str:
 
 # ---- reading inputs (the only file I/O here) ---------------------------------------------------------
 
-def profiles_from_emf(documents: Iterable[Mapping[str, Any]]) -> list[StageProfile]:
-    """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them."""
-    return emf.profiles_from_emf(documents, namespace=None)
+def profiles_from_emf(documents: Iterable[Mapping[str, Any]], where: str = "the EMF documents") -> list[StageProfile]:
+    """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them: the
+    pipeline's namespace only, their figures checked as a profile's (runfiles.DamagedFileError naming `where`)."""
+    return runfiles.profiles_from_documents(documents, where=where)
 
 
 def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:
@@ -427,7 +428,8 @@ def _read_profiles(path: Path) -> list[StageProfile]:
         raise  # bad input, as the report says too (the CLI's exit 65)
     except ValueError as exc:  # bytes that are not UTF-8
         raise AdviseError(str(exc)) from None
-    profiles = profiles_from_emf(docs)
+    profiles = profiles_from_emf(docs, str(path))
     if not profiles and docs:
-        raise AdviseError(f"{path}: no EMF stage documents (with _aws and Stage) in it")
+        raise AdviseError(f"{path}: no EMF stage documents of namespace {DEFAULT_NAMESPACE} (with _aws and Stage) in "
+                          "it: give the EMF files the pipeline's profiler wrote")
     return profiles

@@ -15,9 +15,25 @@ The command modules import nothing from this one, so the imports run one way.
 
 from __future__ import annotations
 
+# ruff: noqa: E402 (Ctrl-C's handler is installed before the heavy imports, which take half a second)
+import signal
+
+from pipeline.errors import EXIT_RETRYABLE, print_error
+
+
+def _interrupted_while_starting(signum: int, frame: object) -> None:
+    """Ctrl-C before a command line is parsed: the one line and code of any interrupted command, not a
+    traceback of whatever was being imported."""
+    print_error("interrupted")
+    raise SystemExit(EXIT_RETRYABLE)
+
+
+# Until IobatchGroup.main hands Ctrl-C back to KeyboardInterrupt; a SIGINT ignored (a background job) stays ignored.
+if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+    signal.signal(signal.SIGINT, _interrupted_while_starting)
+
 import errno
 import math
-import signal
 import sys
 import types
 import typing
@@ -32,7 +48,7 @@ from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpEr
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from pipeline.cli import batch, local, profiler, report, tuning
-from pipeline.errors import EXIT_CODES_HELP, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, IobatchError, print_error
+from pipeline.errors import EXIT_CODES_HELP, EXIT_PERMANENT, EXIT_USAGE, IobatchError
 from profiling.numbers import number, shown, whole_number
 
 __all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
@@ -88,12 +104,15 @@ class IobatchGroup(TyperGroup):
                 sys.exit(EXIT_USAGE)
             return EXIT_USAGE
         try:
+            # From here Ctrl-C is a KeyboardInterrupt, after which every `with` block cleans up.
+            if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+                signal.signal(signal.SIGINT, signal.default_int_handler)
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
         except ClickException as exc:
             print_error(usage_headline(exc, given))
             code = EXIT_USAGE
-        except typer.Abort:  # end of input at a prompt, or Ctrl-C before a command ran
+        except (typer.Abort, KeyboardInterrupt):  # end of input at a prompt, or Ctrl-C before a command ran
             print_error("interrupted")
             code = EXIT_RETRYABLE
         code = code if isinstance(code, int) else 0

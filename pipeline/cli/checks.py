@@ -16,8 +16,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
+from pipeline.endpoints import checked_endpoint
 from pipeline.errors import UsageError
 from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_INPUT, PROCESS_OUTPUT
 from pipeline.settings import parse_process_command
@@ -139,18 +139,8 @@ def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
 
 
 def endpoint_url(url: str | None, flag: str = "--s3-endpoint") -> str | None:
-    """An endpoint URL: http or https, a host, a valid port, nothing after the path."""
-    if url is None:
-        return None
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port  # raises ValueError for a port that is not a number from 0 to 65535
-    except ValueError:
-        parts, port = None, None
-    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or port == 0 \
-            or parts.query or parts.fragment:
-        raise UsageError(f"{flag} {url!r} is not an endpoint URL: write it as http://HOST:PORT or https://HOST")
-    return url.strip()
+    """An endpoint URL: scheme://HOST[:PORT] (pipeline.endpoints owns the rule, the job's variable's too)."""
+    return checked_endpoint(url, flag)
 
 
 def region(name: str | None, flag: str = "--region") -> str:

@@ -292,7 +292,7 @@ def process(
     import json
     import os
 
-    from pipeline.errors import ScratchError
+    from pipeline.errors import PermanentError, ScratchError
     from pipeline.imaging import process_directory
     from pipeline.process import check_md5, read_images_file
     from pipeline.settings import env_yes
@@ -310,7 +310,7 @@ def process(
     except (OSError, ValueError) as exc:
         raise UsageError(f"{PROCESS_ENV.IMAGES}={images_path}: cannot be read ({exc}): unset it to name "
                          "images by file name") from None
-    if images is None and not any(entry.is_file() for entry in input_dir.iterdir()):
+    if images is None and next(input_dir.iterdir(), None) is None:
         raise UsageError(f"IN {input_dir} holds no files: give the folder of images (an empty shard is no shard)")
     input_uri = os.environ.get(ENV.INPUT, "")
     bucket = S3Uri.parse(input_uri, what=ENV.INPUT).bucket if input_uri else "?"
@@ -324,8 +324,8 @@ def process(
             raise ScratchError(f"{output_dir} is on a full volume: free space, or give it a bigger one") from None
         if exc.filename is None or not Path(exc.filename).is_relative_to(input_dir):
             raise
-        raise UsageError(f"IN {input_dir}: image {Path(exc.filename).name} cannot be read ({exc.strerror}): "
-                         "give a folder of image files") from None
+        raise PermanentError(f"IN {input_dir}: image {Path(exc.filename).name} cannot be read ({exc.strerror}): "
+                             "give a folder of image files") from None
     for bad in result.skipped:
         print(json.dumps({"event": "bad_image", "key": bad["key"], "error": bad["error"]}), flush=True)
     print(json.dumps({"event": "processed", "images": result.images, "bad_images": len(result.skipped),

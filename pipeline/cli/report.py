@@ -135,7 +135,6 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                                            for path in runfiles.read_paths(side)])
         if any(isinstance(side, CloudWatchRange) for side in parsed):
             region = checks.region(region)
-            logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")
         client = None
         runs: list[Any] = []
         advice: list[Any] = []
@@ -189,8 +188,13 @@ def report(
     """Write the HTML report of a run: per-stage plots, a timeline per child, bad apples, contract rule
     results and the advisor's recommendation. The file opens offline (plotly.js is embedded)."""
     from pipeline.errors import PermanentError
-    from profiling.report import DamagedInputError, ReportInputError, write_report
+    from profiling.report import DamagedInputError, ReportInputError, check_log_group, write_report
 
+    logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")  # given, it is checked, used or not
+    try:  # before the network: the one check `--compare cw:` makes too
+        from_cloudwatch = None if from_cloudwatch is None else check_log_group(from_cloudwatch)
+    except ReportInputError as exc:
+        raise UsageError(str(exc)) from None
     if compare is not None:
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
@@ -210,8 +214,7 @@ def report(
     try:
         if from_cloudwatch is not None:
             path = _cloudwatch_report(from_cloudwatch, target or Path("report.html"), since, namespace,
-                                      checks.region(region), checks.endpoint_url(logs_endpoint, "--logs-endpoint"),
-                                      given)
+                                      checks.region(region), logs_endpoint, given)
         else:
             local = run_dir or Path(".iobatch/demo")
             path = write_report(local, out, advice=given if given is not None else _run_dir_advice(local),

@@ -149,9 +149,15 @@ def advise(
     from tuning.advise import advise as make_advice
     from tuning.advise import load_profiles
     from tuning.ebs import VolumeError
-    from tuning.host import HostTuningError
+    from tuning.host import HostTuningError, parse_kernel_release
     from tuning.plan import AdviseError, Plan, parse_candidate
 
+    if kernel is not None:  # whole, before anything is read (tuning.host owns what a release is)
+        try:
+            parse_kernel_release(kernel, "--kernel")
+        except HostTuningError as exc:
+            raise UsageError(str(exc)) from None
+        kernel = kernel.strip()
     kind = _instance(instance_type, vcpus_per_job)
     if kind is not None:
         jobs_per_instance = jobs_per_instance or children_per_host(kind, vcpus_per_job)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
-from profiling.emf import profiles_from_emf, stage_key
+from profiling.emf import stage_key
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.numbers import number
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
@@ -144,6 +144,16 @@ CLOUDWATCH_FORMS = "cw:LOG_GROUP@2026-11-20T10:00..2026-11-20T11:30 (UTC unless 
 LOG_GROUP_NAME = re.compile(r"[.\-_/#A-Za-z0-9]{1,512}")
 
 
+def check_log_group(name: str, what: str = "--from-cloudwatch",
+                    fix: str = "give the stack's LogGroupName output, e.g. /aws/batch/iobatch") -> str:
+    """A CloudWatch Logs group name, checked before any request (LOG_GROUP_NAME); ReportInputError naming `what`
+    and `fix` otherwise: every flag that names a log group goes through here."""
+    if not LOG_GROUP_NAME.fullmatch(name):
+        raise ReportInputError(f"{what} {name[:80]!r} is not a log group name (1-512 letters, digits and ._-/#): "
+                               f"{fix}")
+    return name
+
+
 @dataclass(frozen=True)
 class CloudWatchRange:
     """A log group and a time window, [start, end] in seconds since the epoch, as given on the command line."""
@@ -184,9 +194,7 @@ def parse_run_side(text: str, *, now: float | None = None) -> Path | CloudWatchR
             raise ReportInputError("--compare: a side is empty: give a run directory or " + CLOUDWATCH_FORMS)
         return Path(text)
     group, at, window = text[len(CLOUDWATCH_PREFIX):].partition("@")
-    if not LOG_GROUP_NAME.fullmatch(group):
-        raise ReportInputError(f"--compare {text!r}: {group!r} is not a log group name (1-512 letters, digits and "
-                               f"._-/#): use {CLOUDWATCH_FORMS}")
+    check_log_group(group, f"--compare {text[:80]!r}:", f"use {CLOUDWATCH_FORMS}")
     if not at or not window.strip():
         raise ReportInputError(f"--compare {text!r} has no time range: use {CLOUDWATCH_FORMS}")
     clock = time.time() if now is None else now
@@ -288,7 +296,7 @@ def stream_emf_profiles(lines: Iterable[str], *, where: str, namespace: str | No
     pending: dict[tuple[str, ...], list[dict[str, Any]]] = {}
 
     def merged(docs: list[dict[str, Any]]) -> list[StageProfile]:
-        return profiles_from_emf(docs, namespace=namespace)
+        return runfiles.profiles_from_documents(docs, where=where, namespace=namespace)
 
     try:
         for doc in runfiles.emf_documents(lines, where=where):
@@ -298,10 +306,10 @@ def stream_emf_profiles(lines: Iterable[str], *, where: str, namespace: str | No
             pending.setdefault(key, []).append(doc)
             if len(pending) > window:
                 yield from merged(pending.pop(next(iter(pending))))
+        for docs in pending.values():
+            yield from merged(docs)
     except runfiles.DamagedFileError as exc:
         raise DamagedInputError(str(exc)) from None
-    for docs in pending.values():
-        yield from merged(docs)
 
 
 def load_cloudwatch(

@@ -396,6 +396,7 @@ def test_process_refuses_a_fifo_for_its_images_file_or_an_image(fifo: Path, tmp_
     os.mkfifo(images / "a.jpg")
     listing = tmp_path / "images.jsonl"
     listing.write_text(json.dumps({"file": "a.jpg", "key": "i/a.jpg", "size": 1, "etag": None}) + "\n")
-    refused(["process", str(images), str(out)], EXIT_USAGE, "a.jpg", env={PROCESS_ENV.IMAGES: str(listing)})
+    # An input that is not a regular file is bad input (65, issue 44), found by stat, never opened.
+    refused(["process", str(images), str(out)], EXIT_PERMANENT, "a.jpg", env={PROCESS_ENV.IMAGES: str(listing)})
     assert not out.exists() or not any(out.iterdir())  # nothing half-written
     assert time.monotonic() - started < 10

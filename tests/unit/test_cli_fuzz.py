@@ -14,6 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -29,6 +30,7 @@ from tests.support.cli import CliRunner
 pytestmark = pytest.mark.timeout(300, method="thread")
 
 DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
+SECRET = "FUZZSECRET"  # a password inside an endpoint URL: no output may hold it
 
 
 class Reached(Exception):
@@ -44,7 +46,10 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "pipeline.local.submit.submit_local", "pipeline.submit.submit_to_stack",
            "pipeline.submit.require_credentials", "profiling.command.profile_command", "profiling.sidecar.Sidecar.bind",
            "profiling.report.write_report", "tuning.advise.advise", "tuning.lab.run_comparison", "tuning.lab.recover",
-           "tuning.lab.loop.run_advise_loop", "pipeline.imaging.process_directory", "pipeline.job.main",
+           "tuning.lab.loop.run_advise_loop", "pipeline.job.main",
+           # the built-in process command lists and stats its inputs (a FIFO or device among them is refused), then
+           # writes the shard: that is its action
+           "pipeline.imaging._write_samples",
            # `lab` runs in the cgroup v2 guest by default where it can boot: the boot is its action.
            "pipeline.cli.tuning._lab_in_guest",
            # `profile` starts its per-call probe on this process first (as root, carving it a cgroup): an action,
@@ -57,7 +62,10 @@ ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "9999999999999
               "/nonexistent/x", ".",
               # the second round: Unicode digits, digit separators, a number past int()'s 4,300-digit limit,
               # a FIFO and a directory where a file is expected (made in each example's folder), a newline
-              "²", "١٢", "1_000", "9" * 5000, "fifo", "folder", "a\nb", "s3://bkt/i/\n"]
+              "²", "١٢", "1_000", "9" * 5000, "fifo", "folder", "a\nb", "s3://bkt/i/\n",
+              # the third round: endpoints with user info (never to be echoed), a path, another scheme
+              f"http://user:{SECRET}@127.0.0.1:9000", f"ftp://{SECRET}@h", f"https://u:{SECRET}/x@h:1",
+              "http://127.0.0.1:9000/bucket", "https://h:1/p?q=1", "s3://127.0.0.1:9000", "https://h:1"]
 COMMAND_FLAGS: dict[str, list[str]] = {
     "demo": ["--images", "--image-mib", "--images-per-child", "--workers", "--run-dir", "--scratch",
              "--s3-endpoint", "--slow-child", "--seed", "--contract"],
@@ -120,9 +128,11 @@ def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: 
 
 def _odd_files(folder: Path) -> None:
     """A FIFO (which blocks whoever opens it to read, until a writer comes: none will) and a directory, named
-    by ODD_VALUES as files."""
+    by ODD_VALUES as files; in the directory, a FIFO and a link to a device where a command lists its inputs."""
     os.mkfifo(folder / "fifo")
     (folder / "folder").mkdir()
+    os.mkfifo(folder / "folder" / "a.png")
+    (folder / "folder" / "b.png").symlink_to("/dev/null")
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -164,12 +174,40 @@ def test_any_variables_of_any_command_give_a_documented_code(stubbed: Any, data:
     _check([*words, *(f"{name}={value[:40]}" for name, value in given_env.items())], result)
 
 
+ENDPOINT_FLAGS = {"--s3-endpoint", "--logs-endpoint"}
+
+
+def _secret_only_in_endpoints(words: list[str]) -> bool:
+    """Whether SECRET was given, and only as an endpoint: a flag's value or the job's variable (NAME=value)."""
+    given = [i for i, word in enumerate(words) if SECRET in word]
+    return bool(given) and all((i > 0 and words[i - 1] in ENDPOINT_FLAGS)
+                               or words[i].startswith(f"{ENV.S3_ENDPOINT}=") for i in given)
+
+
+def _bad_endpoint(words: list[str]) -> str | None:
+    """An endpoint given with user info, a path or a scheme other than http(s), which no command may act on: the
+    value of an endpoint flag the command has (not itself another flag's value), or the job's variable."""
+    flags = COMMAND_FLAGS.get(words[0], [])
+    given = [words[i + 1] for i in range(1, len(words) - 1) if words[i] in ENDPOINT_FLAGS and words[i] in flags
+             and words[i - 1] not in flags and "--" not in words[:i]]
+    if words[0] == "job":
+        given += [word.split("=", 1)[1] for word in words if word.startswith(f"{ENV.S3_ENDPOINT}=")]
+    for url in given:
+        parts = urlsplit(url.strip())
+        if url.strip() and ("@" in url or parts.path.strip("/") or parts.scheme not in ("http", "https")):
+            return url
+    return None
+
+
 def _check(words: list[str], result: Any) -> None:
     if isinstance(result.exception, Reached):
+        assert _bad_endpoint(words) is None, ("acted on a bad endpoint", words)
         return  # every check passed: the command would act now
     assert result.exception is None or isinstance(result.exception, SystemExit), (words, result.exception)
     assert result.exit_code in DOCUMENTED, (words, result.exit_code, result.stderr)
     assert "Traceback" not in result.stdout + result.stderr
+    if _secret_only_in_endpoints(words):  # elsewhere (--workers URL) it is no endpoint, and echoed as given
+        assert SECRET not in result.stdout + result.stderr, (words, result.stderr)
     errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
     if result.exit_code != EXIT_OK:
         assert len(errors) == 1, (words, result.stderr)

@@ -238,3 +238,79 @@ def test_error_classes_used_for_bad_input_are_ours() -> None:
     assert issubclass(ManifestError, IobatchError)
     exc: Any = ContractError("f", 1, "LABEL", "x", "expected y")
     assert exc.headline == "f:1: LABEL 'x': expected y"
+
+
+# ---- endpoints (the third round): user info, paths, schemes -------------------------------------------------
+
+PASSWORD = "pw9SECRET"
+endpoint_urls = st.builds(
+    lambda scheme, user, host, port, path: f"{scheme}{user}{host}{port}{path}",
+    st.sampled_from(["http://", "https://", "HTTPS://", "ftp://", "s3://", "", "http:/", "http:///"]),
+    st.sampled_from(["", f"u:{PASSWORD}@", f"{PASSWORD}@", f"u:{PASSWORD}/x@", "@", f":{PASSWORD}@"]),
+    st.sampled_from(["127.0.0.1", "localhost", "s3.us-east-1.amazonaws.com", "[::1]", "a_b", "", "ho st", "é.com"]),
+    st.sampled_from(["", ":9000", ":0", ":65536", ":x", ":", ":-1"]),
+    st.sampled_from(["", "/", "/bucket", "/b/k", "?x=1", "#f", "/@x", "?"]) | st.text(max_size=6),
+)
+
+
+@FUZZ
+@given(endpoint_urls)
+def test_any_endpoint_is_taken_whole_or_refused_without_its_secret(url: str) -> None:
+    from urllib.parse import urlsplit
+
+    from pipeline.endpoints import checked_endpoint
+    from pipeline.errors import UsageError
+
+    try:
+        taken = checked_endpoint(url, "--s3-endpoint")
+    except UsageError as exc:
+        one_line(exc.headline)
+        assert exc.exit_code == 64 and exc.headline.startswith("--s3-endpoint ")
+        assert PASSWORD not in exc.headline, exc.headline
+        return
+    assert taken is not None
+    parts = urlsplit(taken)
+    assert "@" not in taken and parts.scheme in ("http", "https") and parts.hostname
+    assert parts.path in ("", "/") and not parts.query and not parts.fragment
+
+
+# ---- EMF documents from any producer: the profile reader's value check, the pipeline's namespace --------------
+
+figure_values = st.one_of(st.floats(), st.integers(min_value=-(2**70), max_value=2**70), st.text(max_size=5),
+                          st.none(), st.booleans(), st.lists(st.one_of(st.floats(), st.integers(), st.text(max_size=2)),
+                                                             max_size=3))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["StageDuration", "WriteBytes", "ReadBytes", "PeakDirtyBytes", "WriteCalls",
+                                        "DeviceWriteLatency", "IoStallSome"]), figure_values, max_size=3),
+       st.sampled_from(["IoBatch", "Other", "iobatch"]), figure_values)
+def test_any_emf_figures_read_as_a_profiles_or_give_one_line(metrics: dict[str, Any], namespace: str,
+                                                             timestamp: Any) -> None:
+    import dataclasses
+    import math
+
+    from profiling import emf, runfiles
+    from profiling.metrics import StageProfile
+    from tests.support.profiles import full_profile
+
+    doc = json.loads(emf.serialize(full_profile())[0])
+    doc.update(metrics)
+    doc["_aws"]["Timestamp"] = timestamp
+    doc["_aws"]["CloudWatchMetrics"][0]["Namespace"] = namespace
+    try:
+        profiles = runfiles.profiles_from_emf_lines([json.dumps(doc)], where="x.emf")
+    except runfiles.DamagedFileError as exc:
+        one_line(str(exc))
+        assert str(exc).startswith("x.emf: ") and namespace == "IoBatch", exc
+        assert any(name in str(exc) for name in [*metrics, "Timestamp"]), exc
+        return
+    if namespace != "IoBatch":  # another producer's documents are not the pipeline's
+        assert profiles == []
+        return
+    (profile,) = profiles
+    assert isinstance(profile, StageProfile)
+    for spec in dataclasses.fields(profile):
+        name, value = spec.name, getattr(profile, spec.name)
+        if isinstance(value, int | float) and name != "started_at":  # the end's time less the duration
+            assert not isinstance(value, bool) and math.isfinite(value) and value >= 0, (name, value)
