@@ -130,7 +130,7 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
 
     lines = LogSerializer.serialize(build_context(profile, namespace=namespace))
     if not profile.contract or all(_fits(line) for line in lines):
-        return lines
+        return [_queried_first(line) for line in lines]
     low, high = 0, len(profile.contract)  # the most rows that fit, by bisection: _first(low) fits
     while low < high:
         middle = (low + high + 1) // 2
@@ -142,7 +142,20 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
         doc = json.loads(line)
         del doc["Contract"]
         rest.append(json.dumps({**doc, "Notices": notices}))
-    return [head, *rest]
+    return [_queried_first(line) for line in (head, *rest)]
+
+
+# Logs Insights discovers at most 200 fields of an event, a nested value's leaves each one field: the library writes
+# the contract's rows first and the metric directive (two fields a metric) before the figures, so ten contract rules
+# pushed InstanceId and Throughput, which the dashboard's queries read, out of reach. Those bulky fields go last.
+FIELDS_LAST = ("_aws", "Contract", "Scopes", "Notices")
+
+
+def _queried_first(line: str) -> str:
+    """The document with the dimensions, properties and figures first and FIELDS_LAST after them (same bytes)."""
+    doc = json.loads(line)
+    return json.dumps({**{k: v for k, v in doc.items() if k not in FIELDS_LAST},
+                       **{k: doc[k] for k in FIELDS_LAST if k in doc}})
 
 
 def _first(profile: StageProfile, namespace: str, rows: int) -> str:

@@ -91,3 +91,31 @@ def test_the_cli_starts_without_importing_the_emf_library() -> None:
             "print(sorted(m for m in sys.modules if m.startswith(('aws_embedded', 'aiohttp'))))")
     shown = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     assert shown.strip() == "[]", shown
+
+
+def _insights_fields(node: Any, prefix: str = "") -> list[str]:
+    """The fields Logs Insights discovers in a JSON event, in document order: every leaf, nested keys joined by '.'
+    and list items by their index."""
+    if isinstance(node, dict):
+        return [f for key, value in node.items() for f in _insights_fields(value, f"{prefix}{key}.")]
+    if isinstance(node, list):
+        return [f for i, value in enumerate(node) for f in _insights_fields(value, f"{prefix}{i}.")]
+    return [prefix[:-1]]
+
+
+def test_the_fields_the_dashboards_queries_read_come_within_logs_insights_first_200() -> None:
+    import re
+
+    from infra.dashboard import scratch_volumes_query, slowest_download_query
+
+    words = set(re.findall(r"[A-Za-z]+", slowest_download_query("p") + scratch_volumes_query("p")))
+    queried = sorted(words & {*DIMENSIONS, *PROPERTY_KEYS, *METRICS_BY_NAME})
+    assert {"InstanceId", "Throughput", "VolumeId", "Pipeline", "Stage"} <= set(queried)
+    # Ten rules over two time frames: 160 fields of rows, and ten more metrics in the directive.
+    rows = [{"label": f"rule_{i:02d}", "value": 1.0, "unit": "count", "emf_unit": "Count", "frame": frame,
+             "start_s": float(frame), "end_s": frame + 1.0, "source": "ebpf"} for i in range(10) for frame in (0, 1)]
+    profile = full_profile(contract=rows, properties={**PROPS, "VolumeId": "vol-0123456789abcdef0"})
+    for line in serialize(profile):
+        fields = _insights_fields(json.loads(line))
+        assert len(fields) > 200
+        assert all(fields.index(name) < 200 for name in queried), [(n, fields.index(n)) for n in queried]
