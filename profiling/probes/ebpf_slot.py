@@ -161,6 +161,10 @@ class Slot:
         self.cells = self._keep(libbpf.mmap_fd(self._fds["cells"], layout.IOB_CELLS * layout.CELL_SIZE))
         self.files = self._keep(libbpf.mmap_fd(self._fds["files"], (self.files_cap + 1) * layout.FILE_SIZE))
 
+    def helpers(self) -> set[int]:
+        """The pids of the processes this slot started (its watchdog): never the job's, wherever they are."""
+        return {self._watchdog.pid} if self._watchdog is not None else set()
+
     def _keep(self, memory: mmap.mmap) -> mmap.mmap:
         self._maps.append(memory)
         return memory
