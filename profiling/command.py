@@ -7,13 +7,10 @@ and contract results are added by the same `finish_stage` the sidecar uses.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
-import signal
 import subprocess
-import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
 
@@ -22,6 +19,7 @@ from profiling.finish import Evaluator, finish_stage
 from profiling.metrics import StageProfile
 from profiling.probes import CallProbe, command_environment
 from profiling.probes.procfs import BlockDevice, ProcIo
+from profiling.proctree import ProcessTree, foreground, forwarding_signals
 from profiling.sampler import DEFAULT_INTERVAL_S, Sources, StageSampler
 
 
@@ -56,47 +54,6 @@ def _wait_unreaped(pid: int) -> None:
 FORWARD_GRACE_S = 10.0
 
 
-@contextlib.contextmanager
-def _forwarding_signals(child: subprocess.Popen[bytes]) -> Iterator[list[int]]:
-    """While the command runs, SIGTERM and SIGHUP sent to this process are passed on to it (a container's stop
-    reaches `iobatch profile`, the command's parent, alone); SIGKILL follows after FORWARD_GRACE_S if it has
-    not ended. SIGINT is left to the terminal, which sends Ctrl-C to the command too (one foreground process
-    group); here it is ignored while the command runs, so the profile is still written when it ends. Yields
-    the signals forwarded. Only the main thread can set handlers: elsewhere nothing is forwarded."""
-    forwarded: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield forwarded
-        return
-
-    def forward(signum: int, _frame: object) -> None:
-        forwarded.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(child.pid, signum)
-        if len(forwarded) == 1:
-            timer = threading.Timer(FORWARD_GRACE_S, _kill, (child.pid,))
-            timer.daemon = True
-            timer.start()
-
-    saved = {sig: signal.signal(sig, handler) for sig, handler in
-             ((signal.SIGTERM, forward), (signal.SIGHUP, forward), (signal.SIGINT, signal.SIG_IGN))}
-    try:
-        yield forwarded
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
-
-def _kill(pid: int) -> None:
-    """SIGKILL to `pid` unless it has ended (a zombie left for its /proc/<pid>/io is not signalled again)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            if stat.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
-                return
-        os.kill(pid, signal.SIGKILL)
-    except (OSError, IndexError):
-        pass
-
-
 def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | None, stage: str,
             properties: Mapping[str, str] | None, stdout: TextIO | None,
             env: Mapping[str, str]) -> tuple[int, StageProfile]:
@@ -108,31 +65,38 @@ def _sample(argv: Sequence[str], *, interval_s: float, device: BlockDevice | Non
         raise CommandNotFound(f"command {argv[0]!r} is a directory: give the program to run")
     if found is not None and (problem := program_problem(found)) and os.access(found, os.X_OK):
         raise CommandNotFound(f"command {argv[0]!r} {problem}")
-    try:
-        child = subprocess.Popen(list(argv), stdout=stdout, env={**os.environ, **env} if env else None)
-    except FileNotFoundError:
-        raise CommandNotFound(f"command {argv[0]!r} not found: check the name and PATH") from None
-    except PermissionError:
-        raise CommandNotFound(f"command {argv[0]!r} is not executable: check its permissions") from None
-    except OSError as exc:  # ENOEXEC: what the check above did not foresee (a damaged ELF)
-        raise CommandNotFound(f"command {argv[0]!r} cannot be run ({exc.strerror}): give a program for this "
-                              "machine, or a script with its #! line") from None
-    # A new process starts with all io counters at zero: that is the exact baseline, even if the
-    # command has already done I/O by the time the first snapshot is read.
-    sampler = StageSampler(stage=stage, pid=child.pid, device=device, interval_s=interval_s, base_io=ProcIo(),
-                           sources=Sources())
-    sampler.start()
-    outcome = "interrupted"
-    try:
-        with _forwarding_signals(child) as forwarded:
-            _wait_unreaped(child.pid)
-        outcome = "interrupted" if forwarded else "ok"
-    finally:
-        final = sampler.snapshot()
-        returncode = child.wait()
-        if outcome == "ok" and returncode != 0:
-            outcome = "failed"
-        profile = sampler.finish(outcome=outcome, final=final, properties=properties)
+    with forwarding_signals(FORWARD_GRACE_S) as forwarded:
+        try:
+            # A process group of its own: a stopping signal reaches the whole tree (profiling.proctree).
+            child = subprocess.Popen(list(argv), stdout=stdout, env={**os.environ, **env} if env else None,
+                                     process_group=0)
+        except FileNotFoundError:
+            raise CommandNotFound(f"command {argv[0]!r} not found: check the name and PATH") from None
+        except PermissionError:
+            raise CommandNotFound(f"command {argv[0]!r} is not executable: check its permissions") from None
+        except OSError as exc:  # ENOEXEC: what the check above did not foresee (a damaged ELF)
+            raise CommandNotFound(f"command {argv[0]!r} cannot be run ({exc.strerror}): give a program for this "
+                                  "machine, or a script with its #! line") from None
+        # A new process starts with all io counters at zero: that is the exact baseline, even if the
+        # command has already done I/O by the time the first snapshot is read.
+        sampler = StageSampler(stage=stage, pid=child.pid, device=device, interval_s=interval_s, base_io=ProcIo(),
+                               sources=Sources())
+        sampler.start()
+        tree = ProcessTree(child.pid)
+        outcome = "interrupted"
+        try:
+            with foreground(tree):
+                forwarded.attach(tree)
+                _wait_unreaped(child.pid)
+            outcome = "interrupted" if forwarded.signals else "ok"
+        finally:
+            final = sampler.snapshot()
+            returncode = child.wait()
+            tree.reaped = True
+            forwarded.finish()
+            if outcome == "ok" and returncode != 0:
+                outcome = "failed"
+            profile = sampler.finish(outcome=outcome, final=final, properties=properties)
     return returncode, profile
 
 
