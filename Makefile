@@ -24,7 +24,7 @@ PYTEST_ARGS ?=
 # Arguments for the CDK CLI, e.g. `make deploy CDK_ARGS="-c volumeType=gp3 -c volumeSizeGiB=300"`.
 CDK_ARGS ?=
 
-.PHONY: setup bpf host-mounts guest images demo fresh-check check test test-shifted-clock fuzz lint synth bench clean help
+.PHONY: setup bpf host-mounts guest images demo fresh-check check docs test test-shifted-clock fuzz lint synth bench clean help
 .PHONY: setup-deploy setup-demo setup-start bootstrap deploy destroy localstack
 
 help:
@@ -34,6 +34,7 @@ help:
 	@echo "make bootstrap / deploy / destroy   the CDK CLI with CDK_ARGS (setup-deploy: only what deploying needs)"
 	@echo "make bench   run the benchmarks in bench/ (see BENCHMARKS.md)"
 	@echo "make check   ruff and mypy (make lint is the same), with only the Python environment"
+	@echo "make docs    write docs/reference/ from the code (the suite fails when it is stale)"
 	@echo "make fuzz    the fuzz tests with new examples drawn (make test replays the same ones)"
 	@echo "make fresh-check   make demo and make test as a new machine runs them (a fresh clone, no bpffs, no caches)"
 
@@ -180,10 +181,15 @@ fuzz: setup
 
 # Lint and types: only the Python environment (none of the test tools, Debian packages, Go or npm); under a minute.
 check: $(VENV)/.installed
-	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples
+	$(PY) -m ruff check pipeline profiling tuning infra tests bench examples scripts
 	$(PY) -m mypy
 
 lint: check
+
+# The reference pages under docs/reference/, written from the code (scripts/docsref.py); tests/unit/test_docs.py fails
+# when they differ from what this would write.
+docs: $(VENV)/.installed
+	$(PY) scripts/docsref.py
 
 synth: setup-deploy
 	rm -rf cdk.out

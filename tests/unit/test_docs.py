@@ -1,0 +1,51 @@
+"""The docs cannot drift from the code: docs/reference/ is what `make docs` writes from each agreement's owner, and
+the hand-written pages name only paths, commands, flags, context keys and variables that exist."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAND_WRITTEN = sorted({*ROOT.glob("*.md"), *(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.parts)})
+
+
+def _docsref() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("docsref", ROOT / "scripts" / "docsref.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+DOCSREF = _docsref()
+
+
+def test_the_reference_pages_are_what_make_docs_writes() -> None:
+    assert DOCSREF.stale() == [], "docs/reference is stale: run `make docs`"
+
+
+@pytest.mark.parametrize("page", HAND_WRITTEN, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_page_names_only_what_exists(page: Path) -> None:
+    assert DOCSREF.drift(page.read_text(encoding="utf-8")) == []
+
+
+def test_a_renamed_flag_key_variable_or_module_is_caught() -> None:
+    variable = "IOBATCH_" + "NO_SUCH_ONE"  # not written whole: the scan of the tests would find it
+    text = (f"run `iobatch profile --intervals 2 -- dd`, deploy with -c volumeTipe=st1, set {variable}, read "
+            "`tuning/nosuch.py` and `tuning/ebs.Volume`; `iobatch run --process-command 'tool --in {input}'`")
+    assert DOCSREF.drift(text) == ["context key volumeTipe does not exist", "iobatch profile --intervals: no such flag",
+                                   "path tuning/nosuch.py does not exist", f"variable {variable} is not read anywhere"]
+
+
+def test_every_context_key_is_in_the_deploy_table() -> None:
+    """The deploy docs say what each key does (hand-written), checked against the stack's list both ways."""
+    import re
+
+    text = "\n".join(p.read_text(encoding="utf-8") for p in HAND_WRITTEN)
+    in_tables = {k for row in re.findall(r"^\| `([A-Za-z]+)`(?: / `([A-Za-z]+)`)? \|", text, re.M) for k in row if k}
+    keys = set(DOCSREF.context_keys())
+    assert keys - in_tables == set(), "context keys no deploy table documents"
