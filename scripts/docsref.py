@@ -167,6 +167,7 @@ PATH_REF = re.compile(r"`((?:pipeline|profiling|tuning|infra|tests|bench|scripts
                       r"/[A-Za-z0-9_./-]*[A-Za-z0-9_/])`")
 COMMAND_REF = re.compile(r"(?:^|[\s`(/])iobatch ([a-z]+)((?: +[^\s`|]+)*)", re.M)
 CONTEXT_REF = re.compile(r"-c ([A-Za-z]+)=")
+MAKE_REF = re.compile(r"(?:^|`)(?:sudo )?make ([a-z][a-z-]+)\b", re.M)
 GLOBAL_FLAGS = {"--help", "--version", "--install-completion", "--show-completion"}
 
 
@@ -198,6 +199,8 @@ def drift(text: str) -> list[str]:
     problems += [f"context key {k} does not exist" for k in CONTEXT_REF.findall(text) if k not in keys | {"key"}]
     names = environment()
     problems += [f"variable {n} is not read anywhere" for n in ENV_NAME.findall(text) if n not in names]
+    targets = set(re.findall(r"^([a-z][a-z-]*):", (ROOT / "Makefile").read_text(), re.M))
+    problems += [f"make {t}: no such target" for t in MAKE_REF.findall(text) if t not in targets]
     return sorted(set(problems))
 
 

@@ -36,9 +36,11 @@ def test_a_page_names_only_what_exists(page: Path) -> None:
 def test_a_renamed_flag_key_variable_or_module_is_caught() -> None:
     variable = "IOBATCH_" + "NO_SUCH_ONE"  # not written whole: the scan of the tests would find it
     text = (f"run `iobatch profile --intervals 2 -- dd`, deploy with -c volumeTipe=st1, set {variable}, read "
-            "`tuning/nosuch.py` and `tuning/ebs.Volume`; `iobatch run --process-command 'tool --in {input}'`")
+            "`tuning/nosuch.py` and `tuning/ebs.Volume`; `iobatch run --process-command 'tool --in {input}'`; "
+            "`make tests` then `make test`")
     assert DOCSREF.drift(text) == ["context key volumeTipe does not exist", "iobatch profile --intervals: no such flag",
-                                   "path tuning/nosuch.py does not exist", f"variable {variable} is not read anywhere"]
+                                   "make tests: no such target", "path tuning/nosuch.py does not exist",
+                                   f"variable {variable} is not read anywhere"]
 
 
 def test_every_context_key_is_in_the_deploy_table() -> None:
