@@ -190,6 +190,21 @@ app = typer.Typer(
     context_settings={"help_option_names": ["-h", "--help"]},
 )
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from pipeline.version import version
+
+        print(f"iobatch {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(_version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                           help="Print the version (the package's, and git's description in a "
+                                                "checkout) and exit.")) -> None:
+    pass
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
