@@ -51,3 +51,23 @@ def test_every_context_key_is_in_the_deploy_table() -> None:
     in_tables = {k for row in re.findall(r"^\| `([A-Za-z]+)`(?: / `([A-Za-z]+)`)? \|", text, re.M) for k in row if k}
     keys = set(DOCSREF.context_keys())
     assert keys - in_tables == set(), "context keys no deploy table documents"
+
+
+def test_the_readme_is_read_in_ten_minutes_and_links_every_page() -> None:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert readme.count("\n") <= 200
+    assert "make demo" in readme and "make test" in readme
+    pages = {p.relative_to(ROOT).as_posix() for p in (ROOT / "docs").glob("*.md")}
+    assert {p for p in pages if f"]({p})" not in readme} == set(), "docs pages the README does not link"
+
+
+def test_the_architecture_page_states_the_import_rules_the_layout_test_enforces() -> None:
+    import ast
+
+    tree = ast.parse((ROOT / "tests" / "unit" / "test_layout.py").read_text(encoding="utf-8"))  # its constants
+    rules = {n.targets[0].id: ast.literal_eval(n.value) for n in tree.body
+             if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)
+             and n.targets[0].id in ("INFRA_MAY_IMPORT", "MAX_LINES")}
+    page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    assert {m for m in rules["INFRA_MAY_IMPORT"] if f"`{m}`" not in page} == set()
+    assert f"{rules['MAX_LINES']} lines" in page
