@@ -1,47 +1,16 @@
-"""Per-call figures of any program (static Go binaries such as s5cmd included) from a compiled eBPF program.
+"""The eBPF probe: per-call figures of one job's processes, any binary (static Go such as s5cmd included).
 
-The program (profiling/bpf/iobatch.bpf.c, CO-RE, built by `make setup` and in the image) counts the read,
-write, open, close and fsync families of one cgroup's processes per call type and size class (count,
-bytes, total latency, log2 histogram, exact min and max), the time they were paused in
-balance_dirty_pages (per task, summed, and as wall time during which any was paused), the page-cache pages
-they dirtied and the bytes they sent and received on sockets. libbpf loads it (profiling/probes/libbpf.py).
-
-Which processes: the cgroup v2 of the job. The profiler finds the job's cgroup from the job's pid as the
-profiler sees it, through the program's task finder, so it works from another container of a Batch task
-(its own pid namespace: the pids the kernel's hooks see are different numbers). When that cgroup is the
-profiler's own, or the root, it would hold more than the job: then the job's process tree is moved into a
-cgroup of its own (profiling/probes/cgroup.py) first. Children inherit their cgroup, so forks are followed.
-
-One copy per host: the programs are loaded once and shared by every profiler on the host
-(profiling/probes/ebpf_host.py: pins in bpffs under a lock). Each profiler takes a slot with maps of its
-own and adds its job's cgroup to the selection, so it reads only its own figures, and a child's per-call
-cost does not grow with the number of profilers. The watched calls are hooked with fentry/fexit on each
-system call's own entry point where the kernel allows BPF trampolines, else with the raw syscall
-tracepoints (every system call then runs the shared pair of programs once).
-
-Cost: the first profiler on a host loads, verifies and attaches (a few tenths of a second); a later one
-opens the pins and makes its maps (milliseconds); a reading is a copy of the profiler's own maps (mmap),
-so a stage boundary costs the job about a millisecond. The sidecar keeps its slot for the whole job
-(`keep_running`); `close()` leaves, and the last profiler out unpins everything; a profiler that dies
-(SIGKILL included) is reaped by its watchdog process, or by the next profiler's join or leave.
-
-Per file (calls["files"], see `_files_dict`): every call on a file is also counted on the file's record
-(count, bytes, latency with exact min and max per call type, and the access pattern as Darshan counts it:
-sequential and consecutive reads and writes per open file description, the commonest among the first
-IOB_ACCESS distinct access sizes). A file is known by its open file description: its path is taken once,
-at the open's exit or at its first call when it was opened before the probe started (or by a parent: fork
-and dup share the description), walked up from its dentry to the opening task's root, as the process sees
-it inside a container. Offsets are pread/pwrite's own, else the
-file position at the call's entry (struct file f_pos), read by the program rather than tracked: it stays
-right across lseek, dup and fork. At most IOB_FILES files (iobatch.h; read here from the object) are kept
-one by one (directories get none); later ones are summed in one record, and a stage says whether it had
-calls there and how many such files it saw first. The job-wide "cells" stay under path ""
-("path_attribution" false): contract rules on a path prefix read calls["files"].
-
-Needs Linux 5.17+ (the path walk uses bpf_loop), root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the
-kernel's BTF (/sys/kernel/btf/vmlinux, as on Amazon Linux 2023) and libbpf; `available()` says what is missing.
-The host's bpffs at /sys/fs/bpf (bind-mounted into a container) lets profilers share one copy; without it each
-profiler loads its own (ebpf_private.py) and says so.
+Owns: selecting the job's cgroup v2 (carving one for its process tree when the job shares the profiler's or the
+root's; never the profiler's own helpers), and turning readings of its slot's maps into the per-call dict of
+profiling/probes/callstats.py (calls, size classes, per-file records, dirty-throttle pauses, pages dirtied,
+socket bytes, the scratch disk's sequential and random requests).
+Inputs: the compiled program (profiling/bpf/iobatch.bpf.o, `make setup`), a slot on a loaded copy of it
+(ebpf_host.join: the host's shared copy in bpffs, else this profiler's own), the job's pid.
+Outputs: `EbpfProbe.stop()` -> the per-call dict; a figure whose hook this kernel lacks is absent, with a note.
+Invariants: counts are exact (every call of the selected cgroup, forks followed); a stage boundary reads the maps
+(mmap), it never reloads; `close()` leaves the slot on every path, and a SIGKILLed profiler leaves nothing loaded.
+Needs Linux 5.17+, root (or CAP_BPF + CAP_PERFMON, or CAP_SYS_ADMIN), the kernel's BTF and libbpf: `available()`
+says what is missing. How it works and what it costs: docs/profiler.md, "The eBPF probe".
 """
 
 from __future__ import annotations
