@@ -3,10 +3,12 @@
     python -m bench              all of them
     python -m bench NAME ...     some, e.g. `python -m bench download_compare stage_boundaries`
     python -m bench --list       what would run, with the BENCHMARKS.md section each result belongs in
+    python -m bench --render     BENCHMARKS.md's current figures, rendered from bench/results/ (bench/results.py)
 
 RUNS is the one list of what `make bench` measures: every figure in BENCHMARKS.md comes from one of these
-commands, and each run names the section it belongs in. A run that needs root or a missing tool is skipped
-with the reason, not failed; a run that fails makes the whole command exit 1 after the others have run.
+commands, and each run names the section it belongs in. Each run's output is kept in bench/results/ with its
+date, command and machine, and the page is rendered from there at the end. A run that needs root or a missing tool
+is skipped with the reason, not failed; a run that fails makes the whole command exit 1 after the others have run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+
+from bench import results
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,8 @@ def main(argv: list[str]) -> int:
     if argv in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    if argv == ["--render"]:
+        return render()
     listing = argv[:1] == ["--list"]
     chosen = argv[1:] if listing else argv
     unknown = [name for name in chosen if name not in names]
@@ -97,14 +103,37 @@ def main(argv: list[str]) -> int:
             skipped.append(run.name)
             continue
         began = time.monotonic()
-        code = subprocess.run(run.command(), env={**os.environ, **run.env}, check=False).returncode
-        print(f"--- {run.name}: exit {code} after {time.monotonic() - began:.0f} s", flush=True)
+        code, output = _tee(run.command(), {**os.environ, **run.env})
+        seconds = time.monotonic() - began
+        print(f"--- {run.name}: exit {code} after {seconds:.0f} s", flush=True)
+        results.record(run.name, run.section, run.shown(), code, seconds, output)
         if code != 0:
             failed.append(run.shown())
     print(f"\n{len(runs) - len(failed) - len(skipped)} benchmarks ran, {len(skipped)} skipped, {len(failed)} failed")
+    render()
     for shown in failed:
         print(f"error: failed: {shown}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def _tee(command: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run `command`, its output shown as it comes and kept: (exit code, output)."""
+    kept: list[str] = []
+    with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            kept.append(line)
+    return proc.returncode, "".join(kept)
+
+
+def render() -> int:
+    """BENCHMARKS.md's generated part from bench/results/, in RUNS's order of sections."""
+    sections = list(dict.fromkeys(run.section for run in RUNS))
+    page = results.rendered_page(results.PAGE.read_text(encoding="utf-8"), results.render(results.load(), sections))
+    results.PAGE.write_text(page, encoding="utf-8")
+    print(f"rendered {results.PAGE.name} from {len(results.load())} results in bench/results/")
+    return 0
 
 
 if __name__ == "__main__":
