@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import settings
 
-from tests.support.hostsetup import environment_left, setup_missing
+from tests.support.hostsetup import ProcessState, environment_left, setup_missing, state_left
 
 if TYPE_CHECKING:
     # Imported where used: pipeline.local brings boto3, half a second here and 10-15 s for the guest tier's pytest
@@ -62,13 +62,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _no_environment_left_behind() -> Iterator[None]:
-    """A test that leaves a preload or an iobatch variable in this process's environment fails (and it is put back)."""
-    before = dict(os.environ)
+def _no_process_state_left_behind() -> Iterator[None]:
+    """A test that leaves a preload or an iobatch variable in this process's environment, another working directory,
+    a signal handler or a mount fails (and what can be put back is)."""
+    before, state = dict(os.environ), ProcessState.now()
     yield
-    left = environment_left(before, os.environ)
-    if left is not None:
-        pytest.fail(left)
+    left = [line for line in (environment_left(before, os.environ), state_left(state)) if line]
+    if left:
+        pytest.fail("; ".join(left))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -103,9 +103,10 @@ class IobatchGroup(TyperGroup):
             if standalone_mode:
                 sys.exit(EXIT_USAGE)
             return EXIT_USAGE
+        found = signal.getsignal(signal.SIGINT)
         try:
             # From here Ctrl-C is a KeyboardInterrupt, after which every `with` block cleans up.
-            if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+            if found is _interrupted_while_starting:
                 signal.signal(signal.SIGINT, signal.default_int_handler)
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
@@ -115,6 +116,8 @@ class IobatchGroup(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):  # end of input at a prompt, or Ctrl-C before a command ran
             print_error("interrupted")
             code = EXIT_RETRYABLE
+        finally:  # a caller in the same process (a test, an embedding program) gets its handler back
+            signal.signal(signal.SIGINT, found)
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -226,7 +229,7 @@ def handles_errors(func: F) -> F:
 
     @wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+        previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
         try:
             return func(*args, **kwargs)
         except IobatchError as exc:
@@ -246,6 +249,8 @@ def handles_errors(func: F) -> F:
                 raise
             fail(f"{exc.filename or 'a file it writes'}: no space left on its volume ({exc.strerror}); nothing "
                  "half-written was left: free space there or write elsewhere", EXIT_PERMANENT)
+        finally:  # a caller in the same process gets its handler back
+            signal.signal(signal.SIGTERM, previous)
 
     return wrapper  # type: ignore[return-value]
 

@@ -1,10 +1,15 @@
 """What the suite checks of the machine and of each test: `make setup`'s work is there before the first test, and
-no test leaves a preload or an iobatch variable in the environment for the tests after it."""
+no test leaves process state behind for the tests after it: a preload or an iobatch variable in the environment,
+another working directory, a signal handler, a mount."""
 
 from __future__ import annotations
 
+import os
+import signal
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # Built into the tree by `make setup` (the Makefile's targets), which the tests use without building.
 BUILT = (".tools/bin/versitygw", "node_modules/.bin/cdk")
@@ -43,3 +48,43 @@ def environment_left(before: Mapping[str, str], environ: MutableMapping[str, str
     if not changed:
         return None
     return f"the test left {', '.join(changed)} changed in the environment: restore it (e.g. monkeypatch.setenv)"
+
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
+
+
+def _mounts() -> frozenset[str]:
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
+        return frozenset(line.split()[4] for line in table)
+
+
+@dataclass(frozen=True)
+class ProcessState:
+    """What a test could leave behind in this process besides its environment."""
+
+    cwd: str
+    handlers: tuple[Any, ...]
+    mounts: frozenset[str]
+
+    @classmethod
+    def now(cls) -> ProcessState:
+        return cls(os.getcwd(), tuple(signal.getsignal(s) for s in SIGNALS), _mounts())
+
+
+def state_left(before: ProcessState) -> str | None:
+    """What a test changed of the process's working directory, signal handlers and mounts since `before`, put back
+    where it can be (a mount cannot: it is only named), in one line; None when nothing."""
+    now = ProcessState.now()
+    changed = []
+    if now.cwd != before.cwd:
+        os.chdir(before.cwd)
+        changed.append(f"the working directory ({now.cwd})")
+    for sig, was, is_now in zip(SIGNALS, before.handlers, now.handlers, strict=True):
+        if was != is_now:
+            signal.signal(sig, was)
+            changed.append(f"the {sig.name} handler")
+    added, removed = now.mounts - before.mounts, before.mounts - now.mounts
+    if added or removed:
+        changed.append("mounts (" + ", ".join([*(f"+{m}" for m in sorted(added)), *(f"-{m}" for m in sorted(removed))])
+                       + ")")
+    return f"the test left {'; '.join(changed)} changed: restore it on every path" if changed else None

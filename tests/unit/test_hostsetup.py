@@ -56,3 +56,19 @@ def test_a_probe_on_a_command_never_preloads_this_process() -> None:
     assert ENV_LIB in env or "LD_PRELOAD" in env
     assert dict(os.environ) == before and command_environment(None) == {}
     assert sys.modules["profiling.probes"]
+
+
+def test_a_working_directory_or_signal_handler_left_behind_is_caught_and_put_back(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    from tests.support.hostsetup import ProcessState, state_left
+
+    before = ProcessState.now()
+    assert state_left(before) is None
+    old = signal.getsignal(signal.SIGTERM)
+    os.chdir(tmp_path)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    line = state_left(before)
+    assert line is not None and "working directory" in line and "SIGTERM handler" in line
+    assert os.getcwd() == before.cwd and signal.getsignal(signal.SIGTERM) == old
