@@ -73,7 +73,9 @@ def test_counts_every_write_of_the_process_tree(probe_ok: None, writebench: Path
     assert calls["dirty_throttle_ms"] == 0 and calls["dirty_throttle_wall_ms"] == 0  # /dev/null dirties nothing
     assert calls["dirtied_bytes"] == 0
     write = by_call(calls)["write"]
-    assert 0 < write["min_us"] <= write["mean_us"] <= write["max_us"]
+    # Recorded (None when no call set it) and ordered. A call may measure 0 ns where the kernel's clock is coarser
+    # than the call: the TCG guest, which runs these tests on 6.1, once gave one write of 150,000 a 0 ns latency.
+    assert write["min_us"] is not None and 0 <= write["min_us"] <= write["mean_us"] <= write["max_us"]
 
 
 # A write of 4 KiB to /dev/null, 2000 times, then one read that waits for a pipe fed 0.3 s later: the slowest
