@@ -111,20 +111,28 @@ REQUEST_ID_HEADERS = frozenset({"x-amz-request-id", "x-amz-id-2", "x-amzn-reques
 #: What a proxy or load balancer answers for a service behind it that is down, slow or busy: 502 Bad Gateway,
 #: 503 Service Unavailable, 504 Gateway Timeout (RFC 9110, section 15.6) and 429 Too Many Requests (RFC 6585).
 GATEWAY_STATUSES = frozenset({429, 502, 503, 504})
+#: The service models' protocols whose answers are JSON (botocore's metadata "protocol"), and XML's media types.
+JSON_PROTOCOLS = frozenset({"json", "rest-json"})
+XML_TYPES = frozenset({"application/xml", "text/xml"})
 
 
-def foreign_answer(status: int, headers: Mapping[str, str], code: str) -> str | None:
+def foreign_answer(status: int, headers: Mapping[str, str], code: str, protocol: str = "") -> str | None:
     """What shows that an HTTP answer came from some other server than an AWS API, or None when it may not.
 
-    Without a request id, a web page or an error without an AWS error code is some other server's. A gateway's
-    status without one is left to the retry rules: a proxy or load balancer in front of a service that is
-    down or busy answers so, and a later attempt can get past it.
+    An API of a JSON protocol (`protocol`, the service model's: CloudWatch Logs, Batch) never answers in XML: an
+    XML answer is another service's, an S3 server's most likely, request id or not. Without a request id, a web
+    page or an error without an AWS error code is some other server's. A gateway's status without one is left
+    to the retry rules: a proxy or load balancer in front of a service that is down or busy answers so, and a
+    later attempt can get past it.
     """
     fields = {name.lower(): value for name, value in headers.items()}
-    if REQUEST_ID_HEADERS & fields.keys() or status in GATEWAY_STATUSES:
-        return None
     server = fields.get("server", "")[:40]
     said = f" from server {server!r}" if server else ""
+    kind = fields.get("content-type", "").split(";")[0].strip().lower()
+    if protocol in JSON_PROTOCOLS and kind in XML_TYPES:
+        return f"HTTP {status}{said}, an XML answer where this API answers JSON (an S3 server?)"
+    if REQUEST_ID_HEADERS & fields.keys() or status in GATEWAY_STATUSES:
+        return None
     if fields.get("content-type", "").lower().startswith("text/html"):
         return f"HTTP {status}{said}, a web page, with no AWS request id"
     if status >= 300 and not code.strip("0123456789"):
@@ -147,7 +155,8 @@ def refuse_foreign_answers(events: Any, *, service: str, fix: str) -> None:
             return
         http_response, parsed = response
         error = parsed.get("Error") or {}
-        why = foreign_answer(int(http_response.status_code), http_response.headers, str(error.get("Code") or ""))
+        why = foreign_answer(int(http_response.status_code), http_response.headers, str(error.get("Code") or ""),
+                             str(operation.metadata.get("protocol") or ""))
         if why:
             raise UsageError(f"{origin(str(http_response.url))} is not {service}: it answered {operation.name} "
                              f"with {why}: {fix}")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeline.endpoints import checked_endpoint
+from pipeline.endpoints import chosen_endpoint
 from pipeline.errors import ManifestError, UsageError
 from pipeline.interface import (
     DEFAULT_PROCESS_COMMAND,
@@ -268,7 +268,8 @@ class JobSettings:
             scratch_root=Path(env.get(ENV.SCRATCH) or DEFAULT_SCRATCH),
             images_per_child=_int(env, ENV.IMAGES_PER_CHILD, None, 1, MAX_IMAGES_PER_CHILD),
             job_id=env.get(ENV.JOB_ID) or "local",
-            s3_endpoint=checked_endpoint(env.get(ENV.S3_ENDPOINT, "").strip() or None, ENV.S3_ENDPOINT),
+            # Else AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL, as boto3 reads them: given to s5cmd too, which does not.
+            s3_endpoint=chosen_endpoint(env.get(ENV.S3_ENDPOINT), ENV.S3_ENDPOINT, "s3", env),
             train_size=parse_train_size(env[ENV.TRAIN_SIZE]) if env.get(ENV.TRAIN_SIZE) else DEFAULT_TRAIN_SIZE,
             skip_bad_images=_yes(env, ENV.SKIP_BAD_IMAGES),
             s5cmd_workers=_int(env, ENV.S5CMD_WORKERS, DEFAULT_S5CMD_WORKERS, 1, MAX_S5CMD_WORKERS),

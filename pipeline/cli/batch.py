@@ -26,7 +26,10 @@ def _session(region: str | None) -> Any:
     import boto3
 
     from pipeline.aws import refuse_foreign_answers
+    from pipeline.endpoints import configured_endpoint
 
+    for client in ("sts", "cloudformation", "batch"):  # AWS_ENDPOINT_URL(_<SERVICE>), checked as a flag's URL is
+        configured_endpoint(client)
     session = boto3.session.Session(region_name=checks.region(region))
     refuse_foreign_answers(session.events, service="AWS", fix="check AWS_ENDPOINT_URL and any HTTPS proxy")
     return session
@@ -72,9 +75,11 @@ def submit(
         raise UsageError("give exactly one of --stack NAME (AWS Batch) or --local (this machine)")
     if run_dir is not None:
         checks.output_dir(run_dir, "--run-dir")
+    # --local without --s3-endpoint is the embedded server; a stack's S3 is AWS_ENDPOINT_URL_S3's, as boto3 reads it.
+    endpoint = checks.endpoint_url(s3_endpoint, client=None if local else "s3")
     common: dict[str, Any] = dict(manifest=manifest, prefix=prefix, images_per_child=images_per_job,
-                                  output=output, force=force, s3_endpoint=checks.endpoint_url(s3_endpoint),
-                                  dry_run=dry_run, process_command=process_command)
+                                  output=output, force=force, s3_endpoint=endpoint, dry_run=dry_run,
+                                  process_command=process_command)
     if stack is not None:
         result = submission.submit_to_stack(stack=checks.stack_name(stack), session=_session(region), **common)
         if as_json:

@@ -17,14 +17,14 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from pipeline.endpoints import checked_endpoint
+from pipeline.endpoints import checked_endpoint, chosen_endpoint
 from pipeline.errors import UsageError
 from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_INPUT, PROCESS_OUTPUT
 from pipeline.settings import parse_process_command
 from profiling.files import kind_of, read_regular
 
-__all__ = ["emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir", "output_file",
-           "process_command", "read_file", "readable_file", "region", "stack_name"]
+__all__ = ["STDOUT", "emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir",
+           "output_file", "output_or_stdout", "process_command", "read_file", "readable_file", "region", "stack_name"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -44,8 +44,17 @@ def _unusable(path: Path, flag: str, exc: OSError) -> UsageError:
     return UsageError(f"{flag} {shown} cannot be used ({exc.strerror}): give a shorter, plain path")
 
 
+#: An output flag's value for standard output, where the flag takes it (sidecar's and profile's --emf, profile's
+#: --json: output_or_stdout); every other file flag refuses it rather than write a file named '-'.
+STDOUT = "-"
+
+
 def output_file(path: Path, flag: str) -> Path:
-    """A file the command will write: not a directory, in an existing folder it may write to."""
+    """A file the command will write: not a directory, in an existing folder it may write to; not '-', which would
+    be a file of that name where a person means standard output."""
+    if str(path) == STDOUT:
+        raise UsageError(f"{flag} - is not standard output here: {flag} writes a file; give its path (./- for a file "
+                         "named '-')")
     try:
         is_dir, exists = path.is_dir(), path.exists()
         folder = path.absolute().parent
@@ -59,6 +68,13 @@ def output_file(path: Path, flag: str) -> Path:
     if not _writable(folder) or (exists and not os.access(path, os.W_OK)):
         raise UsageError(f"{flag} {path} is not writable: give a path you may write to")
     return path
+
+
+def output_or_stdout(value: str, flag: str) -> str:
+    """A flag that writes a file or, given '-', standard output (STDOUT): the file is checked as output_file does."""
+    if value != STDOUT:
+        output_file(Path(value), flag)
+    return value
 
 
 def not_an_input(path: Path, flag: str, inputs: Iterable[Path]) -> Path:
@@ -138,9 +154,11 @@ def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
     return body
 
 
-def endpoint_url(url: str | None, flag: str = "--s3-endpoint") -> str | None:
-    """An endpoint URL: scheme://HOST[:PORT] (pipeline.endpoints owns the rule, the job's variable's too)."""
-    return checked_endpoint(url, flag)
+def endpoint_url(url: str | None, flag: str = "--s3-endpoint", client: str | None = None) -> str | None:
+    """An endpoint URL: scheme://HOST[:PORT] (pipeline.endpoints owns the rule, the job's variable's too). With
+    `client` (s3, logs), no flag is the AWS libraries' variable for it (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL),
+    checked alike and named by its name (pipeline.endpoints.chosen_endpoint)."""
+    return checked_endpoint(url, flag) if client is None else chosen_endpoint(url, flag, client)
 
 
 def region(name: str | None, flag: str = "--region") -> str:

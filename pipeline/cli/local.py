@@ -177,7 +177,8 @@ def run(
                                          "child takes."),
     workers: int = typer.Option(default_workers(), min=1, max=MAX_WORKERS, show_default=False,
                                 metavar="N", help="Children running at once (default: one per core)."),
-    s3_endpoint: str | None = typer.Option(None, metavar="URL", help="S3 endpoint URL (default: AWS)."),
+    s3_endpoint: str | None = typer.Option(None, metavar="URL", help="S3 endpoint URL (default: "
+                                           "AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL, else AWS)."),
     run_dir: Path = typer.Option(Path(".iobatch/run"), metavar="DIR", help="Where profiles, EMF and logs go."),
     scratch: Path | None = typer.Option(None, metavar="DIR", help="Scratch root (default RUN_DIR/scratch)."),
     train_size: str = typer.Option("512x384", metavar="WxH", help=f"WIDTHxHEIGHT of the training images, each side "
@@ -200,7 +201,8 @@ def run(
     manifest_uri = parse_manifest_uri(manifest, what="--manifest") if manifest else None
     check_output_outside_input(input_uri, output_uri, listed=manifest_uri is None)
     local = LocalRun(input=input_uri, output=output_uri, manifest=manifest_uri,
-                     endpoint=checks.endpoint_url(s3_endpoint), run_dir=checks.output_dir(run_dir, "--run-dir"),
+                     endpoint=checks.endpoint_url(s3_endpoint, client="s3"),
+                     run_dir=checks.output_dir(run_dir, "--run-dir"),
                      images_per_child=images_per_child, workers=workers,
                      scratch_root=checks.output_dir(scratch, "--scratch") if scratch else None, force=force,
                      skip_bad_images=skip_bad_images, train_size=parse_train_size(train_size, what="--train-size"),

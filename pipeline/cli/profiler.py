@@ -108,9 +108,9 @@ def _start_sidecar(socket_path: Path | None, emf: str, profile_out: Path | None,
     from profiling.protocol import MAX_SOCKET_PATH
     from profiling.sidecar import Sidecar, SidecarConfig
 
-    for path, flag in ((profile_out, "--profile-out"), (None if emf == "-" else Path(emf), "--emf")):
-        if path is not None:
-            checks.output_file(path, flag)
+    checks.output_or_stdout(emf, "--emf")
+    if profile_out is not None:
+        checks.output_file(profile_out, "--profile-out")
     if namespace:
         checks.emf_namespace(namespace, "--namespace")
     if socket_path is not None and len(str(socket_path)) > MAX_SOCKET_PATH:
@@ -155,8 +155,8 @@ def _start_sidecar(socket_path: Path | None, emf: str, profile_out: Path | None,
 def profile(
     command: list[str] = typer.Argument(..., metavar="COMMAND", help="The command to profile, after --."),
     interval: float = typer.Option(1.0, "--interval", metavar="SECONDS", help="Seconds between samples (0.1 to 60)."),
-    json_out: Path | None = typer.Option(None, "--json", metavar="FILE", help="Write the profile JSON (schema 1) "
-                                         "here."),
+    json_out: str | None = typer.Option(None, "--json", metavar="FILE", help="Write the profile JSON (schema 1) "
+                                        "here (- for stdout)."),
     emf: str | None = typer.Option(None, "--emf", metavar="FILE", help="Write the EMF document here (- for stdout)."),
     device: str | None = typer.Option(None, "--device", metavar="DEVICE", help="Block device (or a path on it) to "
                                       "sample "
@@ -183,11 +183,13 @@ def profile(
     from profiling.table import profile_row, render_stage_table
 
     # Every output path is checked before the command runs: its table and exit code are never lost to a
-    # --json that cannot be written afterwards.
+    # --json that cannot be written afterwards. '-' is stdout for either (checks.STDOUT), not for both.
     if json_out is not None:
-        checks.output_file(json_out, "--json")
-    if emf is not None and emf != "-":
-        checks.output_file(Path(emf), "--emf")
+        checks.output_or_stdout(json_out, "--json")
+    if emf is not None:
+        checks.output_or_stdout(emf, "--emf")
+    if json_out == emf == checks.STDOUT:
+        raise UsageError("--json - and --emf - would both write to stdout: give one of them a file")
     properties = job_identity(dict(os.environ)).properties
     dev = _device(device, Path.cwd())
     step = _interval(interval)
@@ -204,13 +206,16 @@ def profile(
     except CommandNotFound as exc:
         raise UsageError(str(exc)) from None
     prof = result.profile
-    if json_out is not None:
-        write_text_atomic(json_out, json.dumps(prof.to_dict(), indent=1) + "\n")
+    if json_out == checks.STDOUT:
+        print(json.dumps(prof.to_dict(), indent=1), flush=True)
+    elif json_out is not None:
+        write_text_atomic(Path(json_out), json.dumps(prof.to_dict(), indent=1) + "\n")
     if emf is not None:
         emit_profile(prof, sink_for(emf))
     code = exit_code_of(result.returncode)
     title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {code}; device {prof.device or '-'})"
-    console = Console(stderr=emf == "-")  # the terminal's width (COLUMNS, else 80 when not a terminal)
+    # The terminal's width (COLUMNS, else 80 when not a terminal); on stderr when stdout carries EMF or JSON.
+    console = Console(stderr=checks.STDOUT in (emf, json_out))
     console.print(render_stage_table({prof.stage: profile_row(prof)}, title, console.width))
     if rules is not None:
         console.print(f"contract {contract}: values at or above each rule's threshold, per time frame",

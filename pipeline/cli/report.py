@@ -60,13 +60,17 @@ def _logs_client(region: str | None, logs_endpoint: str | None) -> Any:
     import boto3
 
     from pipeline.aws import refuse_foreign_answers
+    from pipeline.endpoints import configured_endpoint
     from pipeline.interface import AWS_ENV
 
+    # No --logs-endpoint: AWS_ENDPOINT_URL_CLOUDWATCH_LOGS or AWS_ENDPOINT_URL, as boto3 reads them, checked alike.
+    endpoint, named = (logs_endpoint, "--logs-endpoint") if logs_endpoint else \
+        configured_endpoint("logs") or (None, "--logs-endpoint")
     # AWS_REGION is what Batch and most tools set; boto3 itself reads only AWS_DEFAULT_REGION.
     client = boto3.client("logs", region_name=region or os.environ.get(AWS_ENV.REGION) or None,
-                          endpoint_url=logs_endpoint)
+                          endpoint_url=endpoint)
     refuse_foreign_answers(client.meta.events, service="CloudWatch Logs",
-                           fix="point --logs-endpoint at CloudWatch Logs (or leave it out for AWS's)")
+                           fix=f"point {named} at CloudWatch Logs (or leave it out for AWS's)")
     return client
 
 

@@ -135,6 +135,10 @@ def run_demo(options: DemoOptions, *, progress: bool | None = None, say: Callabl
     if options.slow_child is not None and not 0 <= options.slow_child < -(-options.images // options.images_per_child):
         raise UsageError(f"--slow-child {options.slow_child} is not a child of this batch: give 0 to "
                          f"{-(-options.images // options.images_per_child) - 1}")
+    if options.slow_child is not None and (options.s3_endpoint or "").strip().lower().startswith("https:"):
+        raise UsageError("--slow-child throttles its child through a TCP proxy on 127.0.0.1, which an https "
+                         "endpoint's certificate does not name: give an http:// --s3-endpoint, or leave out "
+                         "--slow-child")
     run_dir = options.run_dir
     prepare_run_dir(run_dir)
     runfiles.write_run(run_dir, {"demo": True, "started": time.time()})

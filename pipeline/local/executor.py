@@ -24,6 +24,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from pipeline.endpoints import endpoint_address
 from pipeline.errors import EXIT_RETRYABLE
 from pipeline.interface import batch_exit_code, exit_code_of
 from pipeline.local.proxy import ThrottledProxy
@@ -296,8 +297,9 @@ def run_batch(batch: LocalBatch, *, progress: bool | None = None, images_total: 
     with contextlib.ExitStack() as stack:
         proxy: ThrottledProxy | None = None
         if batch.slow_child is not None and batch.template.s3_endpoint:
-            upstream_port = int(batch.template.s3_endpoint.rsplit(":", 1)[1].split("/")[0])
-            proxy = stack.enter_context(ThrottledProxy(upstream_port, batch.slow_child_bps))
+            # Where the endpoint connects: its host, and its port or the scheme's (pipeline.endpoints owns the URL).
+            host, port = endpoint_address(batch.template.s3_endpoint)
+            proxy = stack.enter_context(ThrottledProxy(port, batch.slow_child_bps, upstream_host=host))
         if on_start:
             on_start(batch)
         bars = stack.enter_context(_Progress(batch.children, images_total, show_bars))
