@@ -264,6 +264,8 @@ def lab(
         return
     if workload not in ("pipeline", "writer"):
         raise UsageError(f"--workload {workload!r} is not pipeline or writer")
+    if advise_loop and workload != "pipeline":  # before anything starts: here, or in a guest booted minutes later
+        raise UsageError("--advise runs the pipeline: leave out --workload writer")
     process_command = checks.process_command(process_command)
     # The emulated page cache lives in this machine's memory: a larger instance cannot be acted out here.
     machine_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
@@ -291,8 +293,6 @@ def lab(
         print(message, file=lines, flush=True)
 
     if advise_loop:
-        if workload != "pipeline":
-            raise UsageError("--advise runs the pipeline: leave out --workload writer")
         _advise_loop(config, plan, run_dir, lines, as_json, process_command)
         return
     run_batch = lab_batch(plan, run_dir, stdout=lines, volume_type=config.volume.kind,

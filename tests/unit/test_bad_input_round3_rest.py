@@ -255,3 +255,15 @@ def test_a_slow_child_behind_tls_is_refused_before_anything_starts(tmp_path: Pat
                              s3_endpoint="https://s3.us-east-1.amazonaws.com"), say=lambda _: None)
     assert not (tmp_path / "run").exists()
     assert os.listdir(tmp_path) == []
+
+
+# ---- lab: a flag combination the guest would refuse, refused here first ----------------------------------------
+
+
+def test_lab_advise_with_the_writer_workload_is_refused_before_the_guest_is_chosen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Was refused only inside the guest, after this side had generated the images and booted it.
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", _reached)
+    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", _reached)
+    refused(["lab", "--where", "guest", "--advise", "--workload", "writer", "--memory-gib", "1"], EXIT_USAGE,
+            "--advise runs the pipeline: leave out --workload writer")
