@@ -34,6 +34,7 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
     from rich.console import Console
 
     from profiling.metrics import summarize
+    from profiling.report.summary import ebpf_absent
     from profiling.table import render_stage_table
 
     console = Console()  # the terminal's width (COLUMNS, else 80 when not a terminal)
@@ -42,6 +43,9 @@ def _print_batch(result: Any, profiles: Any, title: str) -> None:
         console.print(render_stage_table(summary, title, console.width))
     else:
         console.print("no stage profiles were recorded (was the profiler off?)")
+    missing = ebpf_absent(profiles) if summary else None
+    if missing is not None:  # the per-call columns are empty: one line says why, as the profilers said it
+        console.print(f"note: no per-call figures from the eBPF probe: {missing}", markup=False, highlight=False)
     console.print(f"{counted(result.succeeded, 'child', 'children')} done, {result.skipped} skipped (already "
                   f"complete), {len(result.failed)} failed, in {result.elapsed_s:.1f} s")
     for index, code, headline in result.failed:

@@ -5,7 +5,7 @@ time in calls (Drishti-style, from the eBPF probe's per-file records). Pure (dat
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from profiling.bounds import TOO_SHORT, UNKNOWN, between_stages_s, outside_stages_s, stage_bounds
@@ -139,14 +139,16 @@ def _pattern(record: Mapping[str, Any] | None, stats: Mapping[str, Mapping[str, 
     return "; ".join(parts) or ABSENT
 
 
-def ebpf_missing(data: ReportData) -> str:
-    """Why the eBPF probe did not run, as the profilers said it (their first reason naming it), else that they did
-    not say: never a guess."""
-    for entry in data.entries:
-        for notice in entry.profile.notices:
-            if "ebpf" in notice.lower():
-                return notice
-    return "the profiles do not say why: the children's logs may"
+def ebpf_absent(profiles: Iterable[StageProfile]) -> str | None:
+    """None when the eBPF probe gave any stage its per-call figures; else why not, as the profilers said it (their
+    first reason naming it), or that they did not say: never a guess."""
+    reasons = []
+    for profile in profiles:
+        if profile.sources.get("calls") == "ebpf":
+            return None
+        reasons += [n for n in profile.notices if "ebpf" in n.lower()]
+    return reasons[0] if reasons else "the profiles do not say why: the children's logs may"
+
 
 
 def _io(stats: Mapping[str, Any]) -> str:
@@ -160,8 +162,10 @@ def _io(stats: Mapping[str, Any]) -> str:
 def _files_table(data: ReportData) -> str:
     rows = file_rows(data)
     if not rows:
-        return ("<p id=no-file-records class=note>No per-file records: they come from the eBPF probe, which did "
-                f"not run for this run ({e(ebpf_missing(data))}).</p>")
+        reason = ebpf_absent(entry.profile for entry in data.entries)
+        return ("<p id=no-file-records class=note>No per-file records: they come from the eBPF probe, "
+                + ("which recorded none for this run." if reason is None else f"which did not run ({e(reason)}).")
+                + "</p>")
     head = ("<tr><th class=l>file</th><th class=l>child</th><th class=l>stage</th><th>time in calls</th>"
             "<th>calls</th><th>reads</th><th>writes</th><th>slowest call</th><th class=l>access pattern</th></tr>")
     body = []
