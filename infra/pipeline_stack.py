@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from aws_cdk import Acknowledgment, Aws, CfnOutput, IgnoreMode, RemovalPolicy, Stack, Validations
@@ -100,6 +101,9 @@ class PipelineStack(Stack):
             "volume_type": settings.volume.kind,
             "input_prefix": settings.input_prefix,
             "output_prefix": settings.output_prefix,
+            # Every setting as the context that rebuilds it (one owner: StackSettings.to_context), for `iobatch
+            # advise --stack` to read the plan from and to print the deploy that applies its advice.
+            "deploy_context": json.dumps(settings.to_context(), separators=(",", ":")),
         }
         for field, key in STACK_OUTPUT_KEYS.items():
             CfnOutput(self, key, value=outputs[field])

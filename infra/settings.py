@@ -20,9 +20,12 @@ from tuning.ebs import Volume, VolumeError
 from tuning.host import CONTEXT_KEYS as HOST_CONTEXT_KEYS
 from tuning.host import HostTuning, HostTuningError
 from tuning.instances import (
+    CHILDREN_PER_HOST_KEY,
     DEFAULT_CHILDREN_PER_HOST,
     DEFAULT_VCPUS_PER_JOB,
+    INSTANCE_TYPES_KEY,
     PROFILER_MEMORY_MIB,
+    VCPUS_PER_JOB_KEY,
     InstanceType,
     children_per_host,
     task_memory_mib,
@@ -43,7 +46,7 @@ PROFILER_INTERPOSE_KEY = "profilerInterpose"
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
-    "instanceTypes", "childrenPerHost", "maxvCpus", "minvCpus", "vcpusPerJob", "spot", "jobTimeoutMinutes",
+    INSTANCE_TYPES_KEY, CHILDREN_PER_HOST_KEY, "maxvCpus", "minvCpus", VCPUS_PER_JOB_KEY, "spot", "jobTimeoutMinutes",
     "retryAttempts",
     "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY,
     "profilerContract", "processCommand", "jobImage",
@@ -138,11 +141,11 @@ class StackSettings:
             pipeline_name=_text(ctx, "pipelineName", base.pipeline_name),
             vpc_id=_optional_text(ctx, "vpcId"),
             volume=volume,
-            instance_types=_list(ctx, "instanceTypes", base.instance_types),
-            children_per_host=_int(ctx, "childrenPerHost", base.children_per_host),
+            instance_types=_list(ctx, INSTANCE_TYPES_KEY, base.instance_types),
+            children_per_host=_int(ctx, CHILDREN_PER_HOST_KEY, base.children_per_host),
             max_vcpus=_int(ctx, "maxvCpus", base.max_vcpus),
             min_vcpus=_int(ctx, "minvCpus", base.min_vcpus),
-            vcpus_per_job=_int(ctx, "vcpusPerJob", base.vcpus_per_job),
+            vcpus_per_job=_int(ctx, VCPUS_PER_JOB_KEY, base.vcpus_per_job),
             spot=_bool(ctx, "spot", base.spot),
             job_timeout_minutes=_int(ctx, "jobTimeoutMinutes", base.job_timeout_minutes),
             retry_attempts=_int(ctx, "retryAttempts", base.retry_attempts),
@@ -274,11 +277,11 @@ class StackSettings:
         """The context keys that rebuild these settings (strings, as `-c` passes them)."""
         ctx = {
             "pipelineName": self.pipeline_name,
-            "instanceTypes": json.dumps(list(self.instance_types)),
+            INSTANCE_TYPES_KEY: json.dumps(list(self.instance_types)),
             "maxvCpus": str(self.max_vcpus),
             "minvCpus": str(self.min_vcpus),
-            "vcpusPerJob": str(self.vcpus_per_job),
-            "childrenPerHost": str(self.children_per_host),
+            VCPUS_PER_JOB_KEY: str(self.vcpus_per_job),
+            CHILDREN_PER_HOST_KEY: str(self.children_per_host),
             "spot": str(self.spot).lower(),
             "profilerEbpf": str(self.profiler_ebpf).lower(),
             PROFILER_INTERPOSE_KEY: str(self.profiler_interpose).lower(),

@@ -222,7 +222,10 @@ OUTPUT_KEYS: dict[str, str] = {
     "dashboard": "DashboardName",
     "volume_type": "VolumeType",
 }
-#: Outputs read when present: the only prefixes the job role may read (input) and write (output) under.
-OPTIONAL_OUTPUT_KEYS: dict[str, str] = {"input_prefix": "InputPrefix", "output_prefix": "OutputPrefix"}
+#: Outputs read when present: the only prefixes the job role may read (input) and write (output) under, and the CDK
+#: context the stack was deployed with as one JSON object (infra.settings.StackSettings.to_context), from which
+#: `iobatch advise --stack` reads the plan and writes the deploy that applies its advice (tuning.deployed).
+OPTIONAL_OUTPUT_KEYS: dict[str, str] = {"input_prefix": "InputPrefix", "output_prefix": "OutputPrefix",
+                                        "deploy_context": "DeployContext"}
 #: Every output the stack emits, in template order.
 STACK_OUTPUT_KEYS: dict[str, str] = {**OUTPUT_KEYS, **OPTIONAL_OUTPUT_KEYS}

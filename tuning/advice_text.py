@@ -8,8 +8,9 @@ from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
 
 
-def render(advice: Advice) -> str:
-    """The advice as a console table and a few paragraphs."""
+def render(advice: Advice, *, deploy: str | None = None) -> str:
+    """The advice as a console table and a few paragraphs; `deploy`, when given, is the whole command that applies it
+    to a deployed stack (tuning.deployed.make_deploy), shown instead of the advice's context keys alone."""
     plan = advice.plan
     lines = [
         *render_findings(advice),
@@ -62,8 +63,8 @@ def render(advice: Advice) -> str:
         f"Mount options (valid for kernel {plan.kernel_release or 'current'}): "
         f"{cache.tuning.mount_option_string()}",
         "",
-        "CDK context:",
-        f"  cdk deploy {advice.cdk_args}",
+        *(["CDK context:", f"  cdk deploy {advice.cdk_args}"] if deploy is None else
+          ["To apply it (the stack's deployed context with the advice's keys in place):", f"  {deploy}"]),
     ]
     return "\n".join(lines)
 

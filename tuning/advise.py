@@ -24,7 +24,7 @@ from __future__ import annotations
 import math
 import shlex
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -282,8 +282,9 @@ def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
     limit = math.ceil(limit / MIB) * MIB
     background = limit // 2
     fits = want <= budget and child_fits
-    tuning = HostTuning(dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=limit,
-                        dirty_background_bytes=background)
+    # The stack's own host settings stay (mount options, expiry); the dirty limits are the advice, on EBS scratch.
+    tuning = replace(plan.current_tuning, dirty_ratio=None, dirty_background_ratio=None, dirty_bytes=limit,
+                     dirty_background_bytes=background, scratch="ebs")
     tuning.validate(plan.kernel_release)
     default = _cache(KERNEL_DEFAULTS, plan)
     tradeoff = (

@@ -36,6 +36,11 @@ MEMORY_PER_VCPU_MIB = 3584
 # an m6i.2xlarge: st1 500 GiB gives each 125 GiB and 5 MiB/s of baseline).
 DEFAULT_VCPUS_PER_JOB = 2
 DEFAULT_CHILDREN_PER_HOST = 4
+# The stack's context keys for its hosts: infra.settings reads them, the advisor writes them and reads them back from a
+# deployed stack (tuning.deployed).
+INSTANCE_TYPES_KEY = "instanceTypes"
+CHILDREN_PER_HOST_KEY = "childrenPerHost"
+VCPUS_PER_JOB_KEY = "vcpusPerJob"
 # The profiler sidecar's share of it; the job container's MEMORY (its cgroup's memory.max) is the rest.
 PROFILER_MEMORY_MIB = 256
 # Registered memory: what the OS reports, about this share of the installed memory (7985 / 8192 MiB on the Batch

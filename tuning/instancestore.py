@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from tuning.ebs import GIB, MIB, Volume, VolumeError
-from tuning.instances import InstanceType, known_types_text, lookup
+from tuning.instances import INSTANCE_TYPES_KEY, InstanceType, known_types_text, lookup
 
 KIND = "instance-store"
 # The I/O size AWS measures the store's IOPS at, and the unit the model counts I/Os in.
@@ -89,7 +89,7 @@ class InstanceStore(Volume):
 
     def to_context(self) -> dict[str, str]:
         """The stack's keys for scratch on this store (tuning.host: one store device, the type exactly)."""
-        return {"scratch": "instance-store", "instanceTypes": json.dumps([self.instance_type])}
+        return {"scratch": "instance-store", INSTANCE_TYPES_KEY: json.dumps([self.instance_type])}
 
     def monthly_usd(self) -> float | None:
         return None if self.usd_per_hour is None else round(self.usd_per_hour * HOURS_PER_MONTH, 2)

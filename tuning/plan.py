@@ -15,6 +15,7 @@ from profiling.metrics import STAGES, StageProfile, median
 from profiling.numbers import number, whole_number
 from tuning.ebs import GIB, MIB, Volume, VolumeError
 from tuning.host import HostTuning
+from tuning.instances import CHILDREN_PER_HOST_KEY, INSTANCE_TYPES_KEY
 from tuning.instancestore import parse_store
 from tuning.simulator import StageLoad
 
@@ -26,6 +27,7 @@ MIN_FLOOR_SHARE = 0.1
 # A measured random share counts only from a stage that moved this much on the device: the share is the
 # device's (other children's requests included), and a few requests say nothing of a stage's pattern.
 MIN_SHARE_DEVICE_BYTES = 16 * MIB
+SECONDS_PER_DAY = 86_400
 # A candidate naming instance store: nvme:INSTANCE_TYPE (or instance-store:INSTANCE_TYPE).
 STORE_WORDS = ("nvme", "instance-store")
 
@@ -94,7 +96,7 @@ class Plan:
         """The stack's context keys for the host the plan names (none when it names no instance type)."""
         if self.instance_type is None:
             return {}
-        return {"instanceTypes": self.instance_type, "childrenPerHost": str(self.jobs_per_instance)}
+        return {INSTANCE_TYPES_KEY: self.instance_type, CHILDREN_PER_HOST_KEY: str(self.jobs_per_instance)}
 
     @property
     def job_memory_bytes(self) -> int | None:
@@ -111,6 +113,21 @@ class Plan:
                 + (f" ({self.job_memory_gib:g} GiB per job)" if self.job_memory_gib is not None else "") + ", "
                 f"{self.jobs_per_day:,} jobs per instance per day, instance ${self.instance_usd_per_hour:g}/h"
                 + (f" ({self.assumed})" if self.assumed else ""))
+
+
+def back_to_back(profiles: Sequence[StageProfile], jobs_per_instance: int) -> tuple[int, float]:
+    """(jobs per instance per day, the median child's seconds): `jobs_per_instance` children at once, back to back all
+    day, the heaviest use of a volume's burst credits; the plan a run implies when no --jobs-per-day is given. A child
+    is its JobId and ArrayIndex (Batch's child ids are unique across array jobs; a local run's too), its time the sum
+    of its stages (sub-stages, named stage/part, are within them), at least a second."""
+    per_child: dict[tuple[str, str], float] = {}
+    for profile in profiles:
+        if "/" in profile.stage:
+            continue
+        key = (profile.properties.get("JobId", ""), profile.properties.get("ArrayIndex", ""))
+        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
+    child_s = max(1.0, median(list(per_child.values()))) if per_child else 1.0
+    return max(1, int(jobs_per_instance * SECONDS_PER_DAY / child_s)), child_s
 
 
 @dataclass(frozen=True)

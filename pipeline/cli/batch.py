@@ -35,6 +35,18 @@ def _session(region: str | None) -> Any:
     return session
 
 
+def read_stack(stack: str, region: str | None) -> tuple[Any, Any]:
+    """(the deployed stack's outputs, the session that read them): one DescribeStacks, the first AWS call of `report
+    --stack` and `advise --stack`, which find the log group and the deployed context there."""
+    from pipeline import submit as submission
+
+    name = checks.stack_name(stack)
+    session = _session(region)
+    submission.require_credentials(session)
+    cfn, _ = submission.aws_clients(session)
+    return submission.StackOutputs.from_stack(cfn, name), session
+
+
 def submit(
     manifest: str | None = typer.Option(None, "--manifest", metavar="s3://BUCKET/KEY.jsonl", help="One image a "
                                         "line; keys are in the stack's input bucket (--local: the manifest's "

@@ -14,6 +14,7 @@ import typer
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
 from profiling import runfiles
+from profiling.report.cloudwatch import DEFAULT_SINCE
 
 
 def _read_advice(path: Path | None) -> Any:
@@ -80,15 +81,16 @@ class Progress:
 
     PROGRESS_EVERY_S = 5.0
 
-    def __init__(self, line: Callable[[int, int], str]) -> None:
+    def __init__(self, line: Callable[[int, int], str], command: str = "report") -> None:
         self._line = line
+        self._command = command
         self._last = time.monotonic()
 
     def __call__(self, done: int, total: int) -> None:
         now = time.monotonic()
         if now - self._last >= self.PROGRESS_EVERY_S:
             self._last = now
-            print(f"report: {self._line(done, total)}", file=sys.stderr, flush=True)
+            print(f"{self._command}: {self._line(done, total)}", file=sys.stderr, flush=True)
 
 
 def _from_logs(log_group: str, read: Callable[[], Any]) -> Any:
@@ -169,8 +171,11 @@ def report(
     from_cloudwatch: str | None = typer.Option(None, "--from-cloudwatch", metavar="LOG_GROUP",
                                                help="Read the EMF documents of a batch in AWS from this "
                                                "CloudWatch Logs group instead of a run directory."),
-    since: str = typer.Option("1h", metavar="DURATION", help="With --from-cloudwatch: how far back to read (90s, 30m, "
-                              "1h, 2d)."),
+    stack: str | None = typer.Option(None, "--stack", metavar="NAME", help="Read the EMF documents of a batch in AWS "
+                                     "from this deployed stack's log group (its LogGroupName output), as "
+                                     "--from-cloudwatch does."),
+    since: str = typer.Option(DEFAULT_SINCE, metavar="DURATION", help="With --from-cloudwatch or --stack: how far "
+                              "back to read (90s, 30m, 1h, 2d)."),
     namespace: str = typer.Option("IoBatch", metavar="NAME", help="With CloudWatch Logs: the EMF namespace to keep."),
     region: str | None = typer.Option(None, metavar="REGION", help="With CloudWatch Logs: the AWS region (default: "
                                       "AWS_REGION, then AWS_DEFAULT_REGION)."),
@@ -199,6 +204,11 @@ def report(
         from_cloudwatch = None if from_cloudwatch is None else check_log_group(from_cloudwatch)
     except ReportInputError as exc:
         raise UsageError(str(exc)) from None
+    if stack is not None:
+        if from_cloudwatch is not None or run_dir is not None or compare is not None:
+            raise UsageError("give --stack NAME alone, without a run directory, --from-cloudwatch or --compare: it "
+                             "reads the stack's own log group")
+        checks.stack_name(stack)
     if compare is not None:
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
@@ -210,11 +220,17 @@ def report(
     if from_cloudwatch is not None and run_dir is not None:
         raise UsageError("give a run directory or --from-cloudwatch LOG_GROUP, not both")
     # The output is checked before anything is read, and written whole or not at all (runfiles).
-    target = out or (Path("report.html") if from_cloudwatch is not None else None)
+    in_aws = from_cloudwatch is not None or stack is not None
+    target = out or (Path("report.html") if in_aws else None)
     if target is not None:
         checks.output_file(target, "--out")
-        reads = [] if from_cloudwatch is not None else runfiles.read_paths(run_dir or Path(".iobatch/demo"))
+        reads = [] if in_aws else runfiles.read_paths(run_dir or Path(".iobatch/demo"))
         checks.not_an_input(target, "--out", [*reads, *([advice] if advice else [])])
+    if stack is not None:  # its log group: the stack's LogGroupName output (one DescribeStacks)
+        from pipeline.cli.batch import read_stack
+
+        region = checks.region(region)
+        from_cloudwatch = read_stack(stack, region)[0].log_group
     try:
         if from_cloudwatch is not None:
             path = _cloudwatch_report(from_cloudwatch, target or Path("report.html"), since, namespace,

@@ -1,4 +1,5 @@
-"""Tuning: `iobatch advise` (settings from profiles) and `iobatch lab` (an st1-like volume here) (tuning/)."""
+"""Tuning: `iobatch advise` (settings from profiles: pipeline.cli.advise) and `iobatch lab` (an st1-like volume here)
+(tuning/)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from typing import Any
 import typer
 
 from pipeline.cli import checks
-from pipeline.errors import PermanentError, UsageError
+from pipeline.cli.advise import advise
+from pipeline.errors import UsageError
 from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGE_MIB, MAX_IMAGES_PER_CHILD, MAX_WORKERS
-from tuning.instances import DEFAULT_VCPUS_PER_JOB, children_per_host, job_memory_mib
 
 # The lab's own flags: each round runs two whole batches; a larger time scale leaves a credit bucket of less
 # than a MiB; the loop file is sparse but its file system is built in full; the largest EC2 instances hold
@@ -24,172 +25,7 @@ LAB_MAX_LOOP_MIB = 1 << 20
 LAB_MAX_MEMORY_GIB = 4096.0
 LAB_GUEST_TIMEOUT_S = 6 * 3600  # a lab in the guest that has not ended by then is stopped (QEMU killed)
 
-
-PLAN_FLAGS = (("--jobs-per-instance", "4"), ("--memory-gib", "16"), ("--jobs-per-day", "500"))
-
-
-def _implied_plan(inputs: list[Path]) -> Any:
-    """The plan a local run directory among `inputs` implies (its run.json: pipeline.local.demo.local_plan), or
-    None when none does."""
-    from pipeline.local.demo import local_plan
-    from profiling import runfiles
-
-    for path in inputs:
-        try:
-            is_run = path.is_dir() and runfiles.is_run_dir(path)
-        except OSError:  # a name the file system refuses (over 255 bytes): reading the profiles names it
-            continue
-        if is_run:
-            try:  # a damaged file is named by the profile reader afterwards, with its own exit code
-                run = runfiles.read_run(path)
-                profiles = list(runfiles.read_profiles(path))
-            except (OSError, ValueError):
-                continue
-            plan = local_plan(profiles, run)
-            if plan is not None:
-                return plan
-    return None
-
-
-def _plan_figures(inputs: list[Path], given: tuple[int | None, float | None, int | None]) -> tuple[Any, str, bool]:
-    """(jobs per instance, memory GiB, jobs per day), what was assumed, and whether the endpoint was on the
-    host: the flags given, the rest from a local run's run.json; every missing one named in one error."""
-    if all(v is not None for v in given):
-        return given, "", False
-    implied = _implied_plan(inputs)
-    if implied is None:
-        missing = [flag for (flag, _), v in zip(PLAN_FLAGS, given, strict=True) if v is None]
-        example = " ".join(f"{flag} {ex}" for (flag, ex), v in zip(PLAN_FLAGS, given, strict=True) if v is None)
-        raise UsageError(f"{', '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing and no local run "
-                         f"directory's run.json implies {'it' if len(missing) == 1 else 'them'}: give e.g. {example}")
-    figures = (given[0] or implied.jobs_per_instance, given[1] or implied.memory_gib,
-               given[2] or implied.jobs_per_day)
-    return figures, implied.assumed if given == (None, None, None) else f"partly from {implied.assumed}", \
-        implied.network_loopback
-
-
-def _instance(name: str | None, vcpus_per_job: int) -> Any:
-    """--instance-type from the table (tuning.instances), or None; a type it does not know, or one that cannot
-    hold a job, is a usage error naming the flag."""
-    if name is None:
-        return None
-    from tuning.instances import children_per_host, known_types_text, lookup, task_memory_mib
-
-    kind = lookup(name)
-    if kind is None:
-        raise UsageError(f"--instance-type {name[:40]!r} is not in the instance table: use one of "
-                         f"{known_types_text()} (see `iobatch advise --help`), or give --memory-gib and "
-                         "--jobs-per-instance instead")
-    if children_per_host(kind, vcpus_per_job) == 0:
-        raise UsageError(f"--instance-type {kind.name} ({kind.vcpus} vCPUs, {kind.memory_gib} GiB) cannot hold one "
-                         f"job of {vcpus_per_job} vCPUs and {task_memory_mib(vcpus_per_job) / 1024:g} GiB "
-                         "(--vcpus-per-job): give a larger type")
-    return kind
-
-
-def advise(
-    inputs: list[Path] = typer.Argument(None, metavar="RUN_DIR_OR_FILE", help="Run directories, profile .jsonl files "
-                                        "or EMF files (local, or downloaded from CloudWatch Logs)."),
-    jobs_per_instance: int | None = typer.Option(None, min=1, max=1024, metavar="N", help="Jobs running at once on "
-                                                 "one instance (vCPUs / vcpusPerJob). Default for a local run "
-                                                 "directory: its children at once (run.json)."),
-    memory_gib: float | None = typer.Option(None, min=0.5, max=32768, metavar="GIB", help="The instance type's "
-                                      "memory in GiB. Default for a local run directory: the memory of the "
-                                      "machine it ran on."),
-    jobs_per_day: int | None = typer.Option(None, min=1, max=100_000, metavar="N", help="Jobs per instance per day "
-                                            "(each instance has its own scratch volume). Default for a local run "
-                                            "directory: its children back to back all day."),
-    instance_ebs_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The instance "
-                                                    "type's EBS bandwidth cap in MiB/s."),
-    kernel: str | None = typer.Option(None, metavar="RELEASE", help="The hosts' `uname -r`, to validate mount options "
-                                      "(default: a current kernel)."),
-    candidate: list[str] = typer.Option([], "--candidate", "-C", metavar="VOLUME", help="A volume to compare, "
-                                        "repeatable: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500, gp3:200:"
-                                        "iops=6000:throughput=500; or an instance store, nvme:INSTANCE_TYPE[:usd_per_"
-                                        "hour=USD] (m6id, c6id, r6id, i4i of the plan's size; USD: what the store adds "
-                                        "to the hourly price, else not priced), compared but never recommended (the "
-                                        "stack deploys EBS scratch). Default: st1, sc1, gp2 and gp3 sized for the "
-                                        "data, and the stores of --instance-type's size."),
-    cache_budget_pct: float = typer.Option(40.0, min=1, max=90, metavar="PCT", help="Share of instance memory the "
-                                           "write cache may hold."),
-    io_size_kib: int | None = typer.Option(None, min=1, max=16384, metavar="KIB", help="Block I/O size to assume "
-                                           "instead of the measured one."),
-    random_pct: float | None = typer.Option(None, min=0, max=100, metavar="PCT", help="Share of device I/O that "
-                                            "is random (st1/sc1 charge a random request under 1 MiB as "
-                                            "1 MiB). Default: the profiles' DeviceRandomShare (eBPF), else "
-                                            "sequential."),
-    volume: str = typer.Option("st1:500", metavar="VOLUME", help="The stack's scratch volume now, which the findings "
-                               "judge: TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS]."),
-    instance_usd_per_hour: float = typer.Option(0.384, min=0, max=1000, metavar="USD", help="The instance's price "
-                                                "per hour, to price findings."),
-    instance_network_mibps: float | None = typer.Option(None, min=1, max=100_000, metavar="MIBPS", help="The "
-                                                        "instance's network bandwidth in MiB/s."),
-    instance_type: str | None = typer.Option(None, metavar="TYPE", help="An EC2 instance type of the project's table "
-                                             "(m6i, c6i, r6i, m6id, c6id, r6id, i4i; .large to .32xlarge and .metal; "
-                                             "tuning/instances.py, AWS's figures): its memory, EBS baseline bandwidth "
-                                             "and the children Batch runs on it (vCPUs / --vcpus-per-job, fewer when "
-                                             "its memory holds fewer) are the plan's defaults."),
-    vcpus_per_job: int = typer.Option(DEFAULT_VCPUS_PER_JOB, min=1, max=64, metavar="N", help="The stack's "
-                                      "vcpusPerJob: children per host with --instance-type, and the job memory's "
-                                      "default."),
-    job_memory_gib: float | None = typer.Option(None, min=0.25, max=32768, metavar="GIB", help="Each child's memory "
-                                                "limit (the job container's MEMORY): its own write cache is the dirty "
-                                                "ratio of it, not of the host's memory. Default: the stack's for "
-                                                "--vcpus-per-job (3.5 GiB per vCPU less the profiler's 256 MiB: 6.75 "
-                                                "GiB for 2); none for a local run's own plan (its children had no "
-                                                "limit) or when it exceeds --memory-gib."),
-    as_json: bool = typer.Option(False, "--json", help="Print the advice as JSON."),
-) -> None:
-    """Recommend a scratch volume, write-cache settings and mount options from a run's profiles, and print
-    the CDK context that applies them."""
-    import json
-
-    from profiling.runfiles import DamagedFileError
-    from tuning.advice_text import render
-    from tuning.advise import advise as make_advice
-    from tuning.advise import load_profiles
-    from tuning.ebs import VolumeError
-    from tuning.host import HostTuningError, parse_kernel_release
-    from tuning.plan import AdviseError, Plan, parse_candidate
-
-    if kernel is not None:  # whole, before anything is read (tuning.host owns what a release is)
-        try:
-            parse_kernel_release(kernel, "--kernel")
-        except HostTuningError as exc:
-            raise UsageError(str(exc)) from None
-        kernel = kernel.strip()
-    kind = _instance(instance_type, vcpus_per_job)
-    if kind is not None:
-        jobs_per_instance = jobs_per_instance or children_per_host(kind, vcpus_per_job)
-        memory_gib = memory_gib or float(kind.memory_gib)
-        instance_ebs_mibps = instance_ebs_mibps or kind.ebs_baseline_mibps
-    (per_instance, memory, per_day), assumed, loopback = _plan_figures(
-        list(inputs or []), (jobs_per_instance, memory_gib, jobs_per_day))
-    if job_memory_gib is None and memory_gib is not None:  # a local run's own plan: its children had no limit
-        stack_default = job_memory_mib(vcpus_per_job) / 1024
-        job_memory_gib = stack_default if stack_default <= memory else None
-    try:
-        plan = Plan(
-            jobs_per_instance=per_instance, memory_gib=memory, jobs_per_day=per_day, assumed=assumed,
-            job_memory_gib=job_memory_gib, instance_type=None if kind is None else kind.name,
-            network_loopback=loopback, instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel,
-            cache_budget_pct=cache_budget_pct,
-            io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,
-            instance_network_mibps=instance_network_mibps, current_volume=parse_candidate(volume))
-        volumes = [parse_candidate(text, instance_store=True) for text in candidate]
-        profiles = load_profiles(list(inputs or []))
-        result = make_advice(profiles, plan, volumes or None)
-    except DamagedFileError as exc:  # one rule with the report: a damaged or newer-schema file is bad input, 65
-        raise PermanentError(f"{exc}: {exc.fix}") from None
-    except (AdviseError, VolumeError, HostTuningError) as exc:
-        raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read the profiles ({exc.strerror or exc}): give readable run directories or "
-                         "files") from None
-    if as_json:
-        print(json.dumps(result.to_json(), indent=1))
-    else:
-        print(render(result))
+__all__ = ["advise", "lab"]
 
 
 def lab(

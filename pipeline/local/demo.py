@@ -197,26 +197,19 @@ def local_plan(profiles: list[StageProfile], run: Mapping[str, Any]) -> Plan | N
     machine it ran on, and that many children back to back all day (the heaviest use of a volume's burst
     credits); the S3 endpoint on this host means no network. None when run.json lacks the children at once.
     """
-    from profiling.metrics import median
-    from tuning.plan import Plan
+    from tuning.plan import Plan, back_to_back
 
     workers = run.get("workers")
     if not isinstance(workers, int) or workers < 1:
         return None
-    per_child: dict[str, float] = {}
-    for profile in profiles:
-        if "/" in profile.stage:
-            continue
-        key = profile.properties.get("ArrayIndex", "")
-        per_child[key] = per_child.get(key, 0.0) + profile.duration_s
-    child_s = max(1.0, median(list(per_child.values()))) if per_child else 1.0
+    jobs_per_day, child_s = back_to_back(profiles, workers)
     memory = run.get("memory_gib")
     memory_gib = float(memory) if isinstance(memory, int | float) and memory > 0 else machine_memory_gib()
     # No endpoint recorded: the demo's embedded server. A recorded None is AWS's own endpoint.
     endpoint = run.get("endpoint", "http://127.0.0.1")
     loopback = is_loopback(endpoint if isinstance(endpoint, str) else None)
     return Plan(jobs_per_instance=workers, memory_gib=memory_gib,
-                jobs_per_day=max(1, int(workers * 86400 / child_s)), network_loopback=loopback,
+                jobs_per_day=jobs_per_day, network_loopback=loopback,
                 assumed=f"this machine's run: {workers} children at once, back to back all day at "
                         f"{child_s:.1f} s each")
 

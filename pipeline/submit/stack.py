@@ -31,6 +31,7 @@ class StackOutputs:
     volume_type: str
     input_prefix: str = ""
     output_prefix: str = ""
+    deploy_context: str = ""  # JSON: the CDK context the stack was deployed with (tuning.deployed reads it)
 
     @classmethod
     def from_outputs(cls, stack_name: str, outputs: Iterable[Mapping[str, Any]]) -> StackOutputs:

@@ -2,6 +2,8 @@
 
     sources    what a report reads (a run directory through profiling.runfiles, or CloudWatch Logs: the last
                DURATION or a range, parse_run_side) as ReportData
+    cloudwatch the EMF documents of a log group's window, read in parallel slices and given out in time order:
+               the one reader of `iobatch report` and `iobatch advise`
     rundir     a local run directory read as ReportData (a large run's files in worker processes, merged in order)
     badapples  the children and instances whose throughput holds a stage back
     figures    the per-stage plots (one small function per kind, in a table) and the timelines
@@ -17,6 +19,14 @@ Metric names, units, labels, scales and aggregations come from profiling.metrics
 
 from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.badapples import BadApple, find_bad_apples
+from profiling.report.cloudwatch import (
+    DEFAULT_SINCE,
+    LogWindow,
+    cloudwatch_profiles,
+    load_cloudwatch,
+    load_cloudwatch_range,
+    no_documents,
+)
 from profiling.report.compare import render_comparison, write_comparison
 from profiling.report.figures import PLOTTERS, STAGE_PLOTS, downsample, stage_figures, timeline_figure
 from profiling.report.html import render_html, write_report, write_report_from_cloudwatch
@@ -28,30 +38,32 @@ from profiling.report.sources import (
     ReportData,
     ReportInputError,
     check_log_group,
-    load_cloudwatch,
-    load_cloudwatch_range,
     parse_run_side,
     parse_since,
     profiles_from_emf_lines,
 )
 
 __all__ = [
+    "DEFAULT_SINCE",
     "PLOTTERS",
     "STAGE_PLOTS",
     "BadApple",
     "CloudWatchRange",
     "DamagedInputError",
     "Entry",
+    "LogWindow",
     "ReportData",
     "ReportInputError",
     "advice_as_data",
     "check_log_group",
+    "cloudwatch_profiles",
     "downsample",
     "find_bad_apples",
     "findings_of",
     "load_cloudwatch",
     "load_cloudwatch_range",
     "load_run_dir",
+    "no_documents",
     "parse_run_side",
     "parse_since",
     "profiles_from_emf_lines",

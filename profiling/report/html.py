@@ -20,10 +20,11 @@ from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD
 from profiling.report import fleetpage
 from profiling.report.advice import advice_section
 from profiling.report.badapples import BadApple, find_bad_apples
+from profiling.report.cloudwatch import load_cloudwatch
 from profiling.report.figures import stage_figures, timeline_figure
 from profiling.report.page import ABSENT, e, figure_html, human_bytes, key_values, number, page
 from profiling.report.rundir import load_run_dir
-from profiling.report.sources import Entry, ReportData, load_cloudwatch, natural_key
+from profiling.report.sources import Entry, ReportData, natural_key
 from profiling.report.summary import summary_section
 
 # Per-child timelines beyond this many are left out (slow children first): the file stays small.

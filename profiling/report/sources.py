@@ -2,8 +2,8 @@
 
 A local run is read through profiling.runfiles (profile JSON with timelines, or its EMF files when it
 kept no profiles) by profiling.report.rundir into a Reader; CloudWatch Logs give the per-stage figures of a
-batch in AWS but no timelines, read either for the last DURATION (`load_cloudwatch`) or for a time range
-(`parse_run_side`, `load_cloudwatch_range`).
+batch in AWS but no timelines, read by profiling.report.cloudwatch for the last DURATION or for a time range
+(`parse_run_side`).
 """
 
 from __future__ import annotations
@@ -11,20 +11,16 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
-from profiling.emf import stage_key
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, TimelinePoint, stage_order
 from profiling.numbers import number
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
-
-# EMF documents of this many stages are held open at once while reading a log group (stream_emf_profiles).
-MERGE_WINDOW = 4096
 
 
 class ReportInputError(ValueError):
@@ -261,100 +257,3 @@ class Reader:
                        for p, _ in self.kept]
         return ReportData(entries=entries, source=source, has_timelines=has_timelines, fleet_columns=fleet,
                           complete=self.kept is not None, reread=None if self.kept is not None else reread)
-
-
-def fetch_log_messages(client: Any, log_group: str, *, start_ms: int, end_ms: int | None = None,
-                       progress: Callable[[int, int], None] | None = None) -> Iterator[str]:
-    """Every message of a CloudWatch Logs group in [start_ms, end_ms], page by page, as they arrive.
-
-    FilterLogEvents returns at most 1 MB or 10,000 events a call and a nextToken while there are more
-    (CloudWatch Logs API Reference, FilterLogEvents: limit, nextToken); the paginator follows the token, and
-    nothing but the current page is held. `progress(pages, events)` is called after each page. `client` is a
-    boto3 'logs' client; errors from it propagate to the caller.
-    """
-    args: dict[str, Any] = {"logGroupName": log_group, "startTime": start_ms}
-    if end_ms is not None:
-        args["endTime"] = end_ms
-    events = 0
-    for pages, page in enumerate(client.get_paginator("filter_log_events").paginate(**args), 1):
-        for event in page.get("events", []):
-            events += 1
-            yield str(event.get("message", ""))
-        if progress is not None:
-            progress(pages, events)
-
-
-def stream_emf_profiles(lines: Iterable[str], *, where: str, namespace: str | None = DEFAULT_NAMESPACE,
-                        window: int = MERGE_WINDOW) -> Iterator[StageProfile]:
-    """Stage profiles from EMF text lines, one stage at a time, in the order the stages first appear.
-
-    The library splits a stage with more than 100 metrics or values into several documents, written one after
-    the other with one timestamp (profiling.emf.merge_documents joins them): the documents of the last `window`
-    stages seen are held open, and the oldest is merged and given out once more stages have begun. A line
-    that starts like JSON but does not parse is a DamagedInputError naming `where` and the line number.
-    """
-    pending: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-
-    def merged(docs: list[dict[str, Any]]) -> list[StageProfile]:
-        return runfiles.profiles_from_documents(docs, where=where, namespace=namespace)
-
-    try:
-        for doc in runfiles.emf_documents(lines, where=where):
-            key = stage_key(doc)
-            if key is None:
-                continue
-            pending.setdefault(key, []).append(doc)
-            if len(pending) > window:
-                yield from merged(pending.pop(next(iter(pending))))
-        for docs in pending.values():
-            yield from merged(docs)
-    except runfiles.DamagedFileError as exc:
-        raise DamagedInputError(str(exc)) from None
-
-
-def load_cloudwatch(
-    client: Any,
-    log_group: str,
-    *,
-    since_s: float,
-    namespace: str = DEFAULT_NAMESPACE,
-    now: float | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> ReportData:
-    """The stage documents a batch's containers logged to CloudWatch Logs in the last `since_s` seconds."""
-    end = time.time() if now is None else now
-    return _load_window(client, log_group, end - since_s, end, namespace,
-                        f"the last {_duration(since_s)}", "widen --since", progress)
-
-
-def load_cloudwatch_range(client: Any, where: CloudWatchRange, *, namespace: str = DEFAULT_NAMESPACE,
-                          progress: Callable[[int, int], None] | None = None) -> ReportData:
-    """The stage documents a log group received within a range (parse_run_side)."""
-    return _load_window(client, where.log_group, where.start, where.end, namespace, where.window(),
-                        f"widen the range of {where.text}", progress)
-
-
-def _load_window(client: Any, log_group: str, start: float, end: float, namespace: str, window: str,
-                 widen: str, progress: Callable[[int, int], None] | None) -> ReportData:
-    # FilterLogEvents returns the events whose timestamp is neither before startTime nor after endTime
-    # (CloudWatch Logs API Reference, FilterLogEvents; milliseconds since the epoch): [start, end], whole
-    # milliseconds outwards so that a document stamped on a bound is in.
-    lines = fetch_log_messages(client, log_group, start_ms=math.floor(start * 1000), end_ms=math.ceil(end * 1000),
-                               progress=progress)
-    reader = Reader()
-    for seen, profile in enumerate(stream_emf_profiles(lines, where=f"log group {log_group}",
-                                                         namespace=namespace), 1):
-        reader.add(profile, f"document {seen}")
-    count = reader.fleet.profiles
-    if not count:
-        raise ReportInputError(f"log group {log_group} has no {namespace} EMF stage documents in {window}: "
-                               f"{widen}, or check the log group and --namespace")
-    return reader.data(source=f"CloudWatch Logs group {log_group}: {count} EMF documents from {window}",
-                       has_timelines=False)
-
-
-def _duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
