@@ -51,6 +51,12 @@ class NewerSchemaError(DamagedFileError):
     fix = f"it was written by a newer iobatch (this one reads schema {PROFILE_SCHEMA}): read it with that version"
 
 
+class DamagedRunFileError(DamagedFileError):
+    """A run.json that is not what a run wrote (truncated, or a field outside what its flag takes)."""
+
+    fix = "rerun the batch to write it again, or delete it"
+
+
 # ---- paths -------------------------------------------------------------------------------------------
 
 
@@ -117,9 +123,18 @@ def write_run(run_dir: Path, meta: Mapping[str, Any]) -> Path:
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """The run file as a dict. Raises OSError when it is missing and ValueError when it is not JSON."""
-    with _text(run_file_path(run_dir)) as text:
-        return dict(json.loads(text.read()))
+    """The run file as a dict. Raises OSError when it is missing and DamagedRunFileError (naming the file) when it
+    is not one JSON object: a truncated file is damaged, never a file that says nothing. What its fields may hold
+    is the pipeline's to check (pipeline.local.runjson), with the bounds of the flags they came from."""
+    path = run_file_path(run_dir)
+    try:
+        with _text(path) as text:
+            body = json.loads(text.read())
+    except ValueError as exc:  # not JSON, or bytes that are not UTF-8
+        raise DamagedRunFileError(f"{path} is not JSON ({' '.join(str(exc).split())[:80]})") from None
+    if not isinstance(body, dict):
+        raise DamagedRunFileError(f"{path} holds a JSON {type(body).__name__}, not an object")
+    return body
 
 
 def _text(path: Path, errors: str = "strict") -> io.TextIOWrapper:

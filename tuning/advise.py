@@ -38,7 +38,7 @@ from tuning.instancestore import InstanceStore, check_fits_plan, same_size_store
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
 from tuning.simulator import SimResult, simulate
-from tuning.versus import compare
+from tuning.versus import choose, compare, pool
 from tuning.writecache import WriteCache
 
 # A candidate counts as "as fast" as the fastest when its steady round is within this factor.
@@ -227,8 +227,9 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     context.update(cache.tuning.to_context())
     context.update(plan.host_context)
     findings = find(_situation(profiles, plan, workload, tuned, cache, recommended.volume))
+    versus = compare(results, workload, plan, RECOMMEND_SLACK, recommended)
     return Advice(plan, workload, results, recommended, cache, untuned.download_s, context,
-                  _burst_note(recommended), tuple(findings), tuple(compare(results, workload, plan, RECOMMEND_SLACK)),
+                  _burst_note(recommended), tuple(findings), tuple(versus),
                   *range_ends(untuned_low.download_s, untuned.download_s, untuned_high.download_s))
 
 
@@ -244,18 +245,16 @@ def _situation(profiles: Sequence[StageProfile], plan: Plan, workload: Workload,
 
 
 def recommend(results: Sequence[CandidateResult]) -> CandidateResult:
-    """The cheapest EBS candidate that fits the day and is within RECOMMEND_SLACK of the fastest EBS candidate.
+    """The cheapest EBS candidate that fits the day and is within RECOMMEND_SLACK of the fastest EBS candidate: the
+    advice's one decision (tuning.versus.choose over tuning.versus.pool), which every other line says again.
 
     Instance store is compared (tuning.versus), never recommended: its price is in the instance's, which the
     advisor does not know, and choosing it changes the instance types (the line says how to deploy it)."""
-    ebs = [r for r in results if not isinstance(r.volume, InstanceStore)]
-    if not ebs:
+    chosen = choose(pool(results), RECOMMEND_SLACK)
+    if chosen is None:
         raise AdviseError("no EBS candidate to recommend: give at least one EBS --candidate (e.g. st1:500) beside "
                           "instance store, which is compared, not recommended")
-    pool = [r for r in ebs if r.fits_day] or ebs
-    fastest = min(r.steady_round_s for r in pool)
-    good = [r for r in pool if r.steady_round_s <= fastest * RECOMMEND_SLACK]
-    return min(good, key=lambda r: (r.monthly_usd or 0.0, r.steady_round_s))
+    return chosen
 
 
 def advise_cache(workload: Workload, plan: Plan) -> CacheAdvice:
@@ -327,7 +326,8 @@ def default_cache_domain(plan: Plan) -> str:
 
 def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:
     """st1, sc1, gp2 and gp3 (baseline and 250 MiB/s) sized for a round's data with room to spare, and the
-    instance stores of the plan's instance size when it names one (tuning.instancestore.same_size_stores)."""
+    instance stores of the plan's instance size when it names one (tuning.instancestore.same_size_stores) and the plan
+    is theirs (a --memory-gib other than the type's is not: check_fits_plan); a default is never refused."""
     per_round = plan.jobs_per_instance * sum(s.write_bytes for s in workload.stages)
     need_gib = max(1, math.ceil(per_round * 2 / GIB))
     hdd = max(125, need_gib)
@@ -340,7 +340,8 @@ def default_candidates(workload: Workload, plan: Plan) -> list[Volume]:
         Volume("gp2", max(ssd, 200)),
         Volume("gp3", ssd),
         Volume("gp3", max(ssd, 2), iops=3000, throughput_mibps=250),
-        *same_size_stores(plan.instance_type),
+        *(store for store in same_size_stores(plan.instance_type)
+          if check_fits_plan(store, plan.memory_gib, plan.instance_type) is None),
     ]
 
 

@@ -128,7 +128,9 @@ def check_fits_plan(store: InstanceStore, memory_gib: float, instance_type: str 
     other = store.instance
     plan_type = lookup(instance_type) if instance_type else None
     if other.memory_gib != memory_gib or (plan_type is not None and plan_type.vcpus != other.vcpus):
-        plan = (f"{plan_type.name}: {plan_type.vcpus} vCPUs, {plan_type.memory_gib} GiB" if plan_type
+        # The plan's own figures: its memory may be a --memory-gib other than its type's.
+        given = "" if plan_type is None or plan_type.memory_gib == memory_gib else f" with --memory-gib {memory_gib:g}"
+        plan = (f"{plan_type.name}{given}: {plan_type.vcpus} vCPUs, {memory_gib:g} GiB" if plan_type
                 else f"{memory_gib:g} GiB")
         return (f"candidate {store.label} ({other.vcpus} vCPUs, {other.memory_gib} GiB) is not the plan's size "
                 f"({plan}): compare a store of the same size, or give --instance-type {other.name}")

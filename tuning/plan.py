@@ -15,7 +15,7 @@ from profiling.metrics import STAGES, StageProfile, median
 from profiling.numbers import number, whole_number
 from tuning.ebs import GIB, MIB, Volume, VolumeError
 from tuning.host import HostTuning
-from tuning.instances import CHILDREN_PER_HOST_KEY, INSTANCE_TYPES_KEY
+from tuning.instances import CHILDREN_PER_HOST_KEY, INSTANCE_TYPES_KEY, children_per_host, lookup
 from tuning.instancestore import parse_store
 from tuning.simulator import StageLoad
 
@@ -28,6 +28,10 @@ MIN_FLOOR_SHARE = 0.1
 # device's (other children's requests included), and a few requests say nothing of a stage's pattern.
 MIN_SHARE_DEVICE_BYTES = 16 * MIB
 SECONDS_PER_DAY = 86_400
+# An instance's memory the advisor takes (`advise --memory-gib`, and a local run's run.json memory_gib): from the
+# smallest EC2 instance to the largest (u-* hosts hold up to 24 TiB).
+MIN_MEMORY_GIB = 0.5
+MAX_MEMORY_GIB = 32768.0
 # A candidate naming instance store: nvme:INSTANCE_TYPE (or instance-store:INSTANCE_TYPE).
 STORE_WORDS = ("nvme", "instance-store")
 
@@ -47,6 +51,8 @@ class Plan:
     # the dirty ratio of it (tuning.cachedomain). None: the children have no memory limit (the host's cache only).
     job_memory_gib: float | None = None
     instance_type: str | None = None  # the instance type the plan's figures came from, when one
+    # The stack's vcpusPerJob, when known: with instance_type, how many jobs its host runs at once (validate).
+    vcpus_per_job: int | None = None
     instance_ebs_mibps: float | None = None
     kernel_release: str | None = None
     cache_budget_pct: float = DEFAULT_CACHE_BUDGET_PCT
@@ -69,8 +75,14 @@ class Plan:
         if not self.memory_gib > 0:
             raise AdviseError(f"instance memory {self.memory_gib} GiB must be positive, e.g. --memory-gib 16")
         if self.job_memory_gib is not None and not 0 < self.job_memory_gib <= self.memory_gib:
+            # A fix within the instance: its memory shared by its jobs (never the value refused).
+            share = max(0.25, math.floor(self.memory_gib / max(1, self.jobs_per_instance) * 4) / 4)
+            whose = f"its memory shared by its {self.jobs_per_instance} jobs" if self.jobs_per_instance > 1 else \
+                "its memory, for its one job"
             raise AdviseError(f"job memory {self.job_memory_gib:g} GiB is not within the instance's "
-                              f"{self.memory_gib:g} GiB: give e.g. --job-memory-gib 6.75")
+                              f"{self.memory_gib:g} GiB: give at most that, e.g. --job-memory-gib {share:g} ({whose})")
+        if problem := self._host_problem():
+            raise AdviseError(problem)
         if self.jobs_per_day < 1:
             raise AdviseError(f"jobs per day {self.jobs_per_day} must be at least 1")
         if self.instance_ebs_mibps is not None and not self.instance_ebs_mibps > 0:
@@ -86,6 +98,23 @@ class Plan:
         if not self.instance_usd_per_hour > 0:
             raise AdviseError(f"instance price {self.instance_usd_per_hour} USD/h must be positive, "
                               "e.g. --instance-usd-per-hour 0.384")
+
+    def _host_problem(self) -> str | None:
+        """Why the plan's instance type cannot run its jobs per instance at once (None when it can, or names no
+        known type): Batch places a job by its vCPUs (vcpus_per_job, else one) and its MEMORY
+        (tuning.instances.children_per_host); a plan beyond it would write childrenPerHost the hosts never reach."""
+        kind = lookup(self.instance_type) if self.instance_type else None
+        if kind is None:
+            return None
+        most = kind.vcpus if self.vcpus_per_job is None else children_per_host(kind, self.vcpus_per_job)
+        if self.jobs_per_instance <= most:
+            return None
+        each = "one vCPU each" if self.vcpus_per_job is None else \
+            f"{self.vcpus_per_job} vCPU{'s' if self.vcpus_per_job > 1 else ''} each, --vcpus-per-job"
+        return (f"jobs per instance {self.jobs_per_instance} are more than {kind.name} runs at once: its {kind.vcpus} "
+                f"vCPUs and {kind.memory_gib:g} GiB hold {most} jobs ({each}): give --jobs-per-instance {most} or "
+                f"fewer{'' if self.vcpus_per_job is None else ', a smaller --vcpus-per-job'} or a larger "
+                "--instance-type")
 
     @property
     def memory_bytes(self) -> int:

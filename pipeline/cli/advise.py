@@ -12,6 +12,7 @@ import typer
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
 from tuning.instances import DEFAULT_VCPUS_PER_JOB, children_per_host, job_memory_mib
+from tuning.plan import MAX_MEMORY_GIB, MIN_MEMORY_GIB
 
 PLAN_FLAGS = (("--jobs-per-instance", "4"), ("--memory-gib", "16"), ("--jobs-per-day", "500"))
 
@@ -20,6 +21,7 @@ def _implied_plan(inputs: list[Path]) -> Any:
     """The plan a local run directory among `inputs` implies (its run.json: pipeline.local.demo.local_plan), or
     None when none does."""
     from pipeline.local.demo import local_plan
+    from pipeline.local.runjson import read_run
     from profiling import runfiles
 
     for path in inputs:
@@ -28,8 +30,8 @@ def _implied_plan(inputs: list[Path]) -> Any:
         except OSError:  # a name the file system refuses (over 255 bytes): reading the profiles names it
             continue
         if is_run:
-            try:  # a damaged file is named by the profile reader afterwards, with its own exit code
-                run = runfiles.read_run(path)
+            run = read_run(path)  # strictly: a damaged run.json is 65 naming it, never "missing flags"
+            try:  # a damaged profile is named by the profile reader afterwards, with its own exit code
                 profiles = list(runfiles.read_profiles(path))
             except (OSError, ValueError):
                 continue
@@ -173,9 +175,9 @@ def advise(
     jobs_per_instance: int | None = typer.Option(None, min=1, max=1024, metavar="N", help="Jobs running at once on "
                                                  "one instance (vCPUs / vcpusPerJob). Default for a local run "
                                                  "directory: its children at once (run.json)."),
-    memory_gib: float | None = typer.Option(None, min=0.5, max=32768, metavar="GIB", help="The instance type's "
-                                      "memory in GiB. Default for a local run directory: the memory of the "
-                                      "machine it ran on."),
+    memory_gib: float | None = typer.Option(None, min=MIN_MEMORY_GIB, max=MAX_MEMORY_GIB, metavar="GIB",
+                                            help="The instance type's memory in GiB. Default for a local run "
+                                            "directory: the memory of the machine it ran on."),
     jobs_per_day: int | None = typer.Option(None, min=1, max=100_000, metavar="N", help="Jobs per instance per day "
                                             "(each instance has its own scratch volume). Default for a local run "
                                             "directory or --stack: its children back to back all day."),
@@ -284,7 +286,7 @@ def advise(
         plan = Plan(
             jobs_per_instance=per_instance, memory_gib=memory, jobs_per_day=per_day,
             assumed=stacked.assumed(scratch, given) or assumed,
-            job_memory_gib=job_memory_gib, instance_type=None if kind is None else kind.name,
+            job_memory_gib=job_memory_gib, instance_type=None if kind is None else kind.name, vcpus_per_job=vcpus,
             network_loopback=loopback, instance_ebs_mibps=instance_ebs_mibps, kernel_release=kernel,
             cache_budget_pct=cache_budget_pct,
             io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,

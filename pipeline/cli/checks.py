@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.endpoints import checked_endpoint, chosen_endpoint
-from pipeline.errors import UsageError
+from pipeline.errors import IobatchError, UsageError
 from pipeline.interface import DEFAULT_PROCESS_COMMAND, PROCESS_INPUT, PROCESS_OUTPUT
 from pipeline.settings import parse_process_command
 from profiling.files import kind_of, read_regular
@@ -140,17 +140,19 @@ def read_file(path: Path, flag: str, limit: int | None = None) -> bytes:
         raise UsageError(f"{flag} {path} cannot be read ({exc.strerror}): give a readable file") from None
 
 
-def json_object(path: Path, flag: str, what: str) -> dict[str, Any]:
-    """A JSON file holding one object (the only shape the commands read)."""
+def json_object(path: Path, flag: str, what: str, bad: type[IobatchError] = UsageError) -> dict[str, Any]:
+    """A JSON file holding one object (the only shape the commands read). A file that is missing or cannot be read
+    is a UsageError; one whose content is not a JSON object is `bad` (a PermanentError, 65, for a file a command
+    wrote, such as `advise --json`'s)."""
     data = read_file(path, flag)
     if data.startswith(b"\xef\xbb\xbf"):
-        raise UsageError(f"{flag} {path} starts with a byte order mark (BOM): save it as UTF-8 without BOM")
+        raise bad(f"{flag} {path} starts with a byte order mark (BOM): save it as UTF-8 without BOM")
     try:
         body = json.loads(data)
     except (ValueError, RecursionError) as exc:  # also bytes that are not UTF-8
-        raise UsageError(f"{flag} {path} is not JSON ({str(exc)[:80]}): give {what}") from None
+        raise bad(f"{flag} {path} is not JSON ({str(exc)[:80]}): give {what}") from None
     if not isinstance(body, dict):
-        raise UsageError(f"{flag} {path} holds a JSON {type(body).__name__}, not an object: give {what}")
+        raise bad(f"{flag} {path} holds a JSON {type(body).__name__}, not an object: give {what}")
     return body
 
 

@@ -159,9 +159,9 @@ def demo(
                  "(durations and rates: median per child; bytes and calls: totals)")
     print(f"outputs:  {result.output}" + (f"  (as files: {result.output_dir})" if result.output_dir else ""))
     print(f"profiles: {run_dir / 'profiles'}  EMF: {run_dir / 'emf'}  logs: {run_dir / 'logs'}")
-    from profiling import runfiles
+    from pipeline.local.runjson import read_run
 
-    run_meta = runfiles.read_run(run_dir)
+    run_meta = read_run(run_dir)
     advice = demo_advice(result.profiles, workers, run=run_meta) if result.profiles else None
     if report:
         path = _write_report(run_dir, advice)

@@ -18,16 +18,17 @@ from profiling.report.cloudwatch import DEFAULT_SINCE
 
 
 def _read_advice(path: Path | None) -> Any:
-    """The advisor's JSON. Fields the page does not know still render; findings of another shape than a list of
-    objects are refused (they would render as an advice with no findings)."""
+    """The advisor's JSON, of the shape `advise --json` writes (tuning.advice_json owns it): any other JSON object
+    is bad input (65) naming the file, never shown as a recommendation. Fields the page does not know still
+    render."""
+    from tuning.advice_json import advice_problem
+
     if path is None:
         return None
     what = "the JSON object `iobatch advise --json` printed"
-    body = checks.json_object(path, "--advice", what)
-    findings = body.get("findings")
-    if findings is not None and not (isinstance(findings, list) and all(isinstance(f, dict) for f in findings)):
-        raise UsageError(f"--advice {path}: findings is not a list of objects (a JSON "
-                         f"{type(findings).__name__}): give {what}")
+    body = checks.json_object(path, "--advice", what, bad=PermanentError)
+    if problem := advice_problem(body):
+        raise PermanentError(f"--advice {path} is not what `iobatch advise --json` writes ({problem}): give {what}")
     return body
 
 
@@ -39,15 +40,19 @@ def _all_profiles(run_dir: Path, data: Any) -> list[Any]:
     return [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
 
 
-def _run_dir_advice(run_dir: Path) -> Any:
+def _run_dir_advice(run_dir: Path, given: Any = None) -> Any:
     """The advice the demo gave for a local run directory, computed the same way (pipeline.local.demo.run_advice),
-    from its profiles without timelines and its run.json; None when run.json does not say the children at once."""
+    from its profiles without timelines and its run.json; None when run.json does not say the children at once.
+    `given` (--advice) when there is one; run.json is checked strictly either way (pipeline.local.runjson: 65)."""
     from pipeline.local.demo import run_advice
+    from pipeline.local.runjson import read_run
 
-    try:  # a missing or damaged file is named by the report's own reading, with its exit code
-        run = runfiles.read_run(run_dir)
-        if not isinstance(run.get("workers"), int):
-            return None
+    run = read_run(run_dir) if runfiles.is_run_dir(run_dir) else None
+    if given is not None:
+        return given
+    if run is None or not isinstance(run.get("workers"), int):
+        return None
+    try:  # a missing or damaged profile is named by the report's own reading, with its exit code
         profiles = [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
     except (OSError, ValueError):
         return None
@@ -122,6 +127,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
     """Two runs side by side, each a run directory (with the advisor's findings for this machine, as the
     demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
     from pipeline.local.demo import run_advice
+    from pipeline.local.runjson import checked_run
     from profiling.report import (
         CloudWatchRange,
         DamagedInputError,
@@ -152,7 +158,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                 advice.append(None)
                 continue
             data = load_run_dir(side)
-            advice.append(run_advice(_all_profiles(side, data), data.run))
+            advice.append(run_advice(_all_profiles(side, data), checked_run(data.run, side)))
             runs.append(data)
         names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
         path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
@@ -237,7 +243,7 @@ def report(
                                       checks.region(region), logs_endpoint, given)
         else:
             local = run_dir or Path(".iobatch/demo")
-            path = write_report(local, out, advice=given if given is not None else _run_dir_advice(local),
+            path = write_report(local, out, advice=_run_dir_advice(local, given),
                                 progress=Progress(lambda done, files: f"read {done:,} of {files:,} profile files"))
     except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None

@@ -15,6 +15,7 @@ from typing import Any
 from pipeline import s3 as s3io
 from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.local.executor import BatchResult
+from pipeline.local.runjson import read_run
 from pipeline.local.runner import LocalRun, prepared_run_dir, run_local
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.manifest import children_for
@@ -22,7 +23,6 @@ from pipeline.process import find_command
 from pipeline.settings import default_workers
 from pipeline.submit.plan import SubmitRequest, SubmitResult, SubmittedJob, check_flags, job_name
 from pipeline.submit.submission import scan_source
-from profiling import runfiles
 
 DEFAULT_LOCAL_DIR = ".iobatch/local"  # run directory of `iobatch submit --local`
 DEFAULT_LOCAL_S3 = ".iobatch/s3"  # data directory of the embedded S3 server: <bucket>/<key> as plain files
@@ -75,7 +75,7 @@ def submit_local(
         outcome = run_local(run, progress=progress, say=lambda _line: None)
     manifest_uri = s3io.frozen_paths(request.output)[0]
     # The run file holds the frozen batch's totals; the outcomes count only what this run processed.
-    images = int(runfiles.read_run(run_dir)["images"])
+    images = int(read_run(run_dir)["images"])
     local_job = SubmittedJob(f"local:{run_dir}", job_name(request.name), 0, outcome.children, images)
     return SubmitResult(request, manifest_uri, outcome.children, images, (local_job,), ()), outcome
 

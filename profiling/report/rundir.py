@@ -124,8 +124,10 @@ def load_run_dir(run_dir: Path, *, progress: Progress | None = None, workers: in
     if runfiles.is_run_dir(run_dir):
         try:
             run = runfiles.read_run(run_dir)
-        except (ValueError, OSError):
-            run = None  # the profiles make the report; a damaged run file only loses its own section
+        except runfiles.DamagedRunFileError as exc:  # damaged: bad input, as a damaged profile is
+            raise DamagedInputError(f"{exc}: {exc.fix}") from None
+        except OSError:
+            run = None  # gone or unreadable since it was found: the profiles make the report
     fleet = reader.fleet
 
     def reread(children: set[str]) -> list[Entry]:

@@ -19,7 +19,7 @@ import pytest
 
 from pipeline.cli import app
 from pipeline.endpoints import chosen_endpoint, configured_endpoint, endpoint_address
-from pipeline.errors import EXIT_OK, EXIT_USAGE, UsageError
+from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_USAGE, UsageError
 from pipeline.interface import ENV
 from pipeline.settings import JobSettings
 from tests.support.cli import CliRunner
@@ -267,3 +267,150 @@ def test_lab_advise_with_the_writer_workload_is_refused_before_the_guest_is_chos
     monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", _reached)
     refused(["lab", "--where", "guest", "--advise", "--workload", "writer", "--memory-gib", "1"], EXIT_USAGE,
             "--advise runs the pipeline: leave out --workload writer")
+
+
+# ---- run.json: read strictly, its fields through the bounds of the flags they came from ----------------------
+
+
+def _run_dir(folder: Path, run_json: str) -> Path:
+    from profiling import runfiles
+    from tests.support.profiles import batch
+
+    run = folder / "run"
+    (run / runfiles.PROFILES).mkdir(parents=True)
+    for index in range(3):
+        lines = [json.dumps(p.to_dict()) for p in batch(3) if p.properties["ArrayIndex"] == str(index)]
+        (run / runfiles.PROFILES / f"part-{index:05d}.jsonl").write_text("\n".join(lines) + "\n")
+    (run / runfiles.RUN_FILE).write_text(run_json)
+    return run
+
+
+GOOD_RUN = {"job_id": "t", "workers": 4, "memory_gib": 16.0, "endpoint": "http://127.0.0.1:9000",
+            "images_per_child": 5, "children": 3, "started": 1.0}
+DAMAGED_RUNS = {
+    "truncated": json.dumps(GOOD_RUN)[:30],  # was blamed on missing --jobs-per-instance, --memory-gib, ...
+    "array": "[1, 2]",
+    "workers-huge": json.dumps({**GOOD_RUN, "workers": 100_000}),  # was a plan of 100,000 jobs per instance
+    "workers-true": json.dumps({**GOOD_RUN, "workers": True}),  # was read as 1
+    "workers-float": json.dumps({**GOOD_RUN, "workers": 4.5}),
+    "memory-huge": json.dumps({**GOOD_RUN, "memory_gib": 1e12}),  # was a plan of 1e12 GiB
+    "memory-nan": json.dumps({**GOOD_RUN, "memory_gib": float("nan")}),
+    "endpoint-secret": json.dumps({**GOOD_RUN, "endpoint": f"http://u:{SECRET}@h:1"}),
+    "elapsed-negative": json.dumps({**GOOD_RUN, "child_elapsed_s": {"0": -3}}),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_RUNS))
+def test_a_damaged_run_json_is_one_line_naming_it_for_every_reader(tmp_path: Path, damage: str) -> None:
+    run = _run_dir(tmp_path, DAMAGED_RUNS[damage])
+    fragment = f"{run / 'run.json'}"
+    for args in (["advise", str(run)], ["report", str(run), "--out", str(tmp_path / "r.html")],
+                 ["report", "--compare", str(run), str(run), "--out", str(tmp_path / "c.html")]):
+        output = refused(args, EXIT_PERMANENT, fragment)
+        assert "rerun the batch" in output and SECRET not in output, output
+    assert not (tmp_path / "r.html").exists() and not (tmp_path / "c.html").exists()
+
+
+def test_a_whole_run_json_gives_the_plan_and_the_report(tmp_path: Path) -> None:
+    from pipeline.local.runjson import read_run
+
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    assert read_run(run) == GOOD_RUN
+    assert CliRunner().invoke(app, ["advise", str(run), "--json"]).exit_code == EXIT_OK
+    report = CliRunner().invoke(app, ["report", str(run), "--out", str(tmp_path / "r.html")])
+    assert report.exit_code == EXIT_OK, report.output
+
+
+def test_run_json_is_checked_with_the_flags_bounds() -> None:
+    from pipeline.local.runjson import run_problem
+    from pipeline.settings import MAX_WORKERS
+    from tuning.plan import MAX_MEMORY_GIB
+
+    assert run_problem({"workers": MAX_WORKERS, "memory_gib": MAX_MEMORY_GIB}) is None
+    assert "--workers" in str(run_problem({"workers": MAX_WORKERS + 1}))
+    assert "--memory-gib" in str(run_problem({"memory_gib": MAX_MEMORY_GIB * 2}))
+    assert run_problem({"endpoint": None, "slow_child": None, "unknown": [1]}) is None  # AWS's; a newer field
+
+
+# ---- report --advice: the shape advise --json writes, one owner --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def advice_json() -> dict[str, Any]:
+    from tests.support.profiles import batch
+    from tuning.advise import advise
+    from tuning.plan import Plan
+
+    return advise(batch(3), Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=500)).to_json()
+
+
+def test_the_advice_tables_are_what_advise_json_writes(advice_json: dict[str, Any]) -> None:
+    from tuning.advice_json import ADVICE_FIELDS, CANDIDATE_FIELDS, FINDING_FIELDS, advice_problem
+
+    assert set(advice_json) == set(ADVICE_FIELDS)
+    assert advice_json["findings"] and set(advice_json["findings"][0]) == set(FINDING_FIELDS)
+    assert set(CANDIDATE_FIELDS) <= set(advice_json["candidates"][0])
+    assert advice_problem(advice_json) is None
+    assert advice_problem({**advice_json, "source": "a stack", "make_deploy": "make deploy"}) is None
+
+
+def _without(body: dict[str, Any], key: str) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if k != key}
+
+
+@pytest.mark.parametrize(("change", "fragment"), [
+    (lambda a: {"volume": "gp3", "why": "st1 credits ran out"}, "has no plan, workload"),  # was shown as an advice
+    (lambda a: {}, "has no plan"),
+    (lambda a: _without(a, "cdk_args"), "has no cdk_args"),
+    (lambda a: {**a, "findings": {"code": "X"}}, "findings is dict, not a list"),
+    (lambda a: {**a, "findings": [{"code": "X"}]}, "findings[0] has no severity"),
+    (lambda a: {**a, "findings": ["x"]}, "findings[0] is str, not an object"),
+    (lambda a: {**a, "untuned_download_s": True}, "untuned_download_s is bool, not a number"),
+    (lambda a: {**a, "recommended": "io2 9 GiB"}, "is none of its candidates"),
+], ids=["any-object", "empty", "no-cdk-args", "findings-object", "finding-partial", "finding-text", "bool-number",
+        "recommended-elsewhere"])
+def test_report_refuses_an_advice_of_another_shape_naming_the_file(stubbed: None, tmp_path: Path,
+                                                                   advice_json: dict[str, Any], change: Any,
+                                                                   fragment: str) -> None:
+    advice = tmp_path / "advice.json"
+    advice.write_text(json.dumps(change(advice_json)))
+    output = refused(["report", str(tmp_path), "--advice", str(advice)], EXIT_PERMANENT, fragment)
+    assert f"--advice {advice}" in output
+
+
+# ---- advise's plan checks with --instance-type ----------------------------------------------------------------
+
+
+def test_a_refused_job_memory_is_never_the_suggested_fix(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    for args, fix in ((["--memory-gib", "4", "--job-memory-gib", "6.75", "--jobs-per-instance", "2"], "2 (its memory "
+                       "shared by its 2 jobs)"),
+                      (["--instance-type", "c6i.large", "--vcpus-per-job", "1", "--job-memory-gib", "6.75"], "4 (its "
+                       "memory, for its one job)")):
+        output = refused(["advise", str(run), "--jobs-per-day", "10", *args], EXIT_USAGE, "not within the instance's")
+        assert "--job-memory-gib 6.75" not in output and f"--job-memory-gib {fix}" in output, output
+
+
+def test_a_default_store_candidate_is_left_out_when_memory_gib_overrides_the_type(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    result = CliRunner().invoke(app, ["advise", str(run), "--instance-type", "m6i.large", "--memory-gib", "16",
+                                      "--jobs-per-day", "10", "--json"])
+    assert result.exit_code == EXIT_OK, result.stderr  # was "not the plan's size (m6i.large: 2 vCPUs, 8 GiB)"
+    assert not [c for c in json.loads(result.stdout)["candidates"] if c["type"] == "instance-store"]
+    # Given as a candidate, it is refused with the plan's own figures, never two identical sizes.
+    output = refused(["advise", str(run), "--instance-type", "m6i.large", "--memory-gib", "16", "--jobs-per-day",
+                      "10", "-C", "nvme:m6id.large"], EXIT_USAGE, "(m6i.large with --memory-gib 16: 2 vCPUs, 16 GiB)")
+    assert "8 GiB) is not the plan's size" in output
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["--instance-type", "c6i.2xlarge", "--jobs-per-instance", "1024"], "its 8 vCPUs and 16 GiB hold 2 jobs"),
+    (["--instance-type", "c6i.2xlarge", "--jobs-per-instance", "5", "--vcpus-per-job", "1"], "hold 4 jobs"),
+])
+def test_more_jobs_than_the_instance_runs_never_reach_the_cdk_context(tmp_path: Path, args: list[str],
+                                                                      fragment: str) -> None:
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    output = refused(["advise", str(run), "--jobs-per-day", "10", *args], EXIT_USAGE, fragment)
+    assert "childrenPerHost" not in output and "cdk deploy" not in output
+    assert CliRunner().invoke(app, ["advise", str(run), "--jobs-per-day", "10", "--instance-type", "c6i.2xlarge",
+                                    "--jobs-per-instance", "4", "--vcpus-per-job", "1"]).exit_code == EXIT_OK

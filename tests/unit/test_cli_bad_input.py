@@ -162,10 +162,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                                EXIT_USAGE, "give a shorter, plain path"),
     "report-out-missing-dir": lambda d: Case(["report", str(_run_dir(d, "")), "--out", str(d / "no" / "r.html")],
                                              EXIT_USAGE, "does not exist"),
+    # an --advice file that is not what `advise --json` writes: bad input (issue 44), as a damaged profile is
     "report-advice-array": lambda d: Case(["report", str(_run_dir(d, "")), "--advice", str(d / "array.json")],
-                                          EXIT_USAGE, "not an object"),
+                                          EXIT_PERMANENT, "not an object"),
     "report-advice-binary": lambda d: Case(["report", str(_run_dir(d, "")), "--advice", str(d / "blob")],
-                                           EXIT_USAGE, "is not JSON"),
+                                           EXIT_PERMANENT, "is not JSON"),
     "report-profile-nan": lambda d: Case(["report", str(_run_dir(d, _profile_line(duration_s=float("nan"))))],
                                          EXIT_PERMANENT, "part-00000.jsonl:2"),
     "report-profile-negative": lambda d: Case(["report", str(_run_dir(d, _profile_line(read_bytes=-5)))],

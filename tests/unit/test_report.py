@@ -350,9 +350,13 @@ runner = CliRunner()
 
 
 def test_cli_writes_the_report(tmp_path: Path) -> None:
-    write_run(tmp_path / "run", slow=0)
-    advice = tmp_path / "advice.json"
-    advice.write_text(json.dumps({"volume": "gp3", "why": "st1 credits ran out"}))
+    from tuning.advise import advise
+    from tuning.plan import Plan
+
+    profiles = write_run(tmp_path / "run", slow=0)
+    advice = tmp_path / "advice.json"  # what `advise --json` writes, with a field the page does not know
+    body = advise(profiles, Plan(jobs_per_instance=4, memory_gib=16, jobs_per_day=500)).to_json()
+    advice.write_text(json.dumps({**body, "why": "st1 credits ran out"}))
     result = runner.invoke(app, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "r.html"),
                                  "--advice", str(advice)])
     assert result.exit_code == 0, result.output
