@@ -1,6 +1,11 @@
 """st1 against the candidates without credits (gp3, instance store) on the advice's plan: when st1 still wins and when
 it does not, one line each, from the simulated candidates and the volume model. Pure.
 
+The advice makes one decision, here (`choose`: the cheapest EBS candidate within the slack of the fastest); the
+verdict only says it again for st1: st1 wins exactly when it is the volume chosen, and when it is not the reason is
+the rule's (it does not fit the day or is slower, each for its credits when they run out, or it is as fast and
+dearer than the choice).
+
 st1 wins on large sequential I/O within its credits, being the cheapest per GiB; it loses when its credits run out
 (the plan's bytes per day exceed what its bucket earns), on small random I/O (each random request under 1 MiB costs
 a whole MiB of credits and throughput: tuning.ebs [HDD]), and when many children share its one baseline.
@@ -10,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from tuning.ebs import GIB, KIB, MIB, Volume
 from tuning.instancestore import ASSUMPTION, InstanceStore
@@ -40,15 +45,38 @@ SECONDS_PER_DAY = 86_400
 WHAT_IF_RANDOM_KIB = 64
 
 
-def compare(results: Sequence[CandidateResult], workload: Workload, plan: Plan, slack: float) -> list[str]:
-    """The lines (empty when there is no st1 or no candidate without credits to compare it with)."""
-    st1 = _pick([r for r in results if r.volume.kind == "st1"], slack)
+Result = TypeVar("Result", bound=CandidateResult)
+
+
+def pool(results: Sequence[Result]) -> list[Result]:
+    """The candidates the advice chooses among: EBS volumes that fit the day (all EBS volumes when none does).
+    Instance store is compared, never chosen: its price is in the instance's, and choosing it changes the types."""
+    ebs = [r for r in results if not isinstance(r.volume, InstanceStore)]
+    return [r for r in ebs if r.fits_day] or ebs
+
+
+def choose(candidates: Sequence[Result], slack: float) -> Result | None:
+    """The advice's one decision: among `candidates`, the cheapest whose steady round is within `slack` of the
+    fastest's (the faster of two as cheap; an unpriced one as free); None when there are none."""
+    if not candidates:
+        return None
+    fastest = min(r.steady_round_s for r in candidates)
+    return min((r for r in candidates if r.steady_round_s <= fastest * slack),
+               key=lambda r: (r.monthly_usd or 0.0, r.steady_round_s))
+
+
+def compare(results: Sequence[CandidateResult], workload: Workload, plan: Plan, slack: float,
+            chosen: CandidateResult) -> list[str]:
+    """The lines (empty when there is no st1 or no candidate without credits to compare it with); `chosen` is the
+    advice's decision (`choose` over `pool`), which the verdict says again for st1."""
+    st1s = [r for r in results if r.volume.kind == "st1"]
+    st1 = chosen if chosen in st1s else choose(st1s, slack)
     others = [r for r in results if not r.volume.is_hdd and not r.volume.bursts]
     if st1 is None or not others:
         return []
     alt = min(others, key=lambda r: (r.steady_round_s, r.monthly_usd is None, r.monthly_usd or 0.0))
-    lines = [_verdict(st1, alt, plan, slack), _credits(st1, alt, workload, plan), _random(st1, alt, workload),
-             _children(st1, alt, plan)]
+    lines = [_verdict(st1, alt, chosen, pool(results), slack), _credits(st1, alt, workload, plan),
+             _random(st1, alt, workload), _children(st1, alt, plan)]
     stores = [r for r in results if isinstance(r.volume, InstanceStore)]
     round_bytes = plan.jobs_per_instance * sum(s.write_bytes for s in workload.stages)
     lines.extend(_store(r, st1, round_bytes) for r in stores)
@@ -57,35 +85,38 @@ def compare(results: Sequence[CandidateResult], workload: Workload, plan: Plan, 
     return lines
 
 
-def _pick(pool: list[CandidateResult], slack: float) -> CandidateResult | None:
-    """The st1 the advice would choose among st1 alone: the cheapest within `slack` of the fastest."""
-    if not pool:
-        return None
-    fastest = min(r.steady_round_s for r in pool)
-    return min((r for r in pool if r.steady_round_s <= fastest * slack),
-               key=lambda r: (r.monthly_usd or 0.0, r.steady_round_s))
-
-
 def _per_gib(r: CandidateResult) -> str:
     if r.monthly_usd is None:
         return "not priced"
     return f"{r.monthly_usd / max(r.volume.size_gib, 1):.3f} USD per GiB-month"
 
 
-def _verdict(st1: CandidateResult, alt: CandidateResult, plan: Plan, slack: float) -> str:
+def _cost(r: CandidateResult) -> str:
+    return "not priced" if r.monthly_usd is None else f"{r.monthly_usd:,.2f} USD/month ({_per_gib(r)})"
+
+
+def _verdict(st1: CandidateResult, alt: CandidateResult, chosen: CandidateResult, among: list[CandidateResult],
+             slack: float) -> str:
+    """st1 against the decision: it wins exactly when it is the volume chosen; else the rule's reason it is not."""
     v, a = st1.volume, alt.volume
-    as_fast = st1.steady_round_s <= alt.steady_round_s * slack
-    wins = st1.credits_run_out_h is None and st1.fits_day and as_fast
-    cost = f"{st1.monthly_usd or 0:,.2f} USD/month ({_per_gib(st1)})"
-    alt_cost = "not priced" if alt.monthly_usd is None else f"{alt.monthly_usd:,.2f} USD/month ({_per_gib(alt)})"
     rounds = (f"a steady round takes {st1.steady_round_s:,.1f} s on {v.label} vs {alt.steady_round_s:,.1f} s on "
               f"{a.label}")
-    if wins:
-        return (f"st1 wins on this plan: {rounds} (within {slack:.2f}x) and its credits last the day; it costs {cost} "
-                f"against {alt_cost}.")
-    why = ("its credits run out" if st1.credits_run_out_h is not None else
-           "it does not fit the day" if not st1.fits_day else "it is slower once it has to share its throughput")
-    return f"st1 does not win on this plan ({why}): {rounds}; {cost} against {alt_cost}."
+    credits = ("its credits last the day" if st1.credits_run_out_h is None else
+               f"its credits run out {st1.credits_run_out_h:.1f} h into the day")
+    if st1 is chosen:
+        return (f"st1 wins on this plan: it is the recommendation, the cheapest within {slack:.2f}x of the fastest "
+                f"steady round ({rounds}; {credits}); it costs {_cost(st1)} against {_cost(alt)}.")
+    fastest = min(r.steady_round_s for r in among)
+    if st1 in among and st1.steady_round_s <= fastest * slack:
+        price = "" if chosen.monthly_usd is None else f" ({chosen.monthly_usd:,.2f} USD/month)"
+        why = f"it is as fast, but {chosen.volume.label}, the recommendation, costs less{price}"
+    elif st1.credits_run_out_h is not None:
+        why = "its credits run out"
+    elif st1 not in among:
+        why = "it does not fit the day"
+    else:
+        why = f"it is slower: its steady round is over {slack:.2f}x the fastest's {fastest:,.1f} s"
+    return f"st1 does not win on this plan ({why}): {rounds}; {credits}; it costs {_cost(st1)} against {_cost(alt)}."
 
 
 def _job_credits_mib(st1: CandidateResult, workload: Workload) -> float:
