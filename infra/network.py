@@ -12,16 +12,24 @@ class Network(Construct):
     """Private subnets with egress for the Batch hosts, a flow log, and an S3 gateway endpoint.
 
     The gateway endpoint matters here: every image moves between S3 and the hosts, and through the
-    endpoint it costs nothing, where through the NAT gateway it costs per GiB.
+    endpoint it costs nothing, where through the NAT gateway it costs per GiB. An existing VPC gets one on the route
+    tables of the private subnets the hosts use, unless `s3_endpoint` is False (the VPC has one there already).
     """
 
-    def __init__(self, scope: Construct, construct_id: str, *, vpc_id: str | None = None) -> None:
+    def __init__(self, scope: Construct, construct_id: str, *, vpc_id: str | None = None,
+                 s3_endpoint: bool = True) -> None:
         super().__init__(scope, construct_id)
         self.imported = vpc_id is not None
+        self.subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
         if vpc_id is not None:
             # The lookup runs at synth time and is cached in cdk.context.json (needs credentials once).
             self.vpc: ec2.IVpc = ec2.Vpc.from_lookup(self, "Vpc", vpc_id=vpc_id)
-            self.subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)
+            if s3_endpoint:
+                # A gateway endpoint costs nothing and takes S3 traffic off the NAT gateway ("Gateway endpoints for
+                # Amazon S3", AWS PrivateLink guide). A route table holds one endpoint route per service ("Gateway
+                # endpoints", Routing): a VPC with one on these route tables deploys with s3GatewayEndpoint=false.
+                self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3,
+                                              subnets=[self.subnets])
             return
         vpc = ec2.Vpc(
             self,
@@ -47,4 +55,3 @@ class Network(Construct):
             traffic_type=ec2.FlowLogTrafficType.REJECT,
         )
         self.vpc = vpc
-        self.subnets = ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS)

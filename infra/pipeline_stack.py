@@ -58,7 +58,7 @@ class PipelineStack(Stack):
         super().__init__(scope, construct_id, **kwargs)  # type: ignore[arg-type]
         self.settings = settings
         name = settings.pipeline_name
-        self.network = Network(self, "Network", vpc_id=settings.vpc_id)
+        self.network = Network(self, "Network", vpc_id=settings.vpc_id, s3_endpoint=settings.s3_gateway_endpoint)
         self.storage = Storage(self, "Storage")
         # The jobs' containers and the hosts that fail their setup write here (infra/compute.py).
         # Removed with the stack, as the README's Deploy section says (CDK's default for a LogGroup is to retain it).

@@ -43,9 +43,11 @@ SHIPPED_CONTRACTS = Path(__file__).resolve().parents[1] / "contracts"
 _IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,250}$")
 # The context key that turns the LD_PRELOAD interposer on in the job container (StackSettings.profiler_interpose).
 PROFILER_INTERPOSE_KEY = "profilerInterpose"
+# With vpcId: whether the stack adds an S3 gateway endpoint to the VPC's private route tables (false: it has one).
+S3_GATEWAY_ENDPOINT_KEY = "s3GatewayEndpoint"
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
-    "pipelineName", "vpcId", *VOLUME_CONTEXT_KEYS,
+    "pipelineName", "vpcId", S3_GATEWAY_ENDPOINT_KEY, *VOLUME_CONTEXT_KEYS,
     INSTANCE_TYPES_KEY, CHILDREN_PER_HOST_KEY, "maxvCpus", "minvCpus", VCPUS_PER_JOB_KEY, "spot", "jobTimeoutMinutes",
     "retryAttempts",
     "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY,
@@ -69,6 +71,8 @@ class StackSettings:
 
     pipeline_name: str = "iobatch"
     vpc_id: str | None = None
+    # With vpc_id: an S3 gateway endpoint on the route tables of its private subnets (False: the VPC has one there).
+    s3_gateway_endpoint: bool = True
     volume: Volume = field(default_factory=Volume)  # the scratch volume on every host
     # Exact types by default: the ones the scratch volume is sized for (children_per_host), each with memory enough
     # per vCPU for the default job at one per core (c6i's 2 GiB per vCPU is not).
@@ -140,6 +144,7 @@ class StackSettings:
         settings = cls(
             pipeline_name=_text(ctx, "pipelineName", base.pipeline_name),
             vpc_id=_optional_text(ctx, "vpcId"),
+            s3_gateway_endpoint=_bool(ctx, S3_GATEWAY_ENDPOINT_KEY, base.s3_gateway_endpoint),
             volume=volume,
             instance_types=_list(ctx, INSTANCE_TYPES_KEY, base.instance_types),
             children_per_host=_int(ctx, CHILDREN_PER_HOST_KEY, base.children_per_host),
@@ -292,6 +297,7 @@ class StackSettings:
         }
         if self.vpc_id:
             ctx["vpcId"] = self.vpc_id
+            ctx[S3_GATEWAY_ENDPOINT_KEY] = str(self.s3_gateway_endpoint).lower()
         if self.profiler_contract:
             ctx["profilerContract"] = self.profiler_contract
         if self.process_command:

@@ -166,7 +166,7 @@ def environment_page() -> str:
 PATH_REF = re.compile(r"`((?:pipeline|profiling|tuning|infra|tests|bench|scripts|containers|examples|contracts|docs)"
                       r"/[A-Za-z0-9_./-]*[A-Za-z0-9_/])`")
 COMMAND_REF = re.compile(r"(?:^|`|/)iobatch ([a-z]+)((?: +[^\s`|]+)*)", re.M)  # in code: a span, a line
-CONTEXT_REF = re.compile(r"-c ([A-Za-z]+)=")
+CONTEXT_REF = re.compile(r"-c ([A-Za-z][A-Za-z0-9]*)=")
 MAKE_REF = re.compile(r"(?:^|`)(?:sudo )?make ([a-z][a-z-]+)\b", re.M)
 GLOBAL_FLAGS = {"--help", "--version", "--install-completion", "--show-completion"}
 
