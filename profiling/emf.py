@@ -46,6 +46,10 @@ CONTRACT_ROWS_CUT = ("contract rows: {kept} of {total} in the EMF document (a Cl
                      "256 KiB); every rule's value per frame is in the metrics, and every row in the profile")
 
 
+# The namespace prefix CloudWatch reserves for AWS services' metrics (namespace_problem).
+RESERVED_NAMESPACE_PREFIX = "AWS/"
+
+
 def namespace_problem(namespace: str) -> str | None:
     """Why CloudWatch would not take `namespace` for the metrics, or None: the EMF library's own rule (1-256
     of A-Z a-z 0-9 . _ # : / -), checked before a stage is measured rather than on every document."""
@@ -58,6 +62,11 @@ def namespace_problem(namespace: str) -> str | None:
     except InvalidNamespaceError:
         return (f"is not a CloudWatch namespace: 1 to {MAX_NAMESPACE_LENGTH} letters, digits or . _ # : / - "
                 f"({len(namespace):,} characters given)")
+    # "You cannot specify a namespace that begins with AWS/": reserved for AWS's own (CloudWatch API Reference,
+    # PutMetricData, Namespace); the library passes it, CloudWatch would not take the metrics.
+    if namespace.startswith(RESERVED_NAMESPACE_PREFIX):
+        return f"begins with {RESERVED_NAMESPACE_PREFIX}, which CloudWatch keeps for AWS's own metrics: give e.g. " \
+            "IoBatch"
     return None
 
 

@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from profiling.emf import FileSink, RecordingSink, StreamSink, emit_profile, serialize, sink_for
+from pipeline.cli import app
+from profiling.emf import FileSink, RecordingSink, StreamSink, emit_profile, namespace_problem, serialize, sink_for
 from profiling.metrics import DIMENSIONS, METRICS, METRICS_BY_NAME, PROPERTY_KEYS, StageProfile
+from tests.support.cli import CliRunner
 from tests.support.profiles import PROPS, STARTED_AT, full_profile
 
 
@@ -119,3 +121,15 @@ def test_the_fields_the_dashboards_queries_read_come_within_logs_insights_first_
         fields = _insights_fields(json.loads(line))
         assert len(fields) > 200
         assert all(fields.index(name) < 200 for name in queried), [(n, fields.index(n)) for n in queried]
+
+
+def test_a_namespace_under_aws_is_refused_by_the_one_rule_every_command_uses(tmp_path: Path) -> None:
+    assert namespace_problem("IoBatch") is None and namespace_problem("Team/AWS/x") is None
+    assert namespace_problem("AWS/EBS") == ("begins with AWS/, which CloudWatch keeps for AWS's own metrics: give e.g. "
+                                            "IoBatch")
+    for args in (["report", "--from-cloudwatch", "g", "--namespace", "AWS/IoBatch"],
+                 ["sidecar", "--socket", str(tmp_path / "s.sock"), "--namespace", "AWS/IoBatch"]):
+        result = CliRunner().invoke(app, args, env={"AWS_REGION": "us-east-1"})
+        assert result.exit_code == 64, result.output
+        assert result.output == "error: --namespace 'AWS/IoBatch' begins with AWS/, which CloudWatch keeps for AWS's " \
+            "own metrics: give e.g. IoBatch\n"
