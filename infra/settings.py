@@ -28,6 +28,7 @@ from tuning.instances import (
     VCPUS_PER_JOB_KEY,
     InstanceType,
     children_per_host,
+    reserved_vcpus,
     task_memory_mib,
     types_of,
 )
@@ -128,8 +129,9 @@ class StackSettings:
 
     @property
     def job_vcpus(self) -> int:
-        """The job container's vCPUs: vcpusPerJob less the profiler's, at least one (vcpusPerJob 1 reserves 2)."""
-        return max(self.vcpus_per_job - self.profiler_vcpus, 1)
+        """The job container's vCPUs: vcpusPerJob less the profiler's, at least one, so the job reserves
+        tuning.instances.reserved_vcpus (vcpusPerJob 1 reserves 2), which the hosts' checks and the advisor count."""
+        return reserved_vcpus(self.vcpus_per_job) - self.profiler_vcpus
 
     @classmethod
     def from_context(cls, ctx: Mapping[str, Any]) -> StackSettings:
@@ -224,7 +226,7 @@ class StackSettings:
         for entry in self.instance_types:
             kinds = types_of(entry)
             for kind in kinds:
-                per_cpu = kind.vcpus // self.vcpus_per_job
+                per_cpu = kind.vcpus // reserved_vcpus(self.vcpus_per_job)
                 children = children_per_host(kind, self.vcpus_per_job)
                 if children < per_cpu:
                     self._memory_misfit(entry, kind, children)
@@ -245,8 +247,8 @@ class StackSettings:
         raise SettingsError(
             f"instanceTypes entry {entry!r}: {kind.name} has {kind.memory_gib / kind.vcpus:g} GiB per vCPU and holds "
             f"{children} jobs of {self.memory_per_job_mib / 1024:g} GiB (vcpusPerJob {self.vcpus_per_job}) on "
-            f"{kind.vcpus} vCPUs, leaving {kind.vcpus - children * self.vcpus_per_job} idle: use a family with more "
-            "memory per vCPU (m6i, r6i; with an instance store m6id, r6id)")
+            f"{kind.vcpus} vCPUs, leaving {kind.vcpus - children * reserved_vcpus(self.vcpus_per_job)} idle: use a "
+            "family with more memory per vCPU (m6i, r6i; with an instance store m6id, r6id)")
 
     def _validate_stores(self) -> None:
         """Instance-store scratch: every entry is an exact type the table knows with one store device (the script
@@ -267,7 +269,7 @@ class StackSettings:
                     f"instanceTypes entry {entry!r} has {have}: instance-store scratch takes a type with exactly "
                     "one (m6id/c6id/r6id up to 8xlarge, i4i up to 4xlarge), or use -c scratch=ebs")
             children = children_per_host(kind, self.vcpus_per_job)
-            if children < kind.vcpus // self.vcpus_per_job:
+            if children < kind.vcpus // reserved_vcpus(self.vcpus_per_job):
                 self._memory_misfit(entry, kind, children)
             each = kind.store_gb * 1e9 / 2**30 / max(children, 1)
             if each < share:

@@ -41,7 +41,9 @@ DEFAULT_CHILDREN_PER_HOST = 4
 INSTANCE_TYPES_KEY = "instanceTypes"
 CHILDREN_PER_HOST_KEY = "childrenPerHost"
 VCPUS_PER_JOB_KEY = "vcpusPerJob"
-# The profiler sidecar's share of it; the job container's MEMORY (its cgroup's memory.max) is the rest.
+# The vCPUs a job reserves at the least: its two containers, a whole vCPU each (reserved_vcpus).
+MIN_RESERVED_VCPUS = 2
+# The profiler sidecar's share of a job's memory; the job container's MEMORY (its cgroup's memory.max) is the rest.
 PROFILER_MEMORY_MIB = 256
 # Registered memory: what the OS reports, about this share of the installed memory (7985 / 8192 MiB on the Batch
 # doc's m4.large; an approximation: it varies a little with the kernel and the instance), less ECS_RESERVED_MEMORY.
@@ -154,10 +156,17 @@ def job_memory_mib(vcpus_per_job: int) -> int:
     return task_memory_mib(vcpus_per_job) - PROFILER_MEMORY_MIB
 
 
+def reserved_vcpus(vcpus_per_job: int) -> int:
+    """The vCPUs Batch reserves on a host for one job: vcpusPerJob, and at least one for each of its containers (the
+    job's and the profiler's): on EC2 every container of a job has a whole vCPU or more (AWS Batch API Reference,
+    ResourceRequirement: VCPU), so vcpusPerJob 1 reserves 2."""
+    return max(vcpus_per_job, MIN_RESERVED_VCPUS)
+
+
 def children_per_host(instance: InstanceType, vcpus_per_job: int) -> int:
-    """How many jobs Batch runs at once on `instance`: its vCPUs // vcpusPerJob, limited by its registered memory
-    // the job's MEMORY (0: the job does not fit)."""
-    by_cpu = instance.vcpus // vcpus_per_job
+    """How many jobs Batch runs at once on `instance`: its vCPUs // the vCPUs a job reserves (reserved_vcpus), limited
+    by its registered memory // the job's MEMORY (0: the job does not fit)."""
+    by_cpu = instance.vcpus // reserved_vcpus(vcpus_per_job)
     by_memory = instance.registered_memory_mib // task_memory_mib(vcpus_per_job)
     return max(0, min(by_cpu, by_memory))
 

@@ -17,6 +17,7 @@ from tuning.instances import (
     children_per_host,
     job_memory_mib,
     lookup,
+    reserved_vcpus,
     task_memory_mib,
     types_of,
 )
@@ -52,7 +53,7 @@ def test_job_memory_is_the_stacks() -> None:
     ("c6i.2xlarge", 2, 2),  # by memory: 16 GiB hold two 7 GiB jobs, 4 vCPUs idle
     ("c6i.large", 2, 0),  # 4 GiB: the job does not fit
     ("r6i.32xlarge", 2, 64),
-    ("m6i.32xlarge", 1, 128),
+    ("m6i.32xlarge", 1, 64),  # vcpusPerJob 1 reserves 2: the job's container and the profiler's, a vCPU each
     ("m6i.large", 4, 0),  # fewer vCPUs than the job needs
 ])
 def test_children_per_host_is_the_lesser_of_vcpus_and_memory(name: str, vcpus_per_job: int, children: int) -> None:
@@ -79,3 +80,14 @@ def test_advise_for_an_instance_type_plans_what_the_stack_runs(tmp_path: Path) -
     local = CliRunner().invoke(app, ["advise", str(profiles), "--jobs-per-instance", "2", "--memory-gib", "4",
                                      "--jobs-per-day", "10", "--json"])
     assert local.exit_code == 0 and json.loads(local.output)["plan"]["job_memory_gib"] is None
+
+
+@pytest.mark.parametrize("vcpus_per_job", [1, 2, 3, 4])
+def test_the_stack_the_hosts_checks_and_the_advisor_count_the_vcpus_a_job_reserves(vcpus_per_job: int) -> None:
+    """The job definition gives the job container and the profiler a whole vCPU each at least, so vcpusPerJob 1
+    reserves 2: synth's host checks and the advisor count children per host by what the definition reserves."""
+    settings = StackSettings.from_context({"vcpusPerJob": vcpus_per_job, "instanceTypes": "m6i.2xlarge"})
+    reserved = settings.job_vcpus + settings.profiler_vcpus
+    assert reserved == reserved_vcpus(vcpus_per_job) == max(vcpus_per_job, 2)
+    m6i = lookup("m6i.2xlarge")
+    assert m6i is not None and children_per_host(m6i, vcpus_per_job) == min(8 // reserved, 4)
