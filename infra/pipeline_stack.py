@@ -18,6 +18,7 @@ from infra.dashboard import Dashboard
 from infra.emfalarms import EmfAlarms
 from infra.jobs import Jobs
 from infra.network import Network
+from infra.notify import Notifications
 from infra.settings import ECR_IMAGE, StackSettings
 from infra.storage import Storage
 from pipeline.interface import STACK_OUTPUT_KEYS
@@ -78,6 +79,9 @@ class PipelineStack(Stack):
             log_group=self.log_group,
         )
         self.emf_alarms = EmfAlarms(self, "EmfAlarms", log_group=self.log_group, pipeline=name)
+        self.notifications = Notifications(self, "Alarms", topic_arn=settings.alarm_topic_arn,
+                                           email=settings.alarm_email)
+        self.notifications.watch(self.compute.setup_failure_alarm, *self.emf_alarms.alarms)
         self.dashboard = Dashboard(
             self,
             "Dashboard",

@@ -46,13 +46,20 @@ _IMAGE_PATH = re.compile(r"^/[A-Za-z0-9._/-]{1,250}$")
 PROFILER_INTERPOSE_KEY = "profilerInterpose"
 # With vpcId: whether the stack adds an S3 gateway endpoint to the VPC's private route tables (false: it has one).
 S3_GATEWAY_ENDPOINT_KEY = "s3GatewayEndpoint"
+# Who hears the stack's alarms (infra/notify.py): an existing SNS topic, or an address the stack's own topic e-mails.
+ALARM_TOPIC_KEY = "alarmTopicArn"
+ALARM_EMAIL_KEY = "alarmEmail"
+# An SNS topic's ARN (arn:PARTITION:sns:REGION:ACCOUNT:NAME; a name is 1-256 letters, digits, - and _) and an e-mail
+# address as SNS takes one for the email protocol (one @, a dot in the domain, no blanks).
+_TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
+_EMAIL = re.compile(r"^[^@\s]{1,64}@[^@\s]+\.[^@\s]+$")
 # Every context key the stack reads; the README's "Deploy to AWS" table lists them with defaults.
 CONTEXT_KEYS: tuple[str, ...] = (
     "pipelineName", "vpcId", S3_GATEWAY_ENDPOINT_KEY, *VOLUME_CONTEXT_KEYS,
     INSTANCE_TYPES_KEY, CHILDREN_PER_HOST_KEY, "maxvCpus", "minvCpus", VCPUS_PER_JOB_KEY, "spot", "jobTimeoutMinutes",
     "retryAttempts",
     "inputPrefix", "outputPrefix", *HOST_CONTEXT_KEYS, "profilerEbpf", PROFILER_INTERPOSE_KEY,
-    "profilerContract", "processCommand", "jobImage",
+    "profilerContract", "processCommand", "jobImage", ALARM_TOPIC_KEY, ALARM_EMAIL_KEY,
 )
 # An image reference: [registry/]repository[:tag][@digest] (the Docker reference grammar, simplified).
 _IMAGE = re.compile(r"^[a-z0-9][A-Za-z0-9._:/-]{0,254}(@sha256:[0-9a-f]{64})?$")
@@ -108,6 +115,10 @@ class StackSettings:
     # The job's image, built FROM the project's image with the user's code (README "Your own processing");
     # None: the project's image, built from containers/job/Dockerfile by `cdk deploy`.
     job_image: str | None = None
+    # Who is told when an alarm goes off (infra/notify.py): an SNS topic's ARN, or an address the stack's own topic
+    # e-mails (both: the address subscribes to that topic); neither: the dashboard only.
+    alarm_topic_arn: str | None = None
+    alarm_email: str | None = None
 
     @property
     def memory_per_job_mib(self) -> int:
@@ -164,6 +175,8 @@ class StackSettings:
             profiler_contract=_optional_text(ctx, "profilerContract"),
             process_command=_optional_text(ctx, "processCommand"),
             job_image=_optional_text(ctx, "jobImage"),
+            alarm_topic_arn=_optional_text(ctx, ALARM_TOPIC_KEY),
+            alarm_email=_optional_text(ctx, ALARM_EMAIL_KEY),
         )
         settings.validate()
         return settings
@@ -212,6 +225,12 @@ class StackSettings:
             if not (self.profiler_contract in shipped or _IMAGE_PATH.match(self.profiler_contract)):
                 raise SettingsError(f"profilerContract {self.profiler_contract[:80]!r} is neither a contract the "
                                     f"image ships ({', '.join(shipped)}) nor an absolute path in the image")
+        if self.alarm_topic_arn is not None and not _TOPIC_ARN.match(self.alarm_topic_arn):
+            raise SettingsError(f"{ALARM_TOPIC_KEY} {self.alarm_topic_arn[:80]!r} is not an SNS topic ARN: give e.g. "
+                                "arn:aws:sns:us-east-1:123456789012:iobatch-alarms")
+        if self.alarm_email is not None and not _EMAIL.match(self.alarm_email):
+            raise SettingsError(f"{ALARM_EMAIL_KEY} {self.alarm_email[:80]!r} is not an e-mail address: give e.g. "
+                                "ops@example.com")
         if self.job_image is not None and not _IMAGE.match(self.job_image):
             raise SettingsError(f"jobImage {self.job_image[:80]!r} is not an image reference: give e.g. "
                                 "123456789012.dkr.ecr.us-east-1.amazonaws.com/my-iobatch:1")
@@ -306,6 +325,10 @@ class StackSettings:
             ctx["processCommand"] = self.process_command
         if self.job_image:
             ctx["jobImage"] = self.job_image
+        if self.alarm_topic_arn:
+            ctx[ALARM_TOPIC_KEY] = self.alarm_topic_arn
+        if self.alarm_email:
+            ctx[ALARM_EMAIL_KEY] = self.alarm_email
         return {**ctx, **self.volume.to_context(), **self.host.to_context()}
 
 

@@ -72,3 +72,13 @@ def test_the_architecture_page_states_the_import_rules_the_layout_test_enforces(
     page = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
     assert {m for m in rules["INFRA_MAY_IMPORT"] if f"`{m}`" not in page} == set()
     assert f"{rules['MAX_LINES']} lines" in page
+
+
+def test_the_cost_tables_metric_count_is_the_metric_lists() -> None:
+    import re
+
+    from profiling.metrics import METRICS, STAGES
+
+    text = (ROOT / "docs" / "aws.md").read_text(encoding="utf-8")
+    (count, stages, total), = re.findall(r"up to (\d+) metrics .*? x (\d+) stages = (\d+) per pipeline", text)
+    assert (int(count), int(stages), int(total)) == (len(METRICS), len(STAGES), len(METRICS) * len(STAGES))
