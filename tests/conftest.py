@@ -61,6 +61,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         pytest.exit(missing, returncode=pytest.ExitCode.USAGE_ERROR)
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A test module that imports the CLI at collection installs its start-up Ctrl-C handler: the tests start from
+    the handler the interpreter had, as each command gives back the one it found."""
+    cli = sys.modules.get("pipeline.cli")
+    if cli is not None:
+        cli.end_start_up_handling()
+
+
 @pytest.fixture(autouse=True)
 def _no_process_state_left_behind() -> Iterator[None]:
     """A test that leaves a preload or an iobatch variable in this process's environment, another working directory,

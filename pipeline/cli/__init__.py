@@ -29,8 +29,16 @@ def _interrupted_while_starting(signum: int, frame: object) -> None:
 
 
 # Until IobatchGroup.main hands Ctrl-C back to KeyboardInterrupt; a SIGINT ignored (a background job) stays ignored.
-if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+_SIGINT_BEFORE = signal.getsignal(signal.SIGINT)
+if _SIGINT_BEFORE is signal.default_int_handler:
     signal.signal(signal.SIGINT, _interrupted_while_starting)
+
+
+def end_start_up_handling() -> None:
+    """Give Ctrl-C back to what it was before this module was imported: for a program (a test runner) that imports
+    the CLI without running it. Running a command does it itself."""
+    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+        signal.signal(signal.SIGINT, _SIGINT_BEFORE)
 
 import errno
 import math
@@ -47,11 +55,11 @@ from typer._click.core import Context, HelpFormatter
 from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from pipeline.cli import batch, local, profiler, report, tuning
+from pipeline.cli import batch, local, profiler, qualify, report, tuning
 from pipeline.errors import EXIT_CODES_HELP, EXIT_PERMANENT, EXIT_USAGE, IobatchError
 from profiling.numbers import number, shown, whole_number
 
-__all__ = ["app", "fail", "handles_errors", "main", "usage_headline"]
+__all__ = ["app", "end_start_up_handling", "fail", "handles_errors", "main", "usage_headline"]
 
 
 def usage_headline(exc: typer.TyperException, given: Sequence[str] = ()) -> str:
@@ -104,6 +112,7 @@ class IobatchGroup(TyperGroup):
                 sys.exit(EXIT_USAGE)
             return EXIT_USAGE
         found = signal.getsignal(signal.SIGINT)
+        after = _SIGINT_BEFORE if found is _interrupted_while_starting else found  # what the caller had
         try:
             # From here Ctrl-C is a KeyboardInterrupt, after which every `with` block cleans up.
             if found is _interrupted_while_starting:
@@ -117,7 +126,7 @@ class IobatchGroup(TyperGroup):
             print_error("interrupted")
             code = EXIT_RETRYABLE
         finally:  # a caller in the same process (a test, an embedding program) gets its handler back
-            signal.signal(signal.SIGINT, found)
+            signal.signal(signal.SIGINT, after)
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)
@@ -268,6 +277,7 @@ app.command(cls=IobatchCommand)(handles_errors(batch.status))
 app.command(cls=IobatchCommand)(handles_errors(report.report))
 app.command(cls=IobatchCommand)(handles_errors(tuning.advise))
 app.command(cls=IobatchCommand)(handles_errors(tuning.lab))
+app.command(cls=IobatchCommand)(handles_errors(qualify.qualify))
 
 
 def main(argv: Sequence[str] | None = None) -> NoReturn:

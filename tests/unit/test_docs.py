@@ -9,6 +9,8 @@ from types import ModuleType
 
 import pytest
 
+import pipeline.cli  # noqa: F401  (imported at collection, as its commands' help is read: see tests/conftest.py)
+
 ROOT = Path(__file__).resolve().parents[2]
 HAND_WRITTEN = sorted({*ROOT.glob("*.md"), *(p for p in (ROOT / "docs").rglob("*.md") if "reference" not in p.parts)})
 
