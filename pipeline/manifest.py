@@ -21,11 +21,13 @@ naming the line.
 
 from __future__ import annotations
 
-import hashlib
+import functools
+import re
 import struct
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import BinaryIO
 
 import orjson
@@ -92,26 +94,50 @@ def _key_bytes_problem(key: str) -> str | None:
     return None
 
 
+def manifest_blocks(chunks: Iterable[bytes], *, source: str) -> Iterator[bytes]:
+    """A manifest read as `chunks` of bytes, in blocks of whole lines (each block ends with a line end, but the
+    file's last when it has none). A line still unended after MAX_LINE_BYTES raises ManifestError naming it as soon
+    as that many bytes of it have arrived; a complete line's own length is its reader's to check (_line_too_long)."""
+    pending = bytearray()
+    number = 0  # lines in the blocks handed out so far
+    for chunk in chunks:
+        pending += chunk
+        end = pending.rfind(b"\n") + 1
+        if end:
+            block = bytes(pending[:end])
+            del pending[:end]
+            yield block
+            number += block.count(b"\n")
+        if len(pending) > MAX_LINE_BYTES + 2:  # the line end (\r\n) is not part of the line
+            raise _too_long(source, number + 1)
+    if pending:
+        yield bytes(pending)
+
+
+def _lines_of(block: bytes) -> Iterator[bytes]:
+    """The lines of a block, each with its line end."""
+    parts = block.split(b"\n")
+    for part in parts[:-1]:
+        yield part + b"\n"
+    if parts[-1]:
+        yield parts[-1]
+
+
+def _line_too_long(line: bytes, source: str, number: int) -> None:
+    if len(line) > MAX_LINE_BYTES + 2:  # the line end (\r\n) is not part of the line
+        raise _too_long(source, number)
+
+
 def manifest_lines(chunks: Iterable[bytes], *, source: str) -> Iterator[bytes]:
     """The lines (with their ends) of a manifest read as `chunks` of bytes, each at most MAX_LINE_BYTES: a longer
     one raises ManifestError naming its line once that many bytes of it have arrived, so a file that is not a
     manifest (one 10 MB line) costs a read of its first 64 KiB, not a quadratic join of its chunks."""
-    pending = bytearray()
     number = 0
-    for chunk in chunks:
-        pending += chunk
-        start = 0
-        while (end := pending.find(b"\n", start)) >= 0:
+    for block in manifest_blocks(chunks, source=source):
+        for line in _lines_of(block):
             number += 1
-            if end + 1 - start > MAX_LINE_BYTES + 2:  # the line end (\r\n) is not part of the line
-                raise _too_long(source, number)
-            yield bytes(pending[start:end + 1])
-            start = end + 1
-        del pending[:start]
-        if len(pending) > MAX_LINE_BYTES + 2:
-            raise _too_long(source, number + 1)
-    if pending:
-        yield bytes(pending)
+            _line_too_long(line, source, number)
+            yield line
 
 
 def _too_long(source: str, number: int) -> ManifestError:
@@ -178,15 +204,30 @@ def parse_line(line: str | bytes, *, bucket: str, where: str, prefix: str | None
 
 class KeyRepeats:
     """Finds a key listed twice among millions of lines in 24 bytes a key (a 128-bit digest of the key and its
-    line number) rather than a set of the keys themselves, which would take several times the memory."""
+    line number) rather than a set of the keys themselves, which would take several times the memory. The digest is
+    two of Python's own hashes of bytes (SipHash under a key this process draws at random), of the key and of the
+    key after a line end: a tenth of blake2b's cost a key, alike within the one process that reads a manifest."""
 
     def __init__(self) -> None:
-        self._digests = bytearray()
+        self._first = array("q")
+        self._second = array("q")
         self._lines = array("Q")
 
     def add(self, key: str, line: int) -> None:
-        self._digests += hashlib.blake2b(key.encode(), digest_size=16).digest()
+        data = key.encode()
+        self._first.append(hash(data))
+        self._second.append(hash(b"\n" + data))
         self._lines.append(line)
+
+    def add_keys(self, keys: Sequence[bytes], first: int) -> None:
+        """Keys (UTF-8, as add encodes them) of the consecutive lines `first`, `first` + 1, ..."""
+        import numpy as np
+
+        count = len(keys)
+        self._first.frombytes(np.fromiter(map(hash, keys), dtype=np.int64, count=count).tobytes())
+        self._second.frombytes(np.fromiter(map(hash, map(b"\n".__add__, keys)), dtype=np.int64, count=count)
+                               .tobytes())
+        self._lines.frombytes(np.arange(first, first + count, dtype=np.uint64).tobytes())
 
     def first_repeat(self) -> tuple[int, int] | None:
         """(an earlier line, the line) of the first line whose key an earlier line lists, or None."""
@@ -194,10 +235,13 @@ class KeyRepeats:
 
         if len(self._lines) < 2:
             return None
-        halves = np.frombuffer(self._digests, dtype=">u8").reshape(-1, 2)
-        order = np.lexsort((halves[:, 1], halves[:, 0]))  # stable: equal digests stay in line order
-        ranked = halves[order]
-        same = np.flatnonzero((ranked[1:] == ranked[:-1]).all(axis=1))
+        first, second = np.frombuffer(self._first, dtype=np.int64), np.frombuffer(self._second, dtype=np.int64)
+        ranked = np.sort(first)
+        if not (ranked[1:] == ranked[:-1]).any():  # no two keys share even the first half: no repeat
+            return None
+        order = np.lexsort((second, first))  # stable: equal digests stay in line order
+        one, two = first[order], second[order]
+        same = np.flatnonzero((one[1:] == one[:-1]) & (two[1:] == two[:-1]))
         if same.size == 0:
             return None
         # Two different keys share a 128-bit digest with a chance of about n^2 / 2^129: none, in practice.
@@ -215,9 +259,95 @@ def parse_manifest(lines: Iterable[str | bytes], *, bucket: str, source: str,
         if entry is not None:
             repeats.add(entry.key, number)
             yield entry
+    _refuse_repeats(repeats, source)
+
+
+def _refuse_repeats(repeats: KeyRepeats, source: str) -> None:
     if repeat := repeats.first_repeat():
         raise ManifestError(f"{source} line {repeat[1]} lists the key of line {repeat[0]} again: list each image "
                             "once (a repeat would be processed twice)")
+
+
+# ---- freezing a user manifest: whole blocks of lines at a time --------------------------------------------------
+
+# What a JSON string holds as it is (no control character, no '"' or '\\'; bytes over 0x7f are UTF-8, checked per
+# block), JSON's form of an integer below 2**63, and JSON whitespace within a line, bounded so a matched line is short.
+_RAW = rb"[ !#-\[\]-\xff]"
+_SIZE = rb"(0|[1-9][0-9]{0,17})"
+_WS = rb"[ \t]{0,16}"
+
+
+@functools.lru_cache(maxsize=8)
+def _line_forms(bucket: str, prefix: str) -> tuple[re.Pattern[bytes], ...]:
+    """The forms of line freeze_manifest checks a block at a time, each matching one whole line and capturing its key
+    and size: the frozen form itself first ({"key":...,"size":...} as to_line writes it: such lines are copied as
+    they are), then {"key": ...} and {"uri": "s3://bucket/..."} with an optional "size" and whitespace between."""
+    head = prefix.encode("utf-8", "surrogatepass")
+    if len(head) > MAX_KEY_BYTES:
+        return ()
+    # Under the prefix and at most MAX_KEY_BYTES: what parse_line checks of a key but its segments and its UTF-8.
+    key = b"(" + re.escape(head) + _RAW + b"{0,%d})" % (MAX_KEY_BYTES - len(head))
+    tail = _WS + b"(?:," + _WS + b'"size"' + _WS + b":" + _WS + _SIZE + _WS + rb")?\}" + _WS + rb"\r?$"
+    by_uri = b'"uri"' + _WS + b":" + _WS + b'"s3://' + re.escape(bucket.encode("utf-8", "surrogatepass")) + b"/"
+    forms = (rb'^\{"key":"' + key + rb'"(?:,"size":' + _SIZE + rb")?\}$",
+             b"^" + _WS + rb"\{" + _WS + b'"key"' + _WS + b":" + _WS + b'"' + key + b'"' + tail,
+             b"^" + _WS + rb"\{" + _WS + by_uri + key + b'"' + tail)
+    return tuple(re.compile(form, re.MULTILINE) for form in forms)
+
+
+def _fast_block(block: bytes, forms: Sequence[re.Pattern[bytes]]) -> tuple[bytes, list[bytes], int] | None:
+    """(the frozen lines, their keys, the sum of their sizes) of a block whose every line takes one of `forms`
+    (all the same) and passes every check parse_line makes; None sends the block line by line to parse_line."""
+    lines = block.count(b"\n") + (not block.endswith(b"\n"))
+    form = next((form for form in forms if form.match(block)), None)
+    if form is None:
+        return None
+    found: list[tuple[bytes, bytes]] = form.findall(block)
+    if len(found) != lines:  # a line of another form, or blank: each match is one whole line
+        return None
+    keys = list(map(itemgetter(0), found))
+    # key_problem's segments and parse_line's "names no object" (empty, or ending with '/'), every key at once.
+    padded = b"/" + b"/\n/".join(keys) + b"/"
+    if b"//" in padded or b"/./" in padded or b"/../" in padded:
+        return None
+    if not block.isascii():
+        try:
+            block.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    total = sum(map(int, filter(None, map(itemgetter(1), found))))
+    if form is forms[0]:  # the frozen form: copied as it is
+        return (block if block.endswith(b"\n") else block + b"\n"), keys, total
+    frozen = b"".join([b'{"key":"%s","size":%s}\n' % pair if pair[1] else b'{"key":"%s"}\n' % pair[0]
+                       for pair in found])
+    return frozen, keys, total
+
+
+def freeze_manifest(chunks: Iterable[bytes], writer: FrozenManifestWriter, *, bucket: str, source: str,
+                    prefix: str = "") -> None:
+    """Validate a user manifest read as `chunks` of bytes and write its frozen form to `writer`, as parse_manifest
+    and FrozenManifestWriter.add do line by line, with the same errors naming the same lines: a block whose every
+    line has one of the usual forms (_line_forms) is checked and written whole, without decoding a line; any other
+    block goes line by line through parse_line. Raises on a repeated key once the last line has been read."""
+    forms = _line_forms(bucket, prefix)
+    repeats = KeyRepeats()
+    number = 0
+    for block in manifest_blocks(chunks, source=source):
+        fast = _fast_block(block, forms)
+        if fast is not None:
+            frozen, keys, total = fast
+            repeats.add_keys(keys, number + 1)
+            writer.add_frozen(frozen, len(keys), total)
+            number += len(keys)
+            continue
+        for line in _lines_of(block):
+            number += 1
+            _line_too_long(line, source, number)
+            entry = parse_line(line, bucket=bucket, where=f"{source} line {number}", prefix=prefix)
+            if entry is not None:
+                repeats.add(entry.key, number)
+                writer.add(entry)
+    _refuse_repeats(repeats, source)
 
 
 def is_image_key(key: str, prefix: str) -> bool:
@@ -268,6 +398,22 @@ class FrozenManifestWriter:
         self.entries += 1
         self.bytes += len(line)
         self.total_size += entry.size or 0
+
+    def add_frozen(self, lines: bytes, count: int, total_size: int) -> None:
+        """`count` entries at once, as their frozen lines (each ending with a line end) and the sum of their sizes."""
+        import numpy as np
+
+        first = -self.entries % self._per_child  # the first of these lines that starts a child
+        if first < count:
+            ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == ord("\n")) + 1
+            if len(ends) != count:
+                raise ValueError(f"{count} entries given as {len(ends)} lines")
+            starts = np.concatenate(([0], ends[:-1]))[first::self._per_child] + self.bytes
+            self._index.write(starts.astype(">u8").tobytes())
+        self._manifest.write(lines)
+        self.entries += count
+        self.bytes += len(lines)
+        self.total_size += total_size
 
     def close(self) -> int:
         """Write the end offset; return the number of children."""

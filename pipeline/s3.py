@@ -36,6 +36,7 @@ from pipeline.manifest import (
     OFFSET,
     FrozenManifestWriter,
     ManifestEntry,
+    freeze_manifest,
     index_range,
     is_image_key,
     key_problem,
@@ -148,14 +149,19 @@ def list_images(s3: Any, prefix: S3Uri) -> Iterator[ManifestEntry]:
         raise s3_error(exc, what=str(prefix)) from None
 
 
-def read_manifest(s3: Any, uri: S3Uri, *, bucket: str, prefix: str = "") -> Iterator[ManifestEntry]:
-    """Stream a user manifest from S3 line by line; its keys must be in `bucket` under `prefix`, once each."""
+def _manifest_chunks(s3: Any, uri: S3Uri) -> Iterator[bytes]:
+    """A user manifest's bytes from S3, in chunks of 1 MiB."""
     try:
         body = s3.get_object(Bucket=uri.bucket, Key=uri.key)["Body"]
     except (ClientError, BotoCoreError) as exc:
         raise s3_error(exc, what=str(uri)) from None
     # Not botocore's iter_lines: it joins its 1 KiB chunks anew for every chunk of a line (quadratic in a long one).
-    lines = manifest_lines(body.iter_chunks(1 << 20), source=str(uri))
+    return iter(body.iter_chunks(1 << 20))
+
+
+def read_manifest(s3: Any, uri: S3Uri, *, bucket: str, prefix: str = "") -> Iterator[ManifestEntry]:
+    """Stream a user manifest from S3 line by line; its keys must be in `bucket` under `prefix`, once each."""
+    lines = manifest_lines(_manifest_chunks(s3, uri), source=str(uri))
     yield from parse_manifest(lines, bucket=bucket, source=str(uri), prefix=prefix)
 
 
@@ -175,14 +181,17 @@ def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri
     """Validate the whole source and write the frozen manifest and its index beside the outputs.
 
     Streams to spooled temporary files (memory up to 8 MiB, then disk), so a manifest of millions of
-    lines is read once in constant memory. Nothing is written to S3 unless every line is valid.
+    lines is read once in constant memory. Nothing is written to S3 unless every line is valid. A manifest is
+    checked and frozen a block of lines at a time (pipeline.manifest.freeze_manifest), a listing key by key.
     """
-    entries = read_manifest(s3, manifest, bucket=input.bucket, prefix=input.key) if manifest \
-        else list_images(s3, input)
     with tempfile.SpooledTemporaryFile(8 << 20) as body, tempfile.SpooledTemporaryFile(1 << 20) as index:
         writer = FrozenManifestWriter(body, index, per_child)  # type: ignore[arg-type]
-        for entry in entries:
-            writer.add(entry)
+        if manifest:
+            freeze_manifest(_manifest_chunks(s3, manifest), writer, bucket=input.bucket, source=str(manifest),
+                            prefix=input.key)
+        else:
+            for entry in list_images(s3, input):
+                writer.add(entry)
         children = writer.close()
         if writer.entries == 0:
             source = manifest or input
