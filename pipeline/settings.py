@@ -25,7 +25,7 @@ from pipeline.interface import (
     task_dir_name,
 )
 from pipeline.manifest import MAX_KEY_BYTES
-from profiling.identity import TASK_ID, JobEnv, resolve_task_id, safe_task_id
+from profiling.identity import TASK_ID, JobEnv, array_index_text, resolve_task_id, safe_task_id
 from profiling.numbers import MAX_DIGITS, shown, whole_number
 from profiling.protocol import SOCKET_NAME
 
@@ -179,14 +179,17 @@ def _child_index(environ: Mapping[str, str]) -> int:
     is a usage error (64, like any variable); a whole number past any batch names a child that cannot exist:
     bad input, like an index past this batch (65, pipeline/job.py). Read after every other variable, so a bad
     variable beside it is still a 64."""
+    # The index as the profiler reads it too (profiling.identity.array_index_text): else the job id's ":<index>".
+    given = {ENV.ARRAY_INDEX: array_index_text(environ, _job_env()) or "", ENV.ARRAY_OFFSET:
+             environ.get(ENV.ARRAY_OFFSET, "")}
     total = 0
     for name in (ENV.ARRAY_INDEX, ENV.ARRAY_OFFSET):
-        raw = environ.get(name, "").strip()
+        raw = given[name].strip()
         digits = raw.removeprefix("+")
         if digits.isascii() and digits.isdigit() and (len(digits) > MAX_DIGITS or int(digits) > MAX_CHILD_INDEX):
             cut = "..." if len(raw) > 24 else ""
             raise ManifestError(f"{name}={raw[:24]}{cut} is beyond any batch: an index is 0 to {MAX_CHILD_INDEX:,}")
-        total += _int(environ, name, 0, 0, MAX_CHILD_INDEX)
+        total += _int(given, name, 0, 0, MAX_CHILD_INDEX)
     if total > MAX_CHILD_INDEX:
         raise ManifestError(f"{ENV.ARRAY_INDEX} + {ENV.ARRAY_OFFSET} = {total:,} is beyond any batch: an index is "
                             f"0 to {MAX_CHILD_INDEX:,}")

@@ -77,14 +77,7 @@ class JobIdentity:
     def from_env(cls, environ: Mapping[str, str], names: JobEnv, task_id: str) -> JobIdentity:
         """The identity in `environ` of the attempt `task_id` (pure: the instance is left unknown, see
         `job_identity`)."""
-        raw_index = environ.get(names.array_index)
-        if raw_index is None:
-            # Not handed to this container: an array child's job id ends in ":<index>" ("Array jobs",
-            # AWS Batch User Guide). Where this container has neither, the job's own stage_start names
-            # them (protocol.IDENTITY_KEYS) and the profiles carry the job's.
-            head, _, tail = (environ.get(names.job_id) or "").rpartition(":")
-            raw_index = tail if head and whole_number(tail) is not None else None
-        index = _whole(raw_index)
+        index = _whole(array_index_text(environ, names))
         offset = _whole(environ.get(names.array_offset))
         array_index = index + offset if index is not None and offset is not None else 0
         work_dir = Path(environ.get(names.scratch) or names.default_scratch) / names.task_dir(task_id)
@@ -105,6 +98,18 @@ class JobIdentity:
         found = {"Pipeline": self.pipeline, "JobId": self.job_id, "ArrayIndex": str(self.array_index),
                  "InstanceId": self.instance_id, "InstanceType": self.instance_type, "VolumeType": self.volume_type}
         return found if self.volume_id is None else {**found, "VolumeId": self.volume_id}
+
+
+def array_index_text(environ: Mapping[str, str], names: JobEnv) -> str | None:
+    """The array index's text, one rule for the job (pipeline.settings, strict) and its profiler (lenient): the
+    variable, else, where it was not handed to this container, the ":<index>" an array child's job id ends in
+    ("Array jobs", AWS Batch User Guide); None for neither. Where the profiler's container has neither, the job's
+    own stage_start names them (protocol.IDENTITY_KEYS) and the profiles carry the job's."""
+    raw = environ.get(names.array_index)
+    if raw is not None:
+        return raw
+    head, _, tail = (environ.get(names.job_id) or "").rpartition(":")
+    return tail if head and whole_number(tail) is not None else None
 
 
 def _whole(raw: str | None) -> int | None:

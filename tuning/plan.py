@@ -257,32 +257,33 @@ def _io_size(of_stage: Sequence[StageProfile]) -> float | None:
 
 
 
-def parse_candidate(text: str, *, instance_store: bool = False) -> Volume:
+def parse_candidate(text: str, *, instance_store: bool = False, what: str = "candidate") -> Volume:
     """'st1:500', 'gp3:200:iops=4000:throughput=250' or 'io2:100:iops=3000' -> Volume; with `instance_store`,
-    also 'nvme:m6id.2xlarge[:usd_per_hour=0.09]' -> InstanceStore (tuning.instancestore)."""
+    also 'nvme:m6id.2xlarge[:usd_per_hour=0.09]' -> InstanceStore (tuning.instancestore). An error names the text as
+    `what` ("candidate" for advise --candidate; the flag, --volume, where it is the volume the stack or lab runs)."""
     parts = [p.strip() for p in text.split(":")]
     store = parts[0].lower() in STORE_WORDS
     if len(parts) < 2:
-        raise AdviseError(f"candidate {text[:80]!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500"
+        raise AdviseError(f"{what} {text[:80]!r} is not TYPE:SIZE_GIB[:iops=N][:throughput=MIBPS], e.g. st1:500"
                           + (", or nvme:INSTANCE_TYPE" if instance_store else ""))
     if store and not instance_store:
-        raise AdviseError(f"{text[:80]!r}: instance store is a candidate to compare (advise --candidate), not a volume "
-                          "the stack or the lab runs: give an EBS volume, e.g. st1:500")
+        raise AdviseError(f"{what} {text[:80]!r}: instance store is a candidate to compare (advise --candidate), not "
+                          "a volume the stack or the lab runs: give an EBS volume, e.g. st1:500")
     size = None if store else whole_number(parts[1])
     if size is None and not store:
-        raise AdviseError(f"candidate {text[:80]!r}: size {parts[1][:24]!r} is not a whole number of GiB")
+        raise AdviseError(f"{what} {text[:80]!r}: size {parts[1][:24]!r} is not a whole number of GiB")
     keys = ("usd_per_hour",) if store else ("iops", "throughput")
     extra: dict[str, float] = {}
     for part in parts[2:]:
         key, _, value = part.partition("=")
         if key not in keys or not value:
-            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not "
+            raise AdviseError(f"{what} {text[:80]!r}: {part[:40]!r} is not "
                               + ("usd_per_hour=USD" if store else "iops=N or throughput=MIBPS"))
         if key in extra:  # which one would count? neither: say so
-            raise AdviseError(f"candidate {text[:80]!r} gives {key} twice: give it once")
+            raise AdviseError(f"{what} {text[:80]!r} gives {key} twice: give it once")
         amount = number(value)
         if amount is None or not math.isfinite(amount):
-            raise AdviseError(f"candidate {text[:80]!r}: {part[:40]!r} is not a number")
+            raise AdviseError(f"{what} {text[:80]!r}: {part[:40]!r} is not a number")
         extra[key] = amount
     try:
         if store:
@@ -291,4 +292,4 @@ def parse_candidate(text: str, *, instance_store: bool = False) -> Volume:
                       iops=int(extra["iops"]) if "iops" in extra else None,
                       throughput_mibps=extra.get("throughput"))
     except VolumeError as exc:
-        raise AdviseError(f"candidate {text[:80]!r}: {exc}") from None
+        raise AdviseError(f"{what} {text[:80]!r}: {exc}") from None

@@ -242,6 +242,9 @@ def advise(
                          "them" + (" (got more than one)" if sum(sources) > 1 else ""))
     if job_id and not (stack or from_cloudwatch):
         raise UsageError("--job-id selects a batch in CloudWatch Logs: give it with --stack NAME or --from-cloudwatch")
+    if inputs:  # read from files: the CloudWatch Logs flags would be silently ignored
+        checks.unused_flags({"since": "--since", "namespace": "--namespace", "region": "--region",
+                             "logs_endpoint": "--logs-endpoint"}, "with --stack or --from-cloudwatch")
     logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")  # given, it is checked, used or not
     checks.emf_namespace(namespace)
     job_ids = checks.job_ids(job_id)
@@ -252,7 +255,7 @@ def advise(
             raise UsageError(str(exc)) from None
         kernel = kernel.strip()
     try:
-        current = None if volume is None else parse_candidate(volume)
+        current = None if volume is None else parse_candidate(volume, what="--volume")
         volumes = [parse_candidate(text, instance_store=True) for text in candidate]
     except (AdviseError, VolumeError) as exc:
         raise UsageError(str(exc)) from None

@@ -85,6 +85,10 @@ def submit(
 
     if (stack is None) == (not local):
         raise UsageError("give exactly one of --stack NAME (AWS Batch) or --local (this machine)")
+    if local:
+        checks.unused_flags({"region": "--region"}, "with --stack (AWS Batch)")
+    else:
+        checks.unused_flags({"run_dir": "--run-dir", "workers": "--workers"}, "with --local (this machine)")
     if run_dir is not None:
         checks.output_dir(run_dir, "--run-dir")
     # --local without --s3-endpoint is the embedded server; a stack's S3 is AWS_ENDPOINT_URL_S3's, as boto3 reads it.
@@ -131,6 +135,8 @@ def status(
     from pipeline import submit as submission
 
     job_ids = checks.job_ids(job_ids)
+    if not watch:
+        checks.unused_flags({"interval": "--interval"}, "with --watch")
     session = _session(region)
     submission.require_credentials(session)
     _, batch = submission.aws_clients(session)

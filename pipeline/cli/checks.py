@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,8 @@ from pipeline.settings import parse_process_command
 from profiling.files import kind_of, read_regular
 
 __all__ = ["STDOUT", "emf_namespace", "endpoint_url", "job_ids", "json_object", "not_an_input", "output_dir",
-           "output_file", "output_or_stdout", "process_command", "read_file", "readable_file", "region", "stack_name"]
+           "output_file", "output_or_stdout", "process_command", "read_file", "readable_file", "region", "stack_name",
+           "unused_flags"]
 
 
 def _nearest_existing(path: Path) -> Path:
@@ -154,6 +155,24 @@ def json_object(path: Path, flag: str, what: str, bad: type[IobatchError] = Usag
     if not isinstance(body, dict):
         raise bad(f"{flag} {path} holds a JSON {type(body).__name__}, not an object: give {what}")
     return body
+
+
+def unused_flags(flags: Mapping[str, str], when: str) -> None:
+    """Refuse (64) the flags of `flags` (parameter name: its option, as --help shows it) the command line gave, when
+    this run would not use them: a flag silently ignored leaves a person believing it took effect. `when` says
+    when they apply ("with --from-cloudwatch or --stack"). Outside a command (a test calling the function), none is
+    given."""
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+
+    ctx = get_current_context(silent=True)
+    if ctx is None:
+        return
+    given = [option for name, option in flags.items() if ctx.get_parameter_source(name) is ParameterSource.COMMANDLINE]
+    if given:
+        one = len(given) == 1
+        raise UsageError(f"{', '.join(given)} {'applies' if one else 'apply'} only {when}: leave "
+                         f"{'it' if one else 'them'} out")
 
 
 def endpoint_url(url: str | None, flag: str = "--s3-endpoint", client: str | None = None) -> str | None:

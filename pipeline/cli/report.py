@@ -215,13 +215,22 @@ def report(
             raise UsageError("give --stack NAME alone, without a run directory, --from-cloudwatch or --compare: it "
                              "reads the stack's own log group")
         checks.stack_name(stack)
+    # The CloudWatch Logs flags, given where nothing is read from CloudWatch Logs, would be silently ignored.
+    cloud_flags = {"since": "--since", "namespace": "--namespace", "region": "--region",
+                   "logs_endpoint": "--logs-endpoint"}
     if compare is not None:
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
                              "--advice (it runs the advisor on each local run itself)")
+        checks.unused_flags({"since": "--since"}, "with --from-cloudwatch or --stack (a cw: side of --compare "
+                            "names its own range)")
+        if not any(side.startswith("cw:") for side in compare):
+            checks.unused_flags(cloud_flags, "with CloudWatch Logs (a cw: side of --compare)")
         _compare_report(compare, out or Path("compare.html"), checks.emf_namespace(namespace), region, logs_endpoint)
         return
     checks.emf_namespace(namespace)
+    if from_cloudwatch is None and stack is None:
+        checks.unused_flags(cloud_flags, "with --from-cloudwatch or --stack, not with a local run directory")
     given = _read_advice(advice)
     if from_cloudwatch is not None and run_dir is not None:
         raise UsageError("give a run directory or --from-cloudwatch LOG_GROUP, not both")

@@ -102,6 +102,8 @@ def lab(
         raise UsageError(f"--workload {workload!r} is not pipeline or writer")
     if advise_loop and workload != "pipeline":  # before anything starts: here, or in a guest booted minutes later
         raise UsageError("--advise runs the pipeline: leave out --workload writer")
+    if after_cliff and credits_gib is not None:  # the bucket held empty: credits at the start would be ignored
+        raise UsageError("--after-cliff holds the credit bucket empty: leave out --credits-gib, or --after-cliff")
     process_command = checks.process_command(process_command)
     # The emulated page cache lives in this machine's memory: a larger instance cannot be acted out here.
     machine_gib = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
@@ -111,8 +113,8 @@ def lab(
     try:
         tuned = HostTuning(dirty_ratio=dirty_ratio, dirty_background_ratio=dirty_background_ratio)
         tuned.validate()
-        config = LabConfig(volume=parse_candidate(volume), lab_dir=lab_dir, loop_size_mib=loop_size_mib,
-                           time_scale=time_scale,
+        config = LabConfig(volume=parse_candidate(volume, what="--volume"), lab_dir=lab_dir,
+                           loop_size_mib=loop_size_mib, time_scale=time_scale,
                            initial_credits_mib=None if credits_gib is None else credits_gib * 1024,
                            hold_empty=after_cliff, throttle=throttle)
         config.validate()
@@ -122,7 +124,8 @@ def lab(
                        image_mib=image_mib, images_per_child=images_per_child)
     # With --json, stdout carries only the JSON: the lab's lines and the children's go to stderr.
     lines = sys.stderr if as_json else sys.stdout
-    if _lab_where(where) == "guest":
+    if _lab_where(where) == "guest":  # its disk throttled by QEMU, its lab directory its own
+        checks.unused_flags({"throttle": "--throttle", "lab_dir": "--lab-dir"}, "with --where host")
         raise typer.Exit(_lab_in_guest(config, plan, run_dir, pipeline_batch=workload == "pipeline", lines=lines))
 
     def say(message: str) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipeline.endpoints import endpoint_problem
+from pipeline.endpoints import endpoint_problem, shown_endpoint
 from pipeline.errors import PermanentError, UsageError
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGES_PER_CHILD, MAX_WORKERS
 from profiling import runfiles
@@ -77,6 +77,9 @@ def _seconds_each(value: Any) -> str | None:
 
 
 def _shown(value: Any) -> str:
+    """A value for the error line; text with an '@' in it as an endpoint is shown (user info hidden), wherever it is."""
+    if isinstance(value, str) and "@" in value:
+        return shown_endpoint(value, 40)
     text = repr(value)
     return text if len(text) <= 40 else text[:40] + "..."
 

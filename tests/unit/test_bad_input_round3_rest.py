@@ -414,3 +414,61 @@ def test_more_jobs_than_the_instance_runs_never_reach_the_cdk_context(tmp_path: 
     assert "childrenPerHost" not in output and "cdk deploy" not in output
     assert CliRunner().invoke(app, ["advise", str(run), "--jobs-per-day", "10", "--instance-type", "c6i.2xlarge",
                                     "--jobs-per-instance", "4", "--vcpus-per-job", "1"]).exit_code == EXIT_OK
+
+
+# ---- flags given where the run would not use them: refused, never silently ignored -------------------------
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["report", "RUN", "--since", "2h"], "--since applies only with --from-cloudwatch or --stack"),
+    (["report", "RUN", "--namespace", "Other", "--region", "us-east-1"], "--namespace, --region apply only"),
+    (["report", "RUN", "--logs-endpoint", "http://127.0.0.1:4566"], "--logs-endpoint applies only"),
+    (["report", "--compare", "RUN", "RUN", "--since", "1h"], "--since applies only"),
+    (["report", "--compare", "RUN", "RUN", "--region", "us-east-1"], "a cw: side of --compare"),
+    (["advise", "RUN", "--since", "2h"], "--since applies only with --stack or --from-cloudwatch"),
+    (["advise", "RUN", "--region", "us-east-1", "--namespace", "X"], "--namespace, --region apply only"),
+    (["submit", "--stack", "iobatch", "--prefix", "s3://bkt/i/", "-k", "1", "--workers", "3"],
+     "--workers applies only with --local"),
+    (["submit", "--stack", "iobatch", "--prefix", "s3://bkt/i/", "-k", "1", "--run-dir", "RUN"],
+     "--run-dir applies only with --local"),
+    (["submit", "--local", "--prefix", "s3://bkt/i/", "-k", "1", "--region", "us-east-1"],
+     "--region applies only with --stack"),
+    (["status", "0d3c3d8e-1a39-4d0d-9d8b-3e8e2c3a9b10", "--interval", "5"], "--interval applies only with --watch"),
+    (["lab", "--after-cliff", "--credits-gib", "5", "--memory-gib", "1"], "leave out --credits-gib, or --after-cliff"),
+], ids=["report-since", "report-region", "report-logs-endpoint", "compare-since", "compare-region", "advise-since",
+        "advise-region", "submit-stack-workers", "submit-stack-run-dir", "submit-local-region", "status-interval",
+        "lab-credits-after-cliff"])
+def test_a_flag_the_run_would_ignore_is_refused(stubbed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                args: list[str], fragment: str) -> None:
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", _reached)
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    refused([str(run) if word == "RUN" else word for word in args], EXIT_USAGE, fragment)
+
+
+def test_the_lab_in_the_guest_refuses_the_hosts_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", lambda where: "guest")
+    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", _reached)
+    refused(["lab", "--throttle", "blkio", "--memory-gib", "1"], EXIT_USAGE, "--throttle applies only with --where "
+            "host")  # the guest's own --throttle hypervisor came after it, silently
+    with pytest.raises(Reached):
+        CliRunner().invoke(app, ["lab", "--memory-gib", "1"], catch_exceptions=False)
+
+
+def test_a_volume_flag_is_named_as_itself_not_as_a_candidate(tmp_path: Path) -> None:
+    run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
+    refused(["advise", str(run), "--volume", "gp3:5"], EXIT_USAGE, "--volume 'gp3:5': provisioned iops")
+    refused(["lab", "--volume", "st1:5", "--memory-gib", "1"], EXIT_USAGE, "--volume 'st1:5': size (GiB) 5")
+
+
+# ---- the job and its profiler read the same variables the same way -----------------------------------------
+
+
+@pytest.mark.parametrize("env", [{ENV.JOB_ID: "0d3c3d8e-1a39:7"}, {ENV.JOB_ID: "j:7", ENV.ARRAY_INDEX: "2"},
+                                 {ENV.JOB_ID: "j:7", ENV.ARRAY_INDEX: ""}, {ENV.ARRAY_INDEX: " 3",
+                                                                          ENV.ARRAY_OFFSET: "+10"}, {ENV.JOB_ID: "j"}])
+def test_the_job_and_its_profiler_agree_on_the_child(env: dict[str, str]) -> None:
+    from pipeline.settings import job_identity
+
+    both = {**BASE_ENV, "IOBATCH_TASK_ID": "t1", **env}
+    # The job read a job id's ":7" as child 0 where its profiler labelled the stages child 7.
+    assert JobSettings.from_env(both).array_index == job_identity(both).array_index

@@ -45,7 +45,8 @@ def _reached(*_args: Any, **_kwargs: Any) -> Any:
 ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "pipeline.local.runner.prepare_run_dir",
            "pipeline.local.submit.submit_local", "pipeline.submit.submit_to_stack",
            "pipeline.submit.require_credentials", "profiling.command.profile_command", "profiling.sidecar.Sidecar.bind",
-           "profiling.report.write_report", "tuning.advise.advise", "tuning.lab.run_comparison", "tuning.lab.recover",
+           "profiling.report.write_report", "profiling.report.write_report_from_cloudwatch", "tuning.advise.advise",
+           "tuning.lab.run_comparison", "tuning.lab.recover",
            "tuning.lab.loop.run_advise_loop", "pipeline.job.main",
            # the built-in process command lists and stats its inputs (a FIFO or device among them is refused), then
            # writes the shard: that is its action
@@ -65,7 +66,9 @@ ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "9999999999999
               "²", "١٢", "1_000", "9" * 5000, "fifo", "folder", "a\nb", "s3://bkt/i/\n",
               # the third round: endpoints with user info (never to be echoed), a path, another scheme
               f"http://user:{SECRET}@127.0.0.1:9000", f"ftp://{SECRET}@h", f"https://u:{SECRET}/x@h:1",
-              "http://127.0.0.1:9000/bucket", "https://h:1/p?q=1", "s3://127.0.0.1:9000", "https://h:1"]
+              "http://127.0.0.1:9000/bucket", "https://h:1/p?q=1", "s3://127.0.0.1:9000", "https://h:1",
+              # the third round's rest: a run directory whose run.json is cut short, an advice of another shape
+              "badrun", "advice.json"]
 COMMAND_FLAGS: dict[str, list[str]] = {
     "demo": ["--images", "--image-mib", "--images-per-child", "--workers", "--run-dir", "--scratch",
              "--s3-endpoint", "--slow-child", "--seed", "--contract"],
@@ -78,10 +81,11 @@ COMMAND_FLAGS: dict[str, list[str]] = {
     "sidecar": ["--socket", "--emf", "--profile-out", "--interval", "--device", "--scratch-dir", "--namespace",
                 "--contract"],
     "process": ["--train-size"],
-    "report": ["--out", "--from-cloudwatch", "--since", "--namespace", "--region", "--logs-endpoint", "--advice"],
+    "report": ["--out", "--from-cloudwatch", "--since", "--namespace", "--region", "--logs-endpoint", "--advice",
+               "--stack"],
     "advise": ["--jobs-per-instance", "--memory-gib", "--jobs-per-day", "--instance-ebs-mibps", "--kernel",
                "--candidate", "--cache-budget-pct", "--io-size-kib", "--instance-type", "--vcpus-per-job",
-               "--job-memory-gib"],
+               "--job-memory-gib", "--volume", "--since", "--region", "--logs-endpoint"],
     # the lab's runs boot the guest or, on this machine, change kernel settings: stubbed above, so only its checks
     # run
     "lab": ["--volume", "--memory-gib", "--workload", "--workers", "--images", "--image-mib", "--images-per-child",
@@ -123,16 +127,22 @@ def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: 
         _odd_files(Path(folder))
         env = {"IOBATCH_CACHE": str(Path(folder) / "cache"), "AWS_REGION": "us-east-1"}
         result = CliRunner().invoke(app, words, env=env)
+        # '-' is stdout where a flag says so, refused elsewhere: never a file of that name (issue 44)
+        assert not (Path(folder) / "-").exists(), words
     _check(words, result)
 
 
 def _odd_files(folder: Path) -> None:
     """A FIFO (which blocks whoever opens it to read, until a writer comes: none will) and a directory, named
-    by ODD_VALUES as files; in the directory, a FIFO and a link to a device where a command lists its inputs."""
+    by ODD_VALUES as files; in the directory, a FIFO and a link to a device where a command lists its inputs; a run
+    directory whose run.json is cut short (badrun) and an advice file of another shape (advice.json)."""
     os.mkfifo(folder / "fifo")
     (folder / "folder").mkdir()
     os.mkfifo(folder / "folder" / "a.png")
     (folder / "folder" / "b.png").symlink_to("/dev/null")
+    (folder / "badrun" / "profiles").mkdir(parents=True)
+    (folder / "badrun" / "run.json").write_text('{"workers": 4, "memory')
+    (folder / "advice.json").write_text('{"volume": "gp3", "why": "any object"}')
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -157,6 +167,11 @@ COMMAND_VARIABLES = {
     "process": (["process", "folder", "out"], [ENV.TRAIN_SIZE, ENV.SKIP_BAD_IMAGES, ENV.INPUT, PROCESS_ENV.IMAGES,
                                               PROCESS_ENV.CHILD]),
     "demo": (["demo", "--run-dir", "run"], ["IOBATCH_CACHE", "IOBATCH_VERSITYGW"]),
+    # the AWS libraries' endpoint variables, checked as the flags are where a command makes a client (issue 44)
+    "run": (["run", "--input", "s3://bkt/i/", "--output", "s3://bkt/o/", "--run-dir", "run"],
+            ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"]),
+    "report": (["report", "--from-cloudwatch", "/aws/batch/iobatch", "--out", "r.html"],
+               ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS", "AWS_ENDPOINT_URL_LOGS"]),
 }
 
 
@@ -181,7 +196,7 @@ def _secret_only_in_endpoints(words: list[str]) -> bool:
     """Whether SECRET was given, and only as an endpoint: a flag's value or the job's variable (NAME=value)."""
     given = [i for i, word in enumerate(words) if SECRET in word]
     return bool(given) and all((i > 0 and words[i - 1] in ENDPOINT_FLAGS)
-                               or words[i].startswith(f"{ENV.S3_ENDPOINT}=") for i in given)
+                               or words[i].startswith((f"{ENV.S3_ENDPOINT}=", "AWS_ENDPOINT_URL")) for i in given)
 
 
 def _bad_endpoint(words: list[str]) -> str | None:
@@ -192,6 +207,9 @@ def _bad_endpoint(words: list[str]) -> str | None:
              and words[i - 1] not in flags and "--" not in words[:i]]
     if words[0] == "job":
         given += [word.split("=", 1)[1] for word in words if word.startswith(f"{ENV.S3_ENDPOINT}=")]
+    # the AWS libraries' variables, where the command reads them (COMMAND_VARIABLES), unless a flag overrides them
+    given += [word.split("=", 1)[1] for word in words if word.startswith("AWS_ENDPOINT_URL")
+              and "=" in word and not ENDPOINT_FLAGS & set(words)]
     for url in given:
         parts = urlsplit(url.strip())
         if url.strip() and ("@" in url or parts.path.strip("/") or parts.scheme not in ("http", "https")):

@@ -314,3 +314,62 @@ def test_any_emf_figures_read_as_a_profiles_or_give_one_line(metrics: dict[str, 
         name, value = spec.name, getattr(profile, spec.name)
         if isinstance(value, int | float) and name != "started_at":  # the end's time less the duration
             assert not isinstance(value, bool) and math.isfinite(value) and value >= 0, (name, value)
+
+
+# ---- run.json and --advice (the third round's rest): read strictly, by the one owner of each -------------------
+
+run_values = st.one_of(json_scalars, st.floats(), st.integers(min_value=-(2**70), max_value=2**70),
+                       st.sampled_from(["http://127.0.0.1:9000", f"http://u:{PASSWORD}@h:1", "ftp://h", ""]),
+                       st.dictionaries(st.text(max_size=4), st.one_of(st.floats(), st.integers(), st.text(max_size=3)),
+                                       max_size=3))
+run_objects = st.dictionaries(st.sampled_from(["workers", "memory_gib", "endpoint", "images_per_child", "slow_child",
+                                               "children", "started", "child_elapsed_s", "job_id", "demo", "failed",
+                                               "newer"]), run_values, max_size=5)
+
+
+@FUZZ
+@given(st.one_of(run_objects.map(json.dumps), st.text(max_size=60), run_objects.map(lambda o: json.dumps(o)[:20]),
+                 st.binary(max_size=30)))
+def test_any_run_json_is_read_whole_within_the_flags_bounds_or_is_one_line_65(text: str | bytes) -> None:
+    import math
+    import tempfile
+    from pathlib import Path
+
+    from pipeline.errors import PermanentError
+    from pipeline.local.runjson import read_run
+    from pipeline.settings import MAX_WORKERS
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "run.json"
+        path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8", "surrogatepass"))
+        try:
+            run = read_run(Path(folder))
+        except PermanentError as exc:
+            one_line(exc.headline)
+            assert exc.exit_code == 65 and exc.headline.startswith(str(path)) and "rerun the batch" in exc.headline
+            assert f"u:{PASSWORD}@" not in exc.headline, exc.headline  # a URL's user info, in any field
+            return
+    workers = run.get("workers", 1)
+    assert isinstance(workers, int) and not isinstance(workers, bool) and 1 <= workers <= MAX_WORKERS
+    memory = run.get("memory_gib", 1.0)
+    assert not isinstance(memory, bool) and math.isfinite(memory) and 0.5 <= memory <= 32768
+    assert "@" not in str(run.get("endpoint") or "")
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(["plan", "workload", "candidates", "recommended", "findings", "cdk_args",
+                                        "untuned_download_s", "burst", "other"]), json_values, max_size=9))
+def test_any_json_object_is_an_advice_or_one_line_saying_why(body: dict[str, Any]) -> None:
+    from tests.support.profiles import batch
+    from tuning.advice_json import advice_problem
+    from tuning.advise import advise
+    from tuning.plan import Plan
+
+    whole = _ADVICE.setdefault("advice", advise(batch(2), Plan(2, 16, 100)).to_json())
+    for candidate in (body, {**whole, **body}):  # a random object; a real advice with fields replaced
+        problem = advice_problem(candidate)
+        if problem is not None:
+            one_line(problem)
+
+
+_ADVICE: dict[str, Any] = {}
