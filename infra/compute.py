@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from aws_cdk import Duration, Tags
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_cloudwatch as cw
@@ -64,13 +66,15 @@ def update_policy_minutes(job_timeout_minutes: int) -> int:
     return min(job_timeout_minutes, MAX_UPDATE_TIMEOUT_MINUTES)
 
 
-def host_user_data(tuning: HostTuning, report: HostReport | None = None) -> ec2.MultipartUserData:
+def host_user_data(tuning: HostTuning, report: HostReport | None = None, volume: Volume | None = None,
+                   instance_types: Sequence[str] = ()) -> ec2.MultipartUserData:
     """User data for a Batch host: Batch merges its own part into the launch template's, so it must be
     MIME multipart; ours is one shell-script part rendered by tuning.host, as text: base64 (CDK's
-    from_user_data) would make it a third larger, and EC2 takes 16 KB of user data, Batch's part included."""
+    from_user_data) would make it a third larger, and EC2 takes 16 KB of user data, Batch's part included.
+    `volume` and `instance_types` are what the host's qualification expects its scratch to do on."""
     user_data = ec2.MultipartUserData()
-    user_data.add_part(ec2.MultipartBody.from_raw_body(content_type=ec2.MultipartBody.SHELL_SCRIPT,
-                                                       body=tuning.render_script(report=report)))
+    body = tuning.render_script(report=report, volume=volume, instance_types=instance_types)
+    user_data.add_part(ec2.MultipartBody.from_raw_body(content_type=ec2.MultipartBody.SHELL_SCRIPT, body=body))
     return user_data
 
 
@@ -102,7 +106,7 @@ class Compute(Construct):
             block_devices=[ec2.BlockDevice(device_name=SCRATCH_DEVICE_NAME,
                                            volume=block_device_volume(settings.volume))]
             if settings.host.scratch == "ebs" else None,
-            user_data=host_user_data(settings.host, report),
+            user_data=host_user_data(settings.host, report, settings.volume, settings.instance_types),
             # A host whose scratch setup failed shuts itself down (tuning/host.py): gone, not stopped and paid for.
             instance_initiated_shutdown_behavior=ec2.InstanceInitiatedShutdownBehavior.TERMINATE,
         )
@@ -145,6 +149,10 @@ class Compute(Construct):
         # A host whose setup fails writes one event to the log group and shuts down; Batch launches another, which
         # may fail the same way while children stay RUNNABLE. Each such event counts, and one in five minutes alarms.
         log_group.grant_write(self.compute_environment.instance_role)  # type: ignore[arg-type]
+        # A slow host with hostQualification=fence counts the hour's fences by their streams (tuning/hostqualify.py).
+        if settings.host.qualification.mode == "fence":
+            log_group.grant(self.compute_environment.instance_role,  # type: ignore[arg-type]
+                            "logs:DescribeLogStreams")
         failures = logs.MetricFilter(
             self, "SetupFailures", log_group=log_group,
             filter_pattern=logs.FilterPattern.string_value("$.HostSetup", "=", "failed"),

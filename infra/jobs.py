@@ -25,6 +25,7 @@ from pipeline.interface import (
 from profiling.emf import MAX_EVENT_BYTES
 from profiling.metrics import DEFAULT_NAMESPACE, STAGES
 from profiling.protocol import MAX_SUBSTAGES
+from profiling.qualification import QUALIFICATION_DIR
 
 SCRATCH_VOLUME = "scratch"  # the task's name for the host's scratch mount
 # The host's cgroup v2 hierarchy, read-only in the profiler container: the job's io.stat, io.pressure and
@@ -38,6 +39,10 @@ HOST_CGROUP_PATH = "/sys/fs/cgroup"
 # where a container's own `mount -t bpf` would make a private one.
 BPFFS_VOLUME = "host-bpffs"
 BPFFS_PATH = "/sys/fs/bpf"
+# The host's qualification of its scratch (profiling/qualification.py), written by the user data before the host took
+# jobs: read-only in the profiler container at the same path, where the sidecar reads it once. The folder, not the
+# file: Docker makes a missing bind source a directory, and a host that did not qualify has no file.
+QUALIFICATION_VOLUME = "host-qualification"
 
 
 # awslogs delivery, pinned rather than left to the account: ECS's default became non-blocking on 2025-06-25 unless the
@@ -194,7 +199,9 @@ class Jobs(Construct):
             essential=False,
             environment=environment_list,
             mount_points=[scratch_mount, batch.CfnJobDefinition.MountPointProperty(
-                container_path=HOST_CGROUP_MOUNT, source_volume=CGROUP_VOLUME, read_only=True)] + ([
+                container_path=HOST_CGROUP_MOUNT, source_volume=CGROUP_VOLUME, read_only=True),
+                batch.CfnJobDefinition.MountPointProperty(
+                container_path=QUALIFICATION_DIR, source_volume=QUALIFICATION_VOLUME, read_only=True)] + ([
                 batch.CfnJobDefinition.MountPointProperty(
                     container_path=BPFFS_PATH, source_volume=BPFFS_VOLUME, read_only=False)]
                 if settings.profiler_ebpf else []),
@@ -235,6 +242,10 @@ class Jobs(Construct):
                             batch.CfnJobDefinition.VolumesProperty(
                                 name=CGROUP_VOLUME,
                                 host=batch.CfnJobDefinition.VolumesHostProperty(source_path=HOST_CGROUP_PATH),
+                            ),
+                            batch.CfnJobDefinition.VolumesProperty(
+                                name=QUALIFICATION_VOLUME,
+                                host=batch.CfnJobDefinition.VolumesHostProperty(source_path=QUALIFICATION_DIR),
                             ),
                         ] + ([batch.CfnJobDefinition.VolumesProperty(
                             name=BPFFS_VOLUME, host=batch.CfnJobDefinition.VolumesHostProperty(source_path=BPFFS_PATH),

@@ -38,7 +38,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from profiling import protocol
+from profiling import protocol, qualification
 from profiling.emf import EmfSink, emit_profile
 from profiling.files import append_line
 from profiling.finish import RulesLoader, contract_rules, finish_stage, load_rules
@@ -132,6 +132,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, *, warn: Warn = _warn, probes: list[CallProbe] | None = None,
                  rules_loader: RulesLoader = contract_rules) -> None:
         self.config = config
+        config.properties.update(qualification.host_properties())  # the host's, once: profiling/qualification.py
         self.warn = warn
         self.profiles: list[StageProfile] = []
         self._sampler: StageSampler | None = None
@@ -154,7 +155,6 @@ class Sidecar:
             self._rules = None
 
     # -- lifecycle
-
     def bind(self) -> None:
         """Create the socket (removing a stale one): the job retries connecting for a few seconds. Then make the
         per-call probes, unless given: a socket that cannot be served is the only message its caller prints."""

@@ -10,18 +10,23 @@ the machine.
 
 from __future__ import annotations
 
-import ast
+import json
 import re
 import shlex
-from collections.abc import Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from profiling.identity import INSTANCE_FILE
-from tuning import hostpost
+from profiling.qualification import QUALIFICATION_FILE
+from profiling.qualifyio import MAX_BYTES, SECONDS
+from tuning.ebs import Volume
+from tuning.hostprogram import LAUNCHER, program_blob
 from tuning.hostscript import SCRIPT
+from tuning.instancestore import KIND as STORE_KIND
 from tuning.mountopts import FILESYSTEMS, MountOptionError, check_mount_options
+from tuning.qualify import CONTEXT_KEYS as QUALIFY_CONTEXT_KEYS
+from tuning.qualify import QualifyPolicy, QualifyPolicyError, expected_table
 
 SYSCTL_CONF_PATH = "/etc/sysctl.d/90-iobatch.conf"
 # The block device name the launch template gives the scratch volume. On Nitro instances the kernel
@@ -57,34 +62,6 @@ class HostReport:
     pipeline: str
 
 
-def poster_source() -> str:
-    """tuning/hostpost.py as the user data runs it: its code without docstrings, comments, annotations or deep
-    indents, for user data is limited to 16 KB (EC2 User Guide, "Run commands when you launch an EC2 instance with
-    user data input"). ast.unparse keeps the code as 3.9-compatible as the source is."""
-    tree = ast.parse(Path(hostpost.__file__).read_text())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, ast.Module | ast.FunctionDef) and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-        if isinstance(node, ast.FunctionDef):
-            node.returns = None
-        elif isinstance(node, ast.arg):
-            node.annotation = None
-    tree = _Unannotate().visit(tree)
-    # unparse indents by four spaces a level and writes no literal over two lines: one space a level is the same code.
-    lines = ast.unparse(tree).splitlines()
-    return "\n".join(" " * ((len(line) - len(line.lstrip(" "))) // 4) + line.lstrip(" ") for line in lines if line)
-
-
-class _Unannotate(ast.NodeTransformer):
-    """`x: T = v` as `x = v`."""
-
-    def visit_AnnAssign(self, node: ast.AnnAssign) -> ast.AST:
-        assert node.value is not None, "hostpost.py annotates only assignments"
-        return ast.copy_location(ast.Assign(targets=[node.target], value=node.value, lineno=node.lineno), node)
-
-
 # CDK context keys (camelCase) and the HostTuning fields they set.
 CONTEXT_KEYS: dict[str, str] = {
     "dirtyRatio": "dirty_ratio",
@@ -95,6 +72,7 @@ CONTEXT_KEYS: dict[str, str] = {
     "dirtyWritebackCentisecs": "dirty_writeback_centisecs",
     "mountOptions": "mount_options",
     "scratch": "scratch",
+    **dict.fromkeys(QUALIFY_CONTEXT_KEYS, "qualification"),  # tuning.qualify owns these
 }
 _SYSCTL_FIELDS: dict[str, str] = {
     "dirty_ratio": "vm.dirty_ratio",
@@ -145,6 +123,7 @@ class HostTuning:
     mount_options: tuple[str, ...] = ("noatime", "nodiratime", "logbufs=8", "logbsize=256k", "nofail")
     mount_point: str = "/scratch"
     scratch: str = "ebs"  # one of SCRATCH_KINDS
+    qualification: QualifyPolicy = field(default_factory=QualifyPolicy)  # measured at boot (tuning/qualify.py)
 
     def sysctls(self) -> dict[str, str]:
         """The sysctls this tuning sets, e.g. {"vm.dirty_ratio": "30"}; unset values are left out."""
@@ -165,6 +144,10 @@ class HostTuning:
         a current kernel (Amazon Linux 2023 runs 6.x), so they are refused.
         """
         kernel = parse_kernel_release(kernel_release) if kernel_release else None
+        try:
+            self.qualification.validate()
+        except QualifyPolicyError as exc:
+            raise HostTuningError(str(exc)) from None
         self._validate_sysctls()
         self._validate_mount(kernel)
 
@@ -224,8 +207,12 @@ class HostTuning:
         value. Giving dirtyBytes or dirtyBackgroundBytes switches the defaults to the bytes form.
         """
         values: dict[str, Any] = {}
+        try:
+            values["qualification"] = QualifyPolicy.from_context(ctx)
+        except QualifyPolicyError as exc:
+            raise HostTuningError(str(exc)) from None
         for key, name in CONTEXT_KEYS.items():
-            if key not in ctx or ctx[key] is None:
+            if key not in ctx or ctx[key] is None or name == "qualification":
                 continue
             raw = ctx[key]
             if name == "mount_options":
@@ -245,6 +232,8 @@ class HostTuning:
         ctx: dict[str, str] = {}
         for key, name in CONTEXT_KEYS.items():
             value = getattr(self, name)
+            if name == "qualification":
+                continue
             if name == "mount_options":
                 ctx[key] = ",".join(value)
             elif name == "scratch":
@@ -255,9 +244,10 @@ class HostTuning:
                 ctx[key] = "none" if value is None else str(value)
             elif value is not None:
                 ctx[key] = str(value)
-        return ctx
+        return {**ctx, **self.qualification.to_context()}
 
-    def render_script(self, *, device: str | None = None, report: HostReport | None = None) -> str:
+    def render_script(self, *, device: str | None = None, report: HostReport | None = None,
+                      volume: Volume | None = None, instance_types: Sequence[str] = ()) -> str:
         """A bash script for EC2 user data that prepares scratch and applies the sysctls.
 
         It finds the scratch device (or uses `device`), makes the filesystem if the device is blank,
@@ -271,16 +261,22 @@ class HostTuning:
         With scratch "instance-store" the device is the one NVMe device of model STORE_MODEL (none or several:
         the setup fails, and the host is fenced like any other failed setup).
 
-        Five variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
+        Six variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
         (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab), IOBATCH_IMDS (empty: no IMDS),
-        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in) and IOBATCH_LOGS_ENDPOINT
-        (a stand-in for CloudWatch Logs, on a loopback address only: tuning/hostpost.py).
+        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in), IOBATCH_LOGS_ENDPOINT
+        (a stand-in for CloudWatch Logs, on a loopback address only: tuning/hostpost.py) and
+        IOBATCH_QUALIFICATION_FILE (where the qualification's figures go: tuning/hostqualify.py).
+
+        Before the ready marker it qualifies scratch (tuning/hostqualify.py): the figures against what `volume`
+        (default: the stack's) should do on each of `instance_types` (tuning.qualify.expected_table), in
+        QUALIFICATION_FILE, and a slow host flagged or fenced by the policy. The script carries no comments (they
+        are in tuning/hostscript.py): user data is limited to 16 KB, Batch's part included.
         """
         self.validate()
         sysctl_lines = "".join(f"{key} = {value}\n" for key, value in self.sysctls().items())
         mkfs = "mkfs.xfs -q" if self.filesystem == "xfs" else "mkfs.ext4 -q -F"
         q = shlex.quote
-        return SCRIPT.format(
+        script = SCRIPT.format(
             device=q(device or ""),
             default_device=q(SCRATCH_DEVICE_NAME if self.scratch == "ebs" else ""),
             scratch=q(self.scratch),
@@ -295,9 +291,43 @@ class HostTuning:
             ready_marker=q(SCRATCH_READY_MARKER),
             instance_file=q(INSTANCE_FILE),
             failure_log_group=q(report.log_group if report else ""),
-            poster=poster_source(),
             pipeline=q(report.pipeline if report else ""),
+            host_py=program_blob(),
+            launcher=q(LAUNCHER),
+            qualify=q(self.qualification.mode),
+            qualify_conf=q(self.qualify_conf(report, volume or Volume(), instance_types)),
         )
+        return strip_comments(script)
+
+    def qualify_conf(self, report: HostReport | None, volume: Volume, instance_types: Sequence[str]) -> str:
+        """The JSON tuning/hostqualify.py takes (see there)."""
+        policy, store = self.qualification, self.scratch == "instance-store"
+        types = list(instance_types)
+        label = STORE_KIND if store else volume.label
+        return json.dumps({
+            "target": self.mount_point, "io": policy.io_bytes, "seconds": SECONDS, "max_bytes": MAX_BYTES,
+            "small": store, "min_ratio": policy.min_ratio, "mode": policy.mode, "per_hour": policy.fences_per_hour,
+            "expected": expected_table(volume, types, policy.io_bytes, store=store), "file": QUALIFICATION_FILE,
+            "volume": label, "pipeline": report.pipeline if report else "iobatch"}, separators=(",", ":"))
+
+
+def strip_comments(script: str) -> str:
+    """`script` without its whole-line comments, blank lines and indents (the shebang kept, heredoc bodies whole; a
+continued line keeps one space, which separated its words)."""
+    out: list[str] = []
+    heredoc = None
+    for number, line in enumerate(script.splitlines()):
+        if heredoc is not None:
+            out.append(line)
+            heredoc = None if line == heredoc else heredoc
+            continue
+        if number and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        line = (" " if out and out[-1].endswith("\\") else "") + line.lstrip()
+        out.append(line)
+        opened = re.search(r"<<'(\w+)'", line)
+        heredoc = opened[1] if opened else None
+    return "\n".join(out) + "\n"
 
 
 def _parse_int(raw: Any, key: str) -> int | None:

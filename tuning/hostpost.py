@@ -96,35 +96,42 @@ def signed_headers(url: str, region: str, credentials: dict[str, Any], target: s
     return headers
 
 
-def call(url: str, region: str, credentials: dict[str, Any], action: str, payload: dict[str, Any]) -> None:
-    """One Logs API call (JSON 1.1, X-Amz-Target Logs_20140328.<action>), retried on throttling, 5xx and network
-    errors; an existing stream is no error for CreateLogStream."""
+def call(url: str, region: str, credentials: dict[str, Any], action: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One Logs API call (JSON 1.1, X-Amz-Target Logs_20140328.<action>) and its answer, retried on throttling, 5xx
+    and network errors; an existing stream is no error for CreateLogStream."""
     body = json.dumps(payload).encode()
     for attempt in range(ATTEMPTS):
         try:
-            fetch(url, "POST", signed_headers(url, region, credentials, f"Logs_20140328.{action}", body), body)
-            return
+            answer = fetch(url, "POST", signed_headers(url, region, credentials, f"Logs_20140328.{action}", body), body)
+            found = json.loads(answer or b"{}")
+            return found if isinstance(found, dict) else {}
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace")
             if "ResourceAlreadyExistsException" in detail:
-                return
+                return {}
             if (exc.code < 500 and "Throttling" not in detail) or attempt == ATTEMPTS - 1:
                 raise ValueError(f"{action}: HTTP {exc.code} {detail[:200]}") from None
         except OSError:
             if attempt == ATTEMPTS - 1:
                 raise
         time.sleep(1 + attempt)
+    raise ValueError(f"{action}: no answer")
+
+
+def post_event(imds: str, group: str, stream: str, message: str) -> None:
+    """One event in `stream` of `group` (the stream made first; an existing one is no error)."""
+    credentials, region, domain = metadata(imds)
+    url = endpoint(region, domain)
+    where = {"logGroupName": group, "logStreamName": stream}
+    call(url, region, credentials, "CreateLogStream", where)
+    event = {"timestamp": int(time.time() * 1000), "message": message}
+    call(url, region, credentials, "PutLogEvents", {**where, "logEvents": [event]})
 
 
 def main() -> int:
     env = os.environ
     try:
-        credentials, region, domain = metadata(env["IOBATCH_IMDS"])
-        url = endpoint(region, domain)
-        where = {"logGroupName": env["IOBATCH_LOG_GROUP"], "logStreamName": env["IOBATCH_LOG_STREAM"]}
-        call(url, region, credentials, "CreateLogStream", where)
-        event = {"timestamp": int(time.time() * 1000), "message": env["IOBATCH_MESSAGE"]}
-        call(url, region, credentials, "PutLogEvents", {**where, "logEvents": [event]})
+        post_event(env["IOBATCH_IMDS"], env["IOBATCH_LOG_GROUP"], env["IOBATCH_LOG_STREAM"], env["IOBATCH_MESSAGE"])
     except (OSError, ValueError, KeyError, IndexError) as exc:
         print(f"iobatch-host: the failure was not written to the log group ({type(exc).__name__}: {exc})",
               file=sys.stderr)

@@ -26,6 +26,12 @@ INSTANCE_FILE={instance_file}
 FAILURE_LOG_GROUP={failure_log_group}
 PIPELINE={pipeline}
 LAST_ERROR=""
+# The Python this script runs (tuning/hostprogram.py: the failure's poster and the qualification), compressed.
+HOST_PY='{host_py}'
+hostpy() {{ python3 -I -c {launcher} "$HOST_PY" "$@"; }}
+# Qualification (tuning/qualify.py): flag, fence or off, and what tuning/hostqualify.py takes.
+QUALIFY={qualify}
+QUALIFY_CONF={qualify_conf}
 
 log() {{ echo "iobatch-host: $*" >&2; }}
 die() {{ LAST_ERROR="$*"; echo "iobatch-host: FATAL: $*" >&2; exit 1; }}
@@ -55,9 +61,7 @@ report_failure() {{
   if ! command -v python3 >/dev/null 2>&1; then log "no python3: the failure is only on the console"; return 0; fi
   IOBATCH_IMDS="$IMDS" IOBATCH_LOG_GROUP="$FAILURE_LOG_GROUP" IOBATCH_MESSAGE="$message" \
     IOBATCH_LOG_STREAM="host-setup/${{INSTANCE_ID:-unknown}}" \
-    python3 -I - <<'IOBATCH_POST' || log "could not write the failure to log group $FAILURE_LOG_GROUP"
-{poster}
-IOBATCH_POST
+    hostpy post || log "could not write the failure to log group $FAILURE_LOG_GROUP"
 }}
 
 # A host that could not prepare scratch must not take jobs: the ECS agent starts after cloud-init whether
@@ -176,6 +180,17 @@ if [ -n "$INSTANCE_ID" ] && [ -n "$INSTANCE_TYPE" ]; then
   mv -f "$MOUNT_POINT/$INSTANCE_FILE.tmp" "$MOUNT_POINT/$INSTANCE_FILE"
 else
   log "no instance id from IMDS: the profiles will name the instance unknown"
+fi
+
+# Qualification: scratch measured as the children will use it, before the host takes jobs (tuning/hostqualify.py):
+# the figures in the file every child's profiler reads, one event in the log group, and with hostQualification=fence
+# a slow host (within the pipeline's fences of the hour) fails its setup, so it shuts down with the reason.
+if [ "$QUALIFY" != off ] && command -v python3 >/dev/null 2>&1; then
+  qrc=0
+  qline="$(IOBATCH_IMDS="$IMDS" IOBATCH_LOG_GROUP="$FAILURE_LOG_GROUP" \
+    hostpy qualify "$QUALIFY_CONF" "$INSTANCE_ID" "$INSTANCE_TYPE")" || qrc=$?
+  [ "$qrc" -ne 3 ] || die "$qline"
+  log "qualification (exit $qrc): $qline"
 fi
 
 # Last: the marker that tells jobs this is the prepared volume (written whole, then renamed).

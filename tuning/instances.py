@@ -99,6 +99,12 @@ class InstanceType:
         return self.ebs_baseline_mbps * 1e6 / 8 / 2**20
 
     @property
+    def ebs_max_mibps(self) -> float:
+        """The EBS bandwidth in MiB/s while the instance bursts (sizes up to 4xlarge, at least 30 minutes a day, so a
+        host in its first minutes has it); the baseline for larger sizes."""
+        return self.ebs_max_mbps * 1e6 / 8 / 2**20
+
+    @property
     def store_gb(self) -> int:
         """The instance store's size in all, GB; 0 when the type has none."""
         return self.store_volumes * self.store_volume_gb

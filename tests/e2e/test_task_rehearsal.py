@@ -30,10 +30,18 @@ from pipeline.local.s3server import EmbeddedS3
 from pipeline.scratch import UNCLAIMED_AGE_S, sweep
 from pipeline.settings import DEFAULT_TRAIN_SIZE, S3Uri, child_name
 from pipeline.submit.plan import SubmitRequest, batch_environment
+from profiling.qualification import QUALIFICATION_FILE
 from tests.support import images
 from tests.support.bpfhost import kernel_programs, slots
 from tests.support.data import upload_dir
-from tests.support.rehearsal import Host, MetadataEndpoint, TaskSpec, emf_documents, rehearsal_podman
+from tests.support.rehearsal import (
+    Host,
+    MetadataEndpoint,
+    TaskSpec,
+    emf_documents,
+    qualification_dir,
+    rehearsal_podman,
+)
 from tests.support.synth import synthesize
 from tuning.host import SCRATCH_READY_MARKER, HostTuning
 
@@ -63,7 +71,8 @@ def prepared_scratch(tmp_path: Path) -> Iterator[Path]:
         script = HostTuning(dirty_ratio=None, dirty_background_ratio=None,
                             mount_point=str(mount_point)).render_script(device=device)
         env = {**os.environ, "IOBATCH_FSTAB": "", "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"),
-               "IOBATCH_IMDS": ""}
+               "IOBATCH_IMDS": "",
+               "IOBATCH_QUALIFICATION_FILE": str(qualification_dir(mount_point) / Path(QUALIFICATION_FILE).name)}
         done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120,
                               check=False)
         assert done.returncode == 0, done.stderr

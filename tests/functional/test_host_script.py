@@ -75,7 +75,8 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
 def run_script(script: str, tmp_path: Path, sys_block: Path | None = None) -> subprocess.CompletedProcess[str]:
     # No IMDS: this machine is no EC2 instance, and its link-local address is never a target.
     env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": "",
-           "IOBATCH_IMDS": "", "IOBATCH_SYS_BLOCK": str(sys_block or tmp_path / "no-sys-block")}
+           "IOBATCH_IMDS": "", "IOBATCH_SYS_BLOCK": str(sys_block or tmp_path / "no-sys-block"),
+           "IOBATCH_QUALIFICATION_FILE": str(tmp_path / "qualification.json")}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 

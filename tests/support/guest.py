@@ -65,6 +65,10 @@ def template_user_data(template: dict[str, Any]) -> str:
                 text = None
             if text is not None and text.startswith("#!"):
                 return [text]
+            if text is not None and (found := re.search(r'boundary="([^"]+)"', text)):
+                # The MIME document of text parts (infra/compute.py host_user_data): the shell script's part.
+                parts = [p.split("\n\n", 1)[-1] for p in text.split(f"--{found[1]}")]
+                return [p.rstrip("\n") + "\n" for p in parts if p.startswith("#!")]
             return [s for v in node.values() for s in scripts(v)]
         if isinstance(node, list):
             return [s for v in node for s in scripts(v)]

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.interface import ENV, JOB_CONTAINER, SCRATCH_MOUNT
+from profiling.qualification import QUALIFICATION_DIR
 
 REGION = "us-east-1"
 CONTAINERS_CONF = """[engine]
@@ -179,6 +180,13 @@ class Task:
         return self.exit_codes
 
 
+def qualification_dir(scratch: Path) -> Path:
+    """A rehearsal host's stand-in for QUALIFICATION_DIR, beside its scratch directory (made when missing)."""
+    folder = scratch.parent / f"{scratch.name}-qualification"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 class Host:
     """A Batch host on this machine: its scratch directory and the tasks it runs. `image` is the stack's own
     image (the asset `cdk deploy` builds), run where the template does not name one (jobImage)."""
@@ -210,10 +218,11 @@ class Host:
                     *(["--privileged"] if container.privileged else []),
                     *(["--user", container.user] if container.user is not None else [])]
             for path, (volume, read_only) in container.mounts.items():
-                # The host's scratch is this rehearsal host's directory; any other host path (the cgroup tree
-                # the profiler reads) is this machine's own, as a Batch host would give it.
+                # The host's scratch and its qualification's folder are this rehearsal host's directories; any other
+                # host path (the cgroup tree the profiler reads) is this machine's own, as a Batch host would give it.
                 source = self.spec.volumes[volume]
-                host_path = self.scratch if source == SCRATCH_MOUNT else Path(source)
+                host_path = self.scratch if source == SCRATCH_MOUNT else qualification_dir(self.scratch) \
+                    if source == QUALIFICATION_DIR else Path(source)
                 args += ["--volume", f"{host_path}:{path}{':ro' if read_only else ''}"]
             for key, value in env.items():
                 args += ["--env", f"{key}={value}"]

@@ -61,6 +61,33 @@ def synthesize(**context: str) -> Synthesized:
                        template_path=template_path, outdir=outdir, stack_name=stack.stack_name)
 
 
+# EC2 takes at most 16 KB of user data ("User data is limited to 16 KB, in raw form, before it is base64-encoded",
+# EC2 User Guide); Batch merges its own MIME part (ECS agent settings) into the launch template's: what it adds is
+# not documented, so a margin of 2 KiB stays free for it.
+USER_DATA_LIMIT = 16 * 1024
+BATCH_PART_ALLOWANCE = 2 * 1024
+# A deployed name in place of each Ref and GetAtt: generated names run to tens of characters; this allows more.
+TOKEN_STAND_IN = "x" * 128
+
+
+def resolved(node: Any) -> str:
+    """A CloudFormation value as text, with every Ref and GetAtt as TOKEN_STAND_IN."""
+    if isinstance(node, str):
+        return node
+    if isinstance(node, dict) and "Fn::Join" in node:
+        sep, parts = node["Fn::Join"]
+        return str(sep).join(resolved(p) for p in parts)
+    if isinstance(node, dict) and ("Ref" in node or "Fn::GetAtt" in node):
+        return TOKEN_STAND_IN
+    raise AssertionError(f"cannot resolve {node!r}")
+
+
+def user_data_size(synthesized: Synthesized) -> int:
+    """The launch template's user data in bytes, as deployed names would make it (TOKEN_STAND_IN)."""
+    user_data = synthesized.only("AWS::EC2::LaunchTemplate")["Properties"]["LaunchTemplateData"]["UserData"]
+    return len(resolved(user_data["Fn::Base64"]).encode())
+
+
 def cfn_text(node: Any) -> str:
     if isinstance(node, str):
         return node

@@ -26,6 +26,7 @@ from pipeline.interface import (
 )
 from pipeline.settings import JobSettings
 from profiling.metrics import DEFAULT_NAMESPACE, STAGES
+from profiling.qualification import QUALIFICATION_DIR
 from tests.support.synth import Synthesized, synthesize
 from tuning.host import SYSCTL_CONF_PATH, HostReport, HostTuning
 
@@ -118,9 +119,11 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
     assert props["PlatformCapabilities"] == ["EC2"]
     [task] = props["EcsProperties"]["TaskProperties"]
     assert task["PidMode"] == "task"
-    # The scratch volume for both containers; the host's cgroup tree, read-only, for the profiler alone.
+    # The scratch volume for both containers; the host's cgroup tree and its qualification's folder, read-only, for
+    # the profiler alone.
     assert task["Volumes"] == [{"Host": {"SourcePath": "/scratch"}, "Name": "scratch"},
-                               {"Host": {"SourcePath": "/sys/fs/cgroup"}, "Name": "host-cgroup"}]
+                               {"Host": {"SourcePath": "/sys/fs/cgroup"}, "Name": "host-cgroup"},
+                               {"Host": {"SourcePath": QUALIFICATION_DIR}, "Name": "host-qualification"}]
     job, profiler = task["Containers"]
     [job_log_group] = [k for k in synthesized.resources("AWS::Logs::LogGroup") if k.startswith("Logs")]
     assert (job["Name"], job["Command"], job["Essential"]) == ("job", ["iobatch", "job"], True)
@@ -130,7 +133,9 @@ def test_job_definition_runs_the_job_and_the_profiler_in_one_task(synthesized: S
     scratch = {"ContainerPath": "/scratch", "ReadOnly": False, "SourceVolume": "scratch"}
     assert job["MountPoints"] == [scratch]
     assert profiler["MountPoints"] == [scratch, {"ContainerPath": HOST_CGROUP_MOUNT, "ReadOnly": True,
-                                                 "SourceVolume": "host-cgroup"}]
+                                                 "SourceVolume": "host-cgroup"},
+                                       {"ContainerPath": QUALIFICATION_DIR, "ReadOnly": True,
+                                        "SourceVolume": "host-qualification"}]
     for container in (job, profiler):
         logs = container["LogConfiguration"]
         assert logs["LogDriver"] == "awslogs"
@@ -312,7 +317,7 @@ def test_the_job_definition_and_the_job_speak_one_interface(synthesized: Synthes
         known = ENV.names() | AWS_ENV.names()
         assert set(env) <= known, f"{container['Name']} sets variables the interface does not name: " \
             f"{sorted(set(env) - known)}"
-        extra = [HOST_CGROUP_MOUNT] if container["Name"] == PROFILER_CONTAINER else []
+        extra = [HOST_CGROUP_MOUNT, QUALIFICATION_DIR] if container["Name"] == PROFILER_CONTAINER else []
         assert [m["ContainerPath"] for m in container["MountPoints"]] == [SCRATCH_MOUNT, *extra]
         # What the job builds from the definition's own environment: its scratch is the mounted volume.
         settings = JobSettings.from_env({**env, ENV.INPUT: "s3://in-bucket/i/", ENV.OUTPUT: "s3://out-bucket/o/",

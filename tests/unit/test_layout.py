@@ -14,10 +14,10 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("pipeline", "profiling", "tuning", "infra")
 MAX_LINES = 450
 # What infra may import from the project's Python packages: the job's interface, the metric list, host tuning
-# and the volume model, and the two limits that size the log driver's buffer (an EMF event's bytes, a child's
-# sub-stages). Everything else it knows comes through these.
+# and the volume model, where the host's qualification is, and the two limits that size the log driver's buffer (an
+# EMF event's bytes, a child's sub-stages). Everything else it knows comes through these.
 INFRA_MAY_IMPORT = ("pipeline.interface", "profiling.metrics", "tuning.host", "tuning.ebs", "tuning.instances",
-                    "profiling.emf", "profiling.protocol")
+                    "profiling.emf", "profiling.protocol", "profiling.qualification")
 
 
 def _modules() -> dict[str, Path]:
