@@ -22,6 +22,7 @@ QUALIFICATION_FILE = f"{QUALIFICATION_DIR}/qualification.json"
 VERDICTS = (QUALIFIED, SLOW, SLOW_CAPPED, FENCED, UNJUDGED)
 VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY = ("HostQualification", "QualifiedMiBps", "QualifiedExpectedMiBps",
                                                    "QualifiedRatio")
+QUALIFICATION_KEYS = (VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY)
 _MAX_FILE_BYTES = 1 << 16
 
 

@@ -35,6 +35,7 @@ from tuning.ebs import GIB, MIB, Volume
 from tuning.findings import Finding, Situation, find
 from tuning.host import KERNEL_DEFAULTS, HostTuning
 from tuning.instancestore import InstanceStore, check_fits_plan, same_size_stores
+from tuning.measured import at_measured, fleet_capability
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
 from tuning.simulator import SimResult, simulate
@@ -211,6 +212,10 @@ def advise(profiles: Sequence[StageProfile], plan: Plan, candidates: Sequence[Vo
     workload = workload_from_profiles(profiles, io_size_kib=plan.io_size_kib, random_pct=plan.random_pct)
     cache = advise_cache(workload, plan)
     volumes = list(candidates) if candidates else default_candidates(workload, plan)
+    # The fleet's measured capability where it is below the model (tuning/measured.py), said in the notes.
+    volumes, current, note = at_measured(volumes, plan.current_volume, fleet_capability(profiles))
+    if note:
+        plan, workload = replace(plan, current_volume=current), replace(workload, notes=(*workload.notes, note))
     for volume in volumes:
         misfit = check_fits_plan(volume, plan.memory_gib, plan.instance_type) if isinstance(
             volume, InstanceStore) else None

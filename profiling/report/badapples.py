@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from profiling.metrics import median
 from profiling.outliers import DEFAULT_MIN_RELATIVE, DEFAULT_THRESHOLD, Outlier, find_outliers, find_slow
+from profiling.report.hosts import HostRow, host_rows
 from profiling.report.sources import ReportData
 
 # A child (or instance) flagged slow must also have lost this long against the median it is judged by: its stage's
 # duration x (1 - its throughput / that median). Stages of a fraction of a second (a demo's 1 MiB downloads, s5cmd's
 # start-up included) vary 2-3x between children on a loaded machine, and a child that lost 0.3 s holds no batch back.
 MIN_LOST_S = 0.5
+QUALIFICATION = "qualification"  # the bad apples' stage of a host named by its qualification
 
 
 @dataclass(frozen=True)
 class BadApple:
-    """A child or instance whose throughput in one stage is an outlier against the rest."""
+    """A child or instance whose throughput in one stage is an outlier against the rest; or a host whose scratch
+    qualified slow at boot, or degraded later (stage QUALIFICATION, its outlier against what it should have done)."""
 
     stage: str
-    scope: str  # "child" or "instance"
+    scope: str  # "child", "instance" or "host"
     name: str
     outlier: Outlier
     detail: str = ""
@@ -38,8 +42,10 @@ def find_bad_apples(
     duration). Only stages that finished ("ok") count: a failed stage's throughput says nothing about the
     machine. An instance's value is the median over the children it ran; instances need three or more to
     compare, and are only compared when some ran more than one child.
+
+    Before all of them: the hosts whose scratch qualified slow at boot, then those degraded since (host_apples).
     """
-    found: list[BadApple] = []
+    found: list[BadApple] = host_apples(host_rows(data.fleet))  # slow and degraded hosts before anything else
     fleet = data.fleet
     for stage in fleet.stage_names():
         rows = fleet.stages[stage]
@@ -74,6 +80,22 @@ def find_bad_apples(
                 continue
             found.append(BadApple(stage, "instance", o.key, o, f"{len(per_instance[o.key])} children"))
     return found
+
+
+def host_apples(rows: list[HostRow]) -> list[BadApple]:
+    """The slow hosts (measured against the model's figure) and the degraded ones (their children's device figure
+    against what they qualified at), in the rows' order (profiling.report.hosts)."""
+    out = []
+    for row in rows:
+        q = row.qualification
+        if q is not None and row.slow:
+            out.append(BadApple(QUALIFICATION, "host", row.instance,
+                                Outlier(row.instance, q.mibps, q.expected_mibps or q.mibps, -math.inf), row.describe()))
+        elif q is not None and row.degraded and row.children_mibps is not None:
+            out.append(BadApple(QUALIFICATION, "host", row.instance,
+                                Outlier(row.instance, row.children_mibps, q.mibps, -math.inf),
+                                "degraded: " + row.describe()))
+    return out
 
 
 def _lost_s(o: Outlier, duration_s: float) -> float:

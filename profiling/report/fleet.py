@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from profiling.metrics import METRICS, METRICS_BY_NAME, StageProfile, stage_order
+from profiling.qualification import QUALIFICATION_KEYS, VERDICT_KEY
 
 # Up to this many children a report keeps every stage profile whole and draws a bar per child; above it, the
 # page shows distributions across the fleet, a shared time axis and the top stragglers.
@@ -101,6 +102,8 @@ class Fleet:
         self.contract_total = 0
         self.profiles = 0
         self._finished = False
+        # Each host's qualification properties, as its children's profiles carry them (profiling.qualification).
+        self.qualifications: dict[str, dict[str, str]] = {}
 
     # ---- filling -------------------------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class Fleet:
         rows.names.append((name, job, index))
         rows.source.append(self._source_ids[source])
         rows.instance.append(props.get("InstanceId") or None)
+        if props.get(VERDICT_KEY) and props.get("InstanceId"):
+            self.qualifications[props["InstanceId"]] = {k: v for k, v in props.items() if k in QUALIFICATION_KEYS}
         rows.outcome.append(profile.outcome)
         rows.started.append(profile.started_at)
         rows.duration.append(profile.duration_s)
@@ -195,6 +200,7 @@ class Fleet:
             for name, values in theirs.values.items():
                 rows.values[name].extend(values)
         self.jobs |= other.jobs
+        self.qualifications.update(other.qualifications)
         _add_cells(self.traffic, other.traffic)
         self.timeline_points += other.timeline_points
         for key, group in other.contract_groups.items():

@@ -9,6 +9,7 @@ Entry points: `write_report(run_dir, out, advice=...)` for a local run and
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from profiling.report.advice import advice_section
 from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.cloudwatch import load_cloudwatch
 from profiling.report.figures import stage_figures, timeline_figure
+from profiling.report.hosts import host_rows, hosts_table
 from profiling.report.page import ABSENT, e, figure_html, human_bytes, key_values, number, page
 from profiling.report.rundir import load_run_dir
 from profiling.report.sources import Entry, ReportData, natural_key
@@ -104,6 +106,7 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
             spread.append(f"{e(stage)} {values.max() / values.min():.1f} : 1")
     if spread:
         parts.append(f"<p class=note>Spread between the fastest and the slowest child: {', '.join(spread)}.</p>")
+    parts.append(hosts_table(host_rows(data.fleet)))
     if not apples:
         parts.append("<p id=no-bad-apples>No child or instance stands out.</p></section>")
         return "".join(parts)
@@ -122,7 +125,7 @@ def _bad_apple_section(data: ReportData, apples: Sequence[BadApple]) -> str:
             f"<tr class=bad data-stage='{e(a.stage)}' data-scope='{e(a.scope)}' data-name='{e(a.name)}'>"
             f"<td class=l>{e(a.stage)}</td><td class=l>{e(a.scope)}</td><td class=l>{e(a.name)}</td>"
             f"<td>{e(tput.display(o.value))}</td><td>{e(tput.display(o.median))}</td><td>{ratio}</td>"
-            f"<td>{o.z:+.1f}</td><td class=l>{e(a.detail)}</td></tr>"
+            f"<td>{f'{o.z:+.1f}' if math.isfinite(o.z) else '-'}</td><td class=l>{e(a.detail)}</td></tr>"
         )
     parts.append(f"<table id=bad-apple-table>{head}{''.join(rows)}</table></section>")
     return "".join(parts)
@@ -209,6 +212,7 @@ def _overview(data: ReportData, apples: Sequence[BadApple]) -> str:
         body.append(f"<p class=flag>Stages that did not finish: {e(names)}{more}</p>")
     if apples:
         names = ", ".join(
+            f"host {a.name} ({a.detail})" if a.scope == "host" else
             f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage}" for a in apples[:10]
         )
         body.append(f"<p class=flag>Bad apples: {e(names)} (see <a href='#bad-apples'>below</a>).</p>")

@@ -88,7 +88,8 @@ def _top_finding(advice: Any) -> str:
 def _apples(apples: Sequence[BadApple]) -> str:
     if not apples:
         return "<p id=summary-apples>Bad apples: none stands out.</p>"
-    names = ", ".join(f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage} "
+    names = ", ".join(f"host {a.name}: {a.detail}" if a.scope == "host" else
+                      f"{a.name if a.scope == 'child' else 'instance ' + a.name} in {a.stage} "
                       f"({a.outlier.ratio:.2f}x the median)" if a.outlier.ratio is not None else
                       f"{a.name} in {a.stage}" for a in apples[:10])
     return f"<p id=summary-apples class=flag>Bad apples: {e(names)} (<a href='#bad-apples'>details</a>).</p>"
