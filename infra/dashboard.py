@@ -12,6 +12,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from profiling.metrics import DEFAULT_NAMESPACE, DIMENSIONS, METRICS, STAGES, Aggregate, MetricSpec
+from tuning.host import QUALIFICATION_STREAM_PREFIX
 
 GRID_WIDTH = 24
 EBS_SEARCH_LIMIT = 500
@@ -65,6 +66,20 @@ def scratch_volumes_query(pipeline: str) -> str:
             "| stats count(*) as stages, max(@timestamp) as last_seen by VolumeId, InstanceId, InstanceType",
             "| sort last_seen desc",
             "| limit 100",
+        ]
+    )
+
+
+def host_qualification_query(pipeline: str, stream_prefix: str) -> str:
+    """Logs Insights over the event each host posts of its scratch's qualification at boot (stream `stream_prefix`
+    <instance id>, tuning/hostqualify.py): this pipeline's hosts, the lowest ratio to the model first."""
+    return "\n".join(
+        [
+            "fields @timestamp, InstanceId, InstanceType, HostQualification, QualifiedRatio, QualifiedMiBps, "
+            "QualifiedExpectedMiBps",
+            f'| filter {PIPELINE_DIMENSION} = "{pipeline}" and @logStream like "{stream_prefix}"',
+            "| sort QualifiedRatio asc",
+            "| limit 50",
         ]
     )
 
@@ -158,6 +173,16 @@ class Dashboard(Construct):
                 title="this pipeline's scratch volumes (EBS ids from the profiles; AWS/EBS metrics by VolumeId)",
                 log_group_names=[log_group.log_group_name],
                 query_string=scratch_volumes_query(pipeline),
+                view=cw.LogQueryVisualizationType.TABLE,
+                width=GRID_WIDTH,
+                height=6,
+            )
+        )
+        self.dashboard.add_widgets(
+            cw.LogQueryWidget(
+                title="hosts by their scratch's qualification at boot (ratio to the volume model, slow first)",
+                log_group_names=[log_group.log_group_name],
+                query_string=host_qualification_query(pipeline, QUALIFICATION_STREAM_PREFIX),
                 view=cw.LogQueryVisualizationType.TABLE,
                 width=GRID_WIDTH,
                 height=6,

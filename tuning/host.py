@@ -22,6 +22,7 @@ from profiling.qualification import QUALIFICATION_FILE
 from profiling.qualifyio import MAX_BYTES, SECONDS
 from tuning.ebs import Volume
 from tuning.hostprogram import LAUNCHER, program_blob
+from tuning.hostqualify import EVENT_PREFIX
 from tuning.hostscript import SCRIPT
 from tuning.instancestore import KIND as STORE_KIND
 from tuning.mountopts import FILESYSTEMS, MountOptionError, check_mount_options
@@ -44,6 +45,9 @@ STORE_MODEL = "Amazon EC2 NVMe Instance Storage"
 # Written on the mounted scratch volume as the script's last step, after every check passed: a job that
 # does not find it (pipeline/scratch.py) is on a host whose setup failed, and exits to be retried elsewhere.
 SCRATCH_READY_MARKER = ".iobatch-scratch-ready"
+# Each host's qualification event goes to the log group under this stream prefix (tuning/hostqualify.py owns it; the
+# dashboard reads it from here, as infra reads host tuning).
+QUALIFICATION_STREAM_PREFIX = EVENT_PREFIX
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9_./-]*$")
 # The kernel rejects dirty_bytes below two pages.
 _MIN_DIRTY_BYTES = 2 * 4096

@@ -140,6 +140,7 @@ def status(
     session = _session(region)
     submission.require_credentials(session)
     _, batch = submission.aws_clients(session)
+    logs = session.client("logs")  # the hosts' qualifications in the pipeline's log group (pipeline/submit/hosts.py)
 
     def show(state: submission.BatchStatus) -> None:
         if as_json:
@@ -148,14 +149,14 @@ def status(
             print("\n".join(state.lines()), flush=True)
 
     if not watch:
-        show(submission.poll_status(batch, job_ids))
+        show(submission.poll_status(batch, job_ids, logs_client=logs))
         return
     if sys.stdout.isatty() and not as_json:
         bar, update = submission.progress_view(0)
         with bar:
-            final = submission.follow(batch, job_ids, interval_s=interval, show=update)
+            final = submission.follow(batch, job_ids, interval_s=interval, show=update, logs_client=logs)
         print("\n".join(final.lines()), flush=True)
     else:
-        final = submission.follow(batch, job_ids, interval_s=interval, show=show)
+        final = submission.follow(batch, job_ids, interval_s=interval, show=show, logs_client=logs)
     if final.count("FAILED"):
         raise typer.Exit(final.exit_code)

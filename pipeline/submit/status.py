@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.aws import Backoff
-from pipeline.errors import UsageError
+from pipeline.errors import IobatchError, UsageError
 from pipeline.interface import EXIT_RETRYABLE, JOB_CONTAINER, batch_exit_code
+from pipeline.submit.hosts import HostLine, host_lines, hosts_text, log_group_of
 from pipeline.submit.plan import TAG_IMAGES, TAG_OFFSET, TAG_PER_CHILD
 
 STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
@@ -80,6 +81,7 @@ class BatchStatus:
     failed: tuple[FailedChild, ...]
     slowest: tuple[RunningChild, ...] = ()  # the longest-running among those listed, longest first
     now_ms: int = 0  # when the status was read, for how long the slowest have run
+    hosts: tuple[HostLine, ...] = ()  # the hosts by their scratch's qualification, slow first (submit/hosts.py)
 
     def count(self, *statuses: str) -> int:
         return sum(job.counts.get(s, 0) for job in self.jobs for s in statuses)
@@ -135,6 +137,7 @@ class BatchStatus:
             "slowestRunning": [{"jobId": r.job_id, "index": r.index, "startedAt": r.started_ms}
                                for r in self.slowest],
             "stuckRunnable": self.stuck_runnable(),
+            "hosts": [h.to_json() for h in self.hosts],
         }
 
     def stuck_runnable(self) -> str | None:
@@ -178,6 +181,8 @@ class BatchStatus:
         if self.slowest:
             out.append("slowest running: " + ", ".join(
                 f"child {r.index} for {max(0, self.now_ms - r.started_ms) / 60000:.1f} min" for r in self.slowest))
+        if (hosts := hosts_text(list(self.hosts))) is not None:
+            out.append(hosts)
         return out
 
 
@@ -225,7 +230,7 @@ def _child_index(job_id: str, offset: int) -> int:
 
 
 def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff | None = None,
-                max_failed: int | None = 100) -> BatchStatus:
+                max_failed: int | None = 100, logs_client: Any = None) -> BatchStatus:
     """The progress of the given jobs.
 
     One DescribeJobs for the parents (sizes and tags), then ListJobs(arrayJobId, jobStatus) per status,
@@ -285,8 +290,23 @@ def poll_status(batch_client: Any, job_ids: Sequence[str], *, backoff: Backoff |
                                     size, offset, images, per_child, counts,
                                     created if isinstance(created, int) and not isinstance(created, bool) else None))
     slowest = tuple(sorted(running, key=lambda r: (r.started_ms, r.index))[:SLOWEST_SHOWN])
+    now_ms = int(time.time() * 1000)
     return BatchStatus(tuple(progress), _failed_children(batch_client, backoff, failed_summaries[:max_failed]),
-                       slowest, int(time.time() * 1000))
+                       slowest, now_ms, _hosts(logs_client, parents.values(), progress, now_ms, backoff))
+
+
+def _hosts(logs_client: Any, parents: Iterable[Mapping[str, Any]], progress: Sequence[JobProgress], now_ms: int,
+           backoff: Backoff) -> tuple[HostLine, ...]:
+    """The hosts' qualifications since the batch was submitted (none without a Logs client or a log group, or when
+    Logs cannot be read: the counts are what status is for)."""
+    group = log_group_of(parents) if logs_client is not None else None
+    if group is None:
+        return ()
+    since = min((j.created_ms for j in progress if j.created_ms), default=now_ms - 86_400_000)
+    try:
+        return tuple(host_lines(logs_client, group, since, backoff))
+    except IobatchError:
+        return ()
 
 
 def _running(summaries: Iterable[Mapping[str, Any]], offset: int) -> list[RunningChild]:
@@ -340,15 +360,16 @@ def _failed_children(batch_client: Any, backoff: Backoff,
 
 
 def follow(batch_client: Any, job_ids: Sequence[str], *, interval_s: float, show: Callable[[BatchStatus], None],
-           sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None) -> BatchStatus:
+           sleep: Callable[[float], None] = time.sleep, backoff: Backoff | None = None,
+           logs_client: Any = None) -> BatchStatus:
     """Poll until every child has finished, calling `show` after each poll; return the last status."""
     backoff = backoff or Backoff(sleep=sleep)
     while True:
-        status = poll_status(batch_client, job_ids, backoff=backoff)
+        status = poll_status(batch_client, job_ids, backoff=backoff, logs_client=logs_client)
         show(status)
         if status.finished:
             if status.count("FAILED") > len(status.failed):  # every failed child's exit code, for the batch's
-                status = poll_status(batch_client, job_ids, backoff=backoff, max_failed=None)
+                status = poll_status(batch_client, job_ids, backoff=backoff, max_failed=None, logs_client=logs_client)
             return status
         sleep(interval_s)
 

@@ -53,3 +53,9 @@ def test_fenced_instance_store_hosts_fit_and_may_count_the_hours_fences() -> Non
     assert conf["expected"]["m6id.2xlarge"] == [262.05, 524.09]  # 67,084 write and 134,166 read IOPS x 4 KiB
     [grant] = describe_grants(synthesized)
     assert grant["Effect"] == "Allow" and grant["Action"] == "logs:DescribeLogStreams"
+
+
+def test_the_dashboard_ranks_the_hosts_by_qualification(synthesized: Synthesized) -> None:
+    body = json.dumps(synthesized.only("AWS::CloudWatch::Dashboard")["Properties"]["DashboardBody"])
+    assert "hosts by their scratch's qualification at boot" in body
+    assert 'like \\\\\\"host-qualification/\\\\\\"' in body and "sort QualifiedRatio asc" in body
