@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from profiling.qualifyio import EXPECTED_KEY, MIBPS_KEY, RATIO_KEY, VERDICT_KEY
+
 PROFILE_SCHEMA = 1
 STAGES: tuple[str, ...] = ("download", "process", "upload")
 OUTCOMES: tuple[str, ...] = ("ok", "failed", "interrupted")
@@ -22,8 +24,10 @@ DEFAULT_NAMESPACE = "IoBatch"
 # Dimensions stay low-cardinality: every distinct value set is billed as a custom metric.
 DIMENSIONS: tuple[str, ...] = ("Pipeline", "Stage")
 # Per-job and per-instance values travel as EMF properties, never as dimensions. VolumeId (the scratch volume's EBS
-# id, when it is one) is how a profile finds its volume's AWS/EBS metrics.
-PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType", "VolumeId")
+# id, when it is one) is how a profile finds its volume's AWS/EBS metrics; the host's qualification at boot is its
+# scratch's measured figure against the model (profiling/qualifyio.py).
+PROPERTY_KEYS: tuple[str, ...] = ("JobId", "ArrayIndex", "InstanceId", "InstanceType", "VolumeType", "VolumeId",
+                                  VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY)
 # Every key of an EMF document's body besides its metrics (profiling/emf.py writes them): no metric may be
 # named like one, or its value would overwrite it.
 EMF_BODY_KEYS: frozenset[str] = frozenset(

@@ -15,13 +15,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiling.qualifyio import FENCED, QUALIFIED, SLOW, SLOW_CAPPED, UNJUDGED, properties
+from profiling.qualifyio import (
+    EXPECTED_KEY,
+    FENCED,
+    MIBPS_KEY,
+    QUALIFIED,
+    RATIO_KEY,
+    SLOW,
+    SLOW_CAPPED,
+    UNJUDGED,
+    VERDICT_KEY,
+    properties,
+)
 
 QUALIFICATION_DIR = "/var/lib/iobatch"
 QUALIFICATION_FILE = f"{QUALIFICATION_DIR}/qualification.json"
 VERDICTS = (QUALIFIED, SLOW, SLOW_CAPPED, FENCED, UNJUDGED)
-VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY = ("HostQualification", "QualifiedMiBps", "QualifiedExpectedMiBps",
-                                                   "QualifiedRatio")
 QUALIFICATION_KEYS = (VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY)
 _MAX_FILE_BYTES = 1 << 16
 

@@ -39,6 +39,9 @@ MAX_BYTES = 2 << 30
 PHASE_SHARES = {"file": (0.55, 0.45, 0.0), "file+small": (0.45, 0.35, 0.2), "device": (0.0, 1.0, 0.0),
                 "device+small": (0.0, 0.7, 0.3)}
 PERCENTILES = (50, 90, 99)
+# The properties a child's profiles and EMF documents carry of its host's qualification (`properties`).
+VERDICT_KEY, MIBPS_KEY, EXPECTED_KEY, RATIO_KEY = ("HostQualification", "QualifiedMiBps", "QualifiedExpectedMiBps",
+                                                   "QualifiedRatio")
 # The verdicts: at or above the minimum ratio; below it (the host works, its profiles say so); below it and shut
 # down (fence); below it with the pipeline's fences of the hour used up (it works, as a slow one); no expectation.
 QUALIFIED, SLOW, FENCED, SLOW_CAPPED, UNJUDGED = "qualified", "slow", "fenced", "slow-fence-cap", "unjudged"
@@ -207,9 +210,9 @@ def properties(record: dict[str, Any]) -> dict[str, str]:
     if not phases:
         return {}
     mibps, want = min(phases, key=lambda p: p[0] / p[1] if p[1] > 0 else p[0])
-    out = {"HostQualification": str(record.get("verdict") or UNJUDGED), "QualifiedMiBps": f"{mibps:.1f}"}
+    out = {VERDICT_KEY: str(record.get("verdict") or UNJUDGED), MIBPS_KEY: f"{mibps:.1f}"}
     if want > 0:
-        out["QualifiedExpectedMiBps"] = f"{want:.1f}"
+        out[EXPECTED_KEY] = f"{want:.1f}"
     if record.get("ratio") is not None:
-        out["QualifiedRatio"] = f"{record['ratio']:.3f}"
+        out[RATIO_KEY] = f"{record['ratio']:.3f}"
     return out

@@ -11,7 +11,10 @@ from tuning.ebs import GIB, MIB
 # aws-embedded-metrics refuses timestamps more than 14 days old or 2 hours ahead: stages end "now".
 STARTED_AT = float(int(time.time()) - 60)
 PROPS = {"Pipeline": "demo", "JobId": "job-1:7", "ArrayIndex": "7", "InstanceId": "i-0abc",
-         "InstanceType": "m5.large", "VolumeType": "st1", "VolumeId": "vol-0123456789abcdef0"}
+         "InstanceType": "m5.large", "VolumeType": "st1", "VolumeId": "vol-0123456789abcdef0",
+         # the host's qualification at boot, as profiling.qualifyio.properties gives it
+         "HostQualification": "qualified", "QualifiedMiBps": "119.6", "QualifiedExpectedMiBps": "122.1",
+         "QualifiedRatio": "0.980"}
 
 
 def full_profile(**overrides: Any) -> StageProfile:
