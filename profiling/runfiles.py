@@ -17,11 +17,11 @@ import functools
 import io
 import json
 import math
-import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -29,12 +29,14 @@ from profiling import fanout
 from profiling.emf import profiles_from_emf
 from profiling.files import open_regular
 from profiling.metrics import DEFAULT_NAMESPACE, PROFILE_SCHEMA, StageProfile, TimelinePoint, figure_problem
+from profiling.profilefields import ProfileFields, without_timeline
 
 RUN_FILE = "run.json"
 PROFILES = "profiles"
 EMF = "emf"
 LOGS = "logs"
 REPORT = "report.html"
+T = TypeVar("T")
 
 
 class DamagedFileError(ValueError):
@@ -77,13 +79,13 @@ def log_path(run_dir: Path, child: str) -> Path:
 
 
 def profile_files(run_dir: Path) -> list[Path]:
-    """The run's profile files, in child order."""
-    return sorted((run_dir / PROFILES).glob("*.jsonl"))
+    """The run's profile files, in child order (by name: Path's own order, one folder's, at a tenth of its cost)."""
+    return sorted((run_dir / PROFILES).glob("*.jsonl"), key=attrgetter("name"))
 
 
 def emf_files(run_dir: Path) -> list[Path]:
     """The run's EMF files, in child order."""
-    return sorted((run_dir / EMF).glob("*.emf"))
+    return sorted((run_dir / EMF).glob("*.emf"), key=attrgetter("name"))
 
 
 def report_path(run_dir: Path) -> Path:
@@ -168,13 +170,37 @@ def _field_checks(cls: type) -> tuple[tuple[str, bool, tuple[type, ...], str, bo
     return tuple(checks)
 
 
+@functools.cache
+def _field_groups(cls: type) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Any, ...]]:
+    """(the number fields of a dataclass, those that must be there and not None, the _field_checks of the others)."""
+    numbers = [check for check in _field_checks(cls) if set(check[2]) == _NUMBER_TYPES]
+    return (tuple(check[0] for check in numbers), tuple(check[0] for check in numbers if check[1] or not check[4]),
+            tuple(check for check in _field_checks(cls) if check not in numbers))
+
+
 def _check_fields(body: Any, cls: type, what: str) -> None:
     """Each known field of `body` has its dataclass's type; numbers are finite and not negative (a profile
-    holds times, durations, bytes, counts and rates only). Raises ValueError naming the field."""
+    holds times, durations, bytes, counts and rates only). Raises ValueError naming the field.
+
+    The number fields all at once (the sidecar writes each a figure, or None where it may be: one pass says
+    they are finite and 0 or more), the others one by one; anything amiss, every field one by one for the exact
+    message (as _check_points does)."""
     if not isinstance(body, dict):
         raise ValueError(f"{what} is a JSON {type(body).__name__}, not an object")
+    numbers, firm, others = _field_groups(cls)
+    values = [body[name] for name in numbers if name in body]
+    if set(map(type, values)) <= _POINT_TYPES and all(body.get(name) is not None for name in firm):
+        figures = [value for value in values if value is not None]
+        if not figures or (min(figures) >= 0 and math.isfinite(sum(figures))):
+            _check_each(body, others, what)
+            return
+    _check_each(body, _field_checks(cls), what)
+
+
+def _check_each(body: dict[str, Any], checks: Iterable[tuple[str, bool, tuple[type, ...], str, bool]],
+                what: str) -> None:
     where = "" if what == "the line" else f"{what}: "
-    for name, required, types, kinds, optional in _field_checks(cls):
+    for name, required, types, kinds, optional in checks:
         if name not in body:
             if required:
                 raise ValueError(f"{what} has no {name!r}")
@@ -250,11 +276,8 @@ def profile_from_line(line: str, *, timeline: bool = True) -> StageProfile:
     body = _decoded(line)
     if timeline:
         _check_points(body.get("timeline") or [])
-    else:
-        body["timeline"] = []
-        body["properties"] = {sys.intern(k): sys.intern(v) for k, v in (body.get("properties") or {}).items()}
-        body["sources"] = _shared(body.get("sources") or {})
-    return StageProfile.from_dict(body)
+        return StageProfile.from_dict(body)
+    return StageProfile.from_dict(without_timeline(body))
 
 
 def profile_and_points(line: str) -> tuple[StageProfile, list[dict[str, Any]]]:
@@ -268,31 +291,25 @@ def profile_and_points(line: str) -> tuple[StageProfile, list[dict[str, Any]]]:
     return StageProfile.from_dict(body), points
 
 
-@functools.lru_cache(maxsize=256)
-def _shared_sources(items: tuple[tuple[str, str], ...]) -> dict[str, str]:
-    return dict(items)
-
-
-def _shared(sources: dict[str, Any]) -> dict[str, Any]:
-    """One dict for every profile with the same sources (they are not changed after reading)."""
-    try:
-        return _shared_sources(tuple(sources.items()))
-    except TypeError:  # a value that is not hashable: leave it as it is
-        return sources
-
-
-def read_profile_points(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
-    """profile_and_points of every line of one .jsonl file; DamagedFileError as read_profiles."""
+def _read_lines(file: Path, read: Callable[[str], T]) -> Iterator[T]:
+    """read(line) of every line of one .jsonl file but blank ones. Raises DamagedFileError (NewerSchemaError)
+    naming the file and line of the first line that is not a profile."""
+    # Bytes that are not UTF-8 become U+FFFD, so such a line fails as JSON with its number.
     with _text(file, errors="replace") as lines:
         for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
-                yield profile_and_points(line)
+                yield read(line)
             except NewerSchemaError as exc:
                 raise NewerSchemaError(f"{file}:{number}: {exc}") from None
             except (ValueError, TypeError, RecursionError) as exc:
                 raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
+
+
+def read_profile_points(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]]:
+    """profile_and_points of every line of one .jsonl file; DamagedFileError as read_profiles."""
+    return _read_lines(file, profile_and_points)
 
 
 def read_profiles(path: Path, *, timeline: bool = True) -> Iterator[StageProfile]:
@@ -303,17 +320,7 @@ def read_profiles(path: Path, *, timeline: bool = True) -> Iterator[StageProfile
     """
     files = profile_files(path) if path.is_dir() else [path]
     for file in files:
-        # Bytes that are not UTF-8 become U+FFFD, so such a line fails as JSON with its number.
-        with _text(file, errors="replace") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield profile_from_line(line, timeline=timeline)
-                except NewerSchemaError as exc:
-                    raise NewerSchemaError(f"{file}:{number}: {exc}") from None
-                except (ValueError, TypeError, RecursionError) as exc:
-                    raise DamagedFileError(f"{file}:{number}: not a profile ({exc})") from None
+        yield from _read_lines(file, functools.partial(profile_from_line, timeline=timeline))
 
 
 def emf_documents(lines: Iterable[str], *, where: str) -> Iterator[dict[str, Any]]:
@@ -380,29 +387,42 @@ class RunProfiles:
         return EMF if self.from_emf else PROFILES
 
 
-def read_run_profiles(run_dir: Path, *, timeline: bool = True, workers: int | None = None) -> RunProfiles:
+def read_run_profiles(run_dir: Path, *, timeline: bool = True, workers: int | None = None,
+                      fields: ProfileFields | None = None) -> RunProfiles:
     """The profiles of a run directory: its profile files when they hold any, else its EMF files.
 
     The result is empty when the run kept neither; damaged files raise DamagedFileError (the first in file
     order). `timeline`: see profile_from_line. A large run's files are read in worker processes
-    (profiling.fanout: `workers`, else its choice), their profiles handed back in file order.
+    (profiling.fanout: `workers`, else its choice), their profiles handed back in file order. `fields`: the workers
+    send back only these of each profile, every line still checked whole (no timeline: see
+    profiling.profilefields), and the profiles are built of them: for a reader of a few figures of a fleet.
     """
-    pairs = _read_files(profile_files(run_dir), False, timeline, workers)
+    pairs = _read_files(profile_files(run_dir), False, timeline, workers, fields)
     if pairs:
         return RunProfiles(pairs, from_emf=False)
-    return RunProfiles(_read_files(emf_files(run_dir), True, timeline, workers), from_emf=True)
+    return RunProfiles(_read_files(emf_files(run_dir), True, timeline, workers, fields), from_emf=True)
 
 
-def _read_files(files: list[Path], from_emf: bool, timeline: bool, workers: int | None
-                ) -> list[tuple[StageProfile, str]]:
-    tasks = [(chunk, from_emf, timeline) for chunk in fanout.chunked(files)]
+def _read_files(files: list[Path], from_emf: bool, timeline: bool, workers: int | None,
+                fields: ProfileFields | None) -> list[tuple[StageProfile, str]]:
+    tasks = [(chunk, from_emf, timeline, fields) for chunk in fanout.chunked(files)]
     count = fanout.read_workers(len(files), workers)
-    return [pair for part in fanout.ordered_map(_read_chunk, tasks, count) for pair in part]
+    parts = fanout.ordered_map(_read_chunk, tasks, count)
+    if fields is None:
+        return [pair for part in parts for pair in part]
+    return [(fields.profile(values), name) for part in parts for values, name in part]
 
 
-def _read_chunk(task: tuple[Sequence[Path], bool, bool]) -> list[tuple[StageProfile, str]]:
-    """One chunk of a run's files (in a worker process): their profiles, each with its file's name."""
-    files, from_emf, timeline = task
+def _read_chunk(task: tuple[Sequence[Path], bool, bool, ProfileFields | None]) -> list[tuple[Any, str]]:
+    """One chunk of a run's files (in a worker process): their profiles, or the `fields` of each, with the name
+    of its file."""
+    files, from_emf, timeline, fields = task
+    if fields is not None:
+        if from_emf:
+            return [(fields.of_profile(p), file.stem) for file in files for p in read_emf(file)]
+        read = fields.of_line  # of a line checked as profile_from_line checks it, without its timeline
+        return [(values, file.stem) for file in files
+                for values in _read_lines(file, lambda line: read(without_timeline(_decoded(line))))]
     if from_emf:
         return [(p, file.stem) for file in files for p in read_emf(file)]
     return [(p, file.stem) for file in files for p in read_profiles(file, timeline=timeline)]

@@ -39,6 +39,7 @@ from tuning.measured import at_measured, fleet_capability
 from tuning.plan import AdviseError, Plan, Workload, workload_from_profiles
 from tuning.prices import PRICES_AS_OF, PRICES_REGION, monthly_cost
 from tuning.simulator import SimResult, simulate
+from tuning.situation import ADVISOR_FIELDS
 from tuning.versus import choose, compare, pool
 from tuning.writecache import WriteCache
 
@@ -426,8 +427,10 @@ def _read_profiles(path: Path) -> list[StageProfile]:
     """One input's profiles; a damaged file is an AdviseError naming the file and line."""
     try:
         if path.is_dir():
-            # The advisor reads per-stage figures only: no timelines (100,000 children's would not fit).
-            return [profile for profile, _ in runfiles.read_run_profiles(path, timeline=False).profiles]
+            # The advisor reads a few per-stage figures only (100,000 children's timelines would not fit): the
+            # read workers send back those alone.
+            read = runfiles.read_run_profiles(path, timeline=False, fields=ADVISOR_FIELDS)
+            return [profile for profile, _ in read.profiles]
         if path.suffix == ".jsonl":
             return list(runfiles.read_profiles(path, timeline=False))
         docs = runfiles.read_emf_documents(path)

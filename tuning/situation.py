@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from profiling.metrics import StageProfile, median
+from profiling.profilefields import ProfileFields
 from tuning.cachedomain import Domains
 from tuning.ebs import Volume
 from tuning.host import HostTuning
@@ -18,6 +19,16 @@ from tuning.plan import Plan, Workload
 
 DAYS_PER_MONTH = 30
 SEVERITIES = ("high", "medium", "low", "info")
+# Every field of a stage profile the advice is made of (tuning.plan's workload, the findings, tuning.dirtypause): a
+# run's read workers send back these alone (profiling.profilefields). Another field a check reads must be added here;
+# tests/unit/test_advise_reduced.py fails when one left out changes the advice.
+ADVISOR_FIELDS = ProfileFields((
+    "stage", "outcome", "started_at", "duration_s", "read_bytes", "write_bytes", "storage_read_bytes",
+    "storage_write_bytes", "device_read_ops", "device_write_ops", "device_read_bytes", "device_write_bytes",
+    "device_queue_depth", "device_utilization_pct", "device_sharers", "device_random_pct", "own_io_stall_ms",
+    "own_peak_dirty_bytes", "own_peak_writeback_bytes", "own_dirty_threshold_bytes",
+    "own_dirty_background_threshold_bytes", "peak_dirty_bytes", "dirty_threshold_bytes",
+    "dirty_background_threshold_bytes", "io_stall_some_ms", "dirty_throttle_ms", "calls", "properties"))
 
 
 @dataclass(frozen=True)
