@@ -15,12 +15,13 @@ import json
 import re
 import shlex
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipeline.interface import HOST_CGROUP_MOUNT, PROFILER_CONTAINER, SCRATCH_MOUNT
+from profiling.qualification import QUALIFICATION_DIR
 from tests.support.synth import cfn_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,17 +110,21 @@ def uptime(what: str) -> str:
 
 
 def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, waves: Sequence[Wave],
-                    profiler_memory_mib: int) -> str:
-    """A bash script for the guest: prepare scratch with the user data, then each wave in turn: its children (a
-    job container plus its profiler each) at once, waited for, with what podman said printed."""
+                    profiler_memory_mib: int, host_env: str = "IOBATCH_IMDS=",
+                    profiler_env: Mapping[str, str] | None = None) -> str:
+    """A bash script for the guest: prepare scratch with the user data (run with the assignments `host_env`: by
+    default no IMDS, so the instance file is left out), then each wave in turn: its children (a job container plus
+    its profiler each, the profiler with `profiler_env` besides) at once, waited for, with what podman said
+    printed. The profiler reads the host's qualification folder read-only, as the job definition binds it (made
+    when missing, as Docker makes a bind's missing source)."""
     q = shlex.quote
     conf = work / "containers.conf"
     conf.write_text(CONTAINERS_CONF)
     (work / "child_job.py").write_text(CHILD_JOB)
     lines = ["set -u", f"export CONTAINERS_CONF={q(str(conf))}",
-             # The guest has no IMDS (and no route to one): the instance file is left out.
-             f"IOBATCH_IMDS= bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
-             "mkdir -p /run/rootfs && mount --bind / /run/rootfs"]
+             f"{host_env} bash {q(str(user_data))} || {{ echo 'user data failed' >&2; exit 1; }}",
+             "mkdir -p /run/rootfs && mount --bind / /run/rootfs", f"mkdir -p {QUALIFICATION_DIR}"]
+    extra = [arg for key, value in (profiler_env or {}).items() for arg in ("--env", f"{key}={value}")]
     common = ["--network", "host", "--security-opt", "unmask=/sys/dev/block",
               "--volume", f"{SCRATCH_MOUNT}:{SCRATCH_MOUNT}", "--volume", f"{work}:{work}"]
     for number, wave in enumerate(waves, 1):
@@ -136,7 +141,8 @@ def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, w
                    str(work / f"{name}.cpu")]
             profiler = ["podman", "run", "--detach", "--name", f"{name}-{PROFILER_CONTAINER}",
                         "--memory", f"{profiler_memory_mib}m", "--pid", f"container:{name}-job", *common,
-                        "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro", "--rootfs", "/run/rootfs",
+                        "--volume", f"/sys/fs/cgroup:{HOST_CGROUP_MOUNT}:ro",
+                        "--volume", f"{QUALIFICATION_DIR}:{QUALIFICATION_DIR}:ro", *extra, "--rootfs", "/run/rootfs",
                         iobatch, "sidecar", "--socket", sock, "--scratch-dir", task, "--interval", "0.2",
                         "--no-call-probes", "--emf", str(work / f"{name}.emf"), "--profile-out",
                         str(work / f"{name}.jsonl")]
