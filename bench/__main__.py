@@ -73,6 +73,8 @@ RUNS: tuple[Run, ...] = (
     Run("lab_guest", "The lab in the cgroup v2 guest", needs_tools=("qemu-system-x86_64",)),
     Run("guest_packed", "The lab in the cgroup v2 guest: a child its container paces",
         needs_tools=("qemu-system-x86_64",)),
+    # The lab's part needs root and the guest's QEMU; each part says when it is skipped.
+    Run("qualify_cost", "Qualification at boot: what it costs a new st1"),
 )
 
 
