@@ -55,7 +55,9 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "pipeline.cli.tuning._lab_in_guest",
            # `profile` starts its per-call probe on this process first (as root, carving it a cgroup): an action,
            # and one that would be left running, the command that stops it being stubbed
-           "profiling.probes.start_command_probe"]
+           "profiling.probes.start_command_probe",
+           # `qualify` writes and reads a file on the volume it is given: the measurement is its action
+           "profiling.qualifyio.measure"]
 
 ODD_VALUES = ["0", "-1", "1", "3", "nan", "inf", "-inf", "1e309", "99999999999999999999", "", " ", "abc",
               "1.5", "0x10", "s3://", "s3://bkt/i/", "s3://B_AD/x", "http://", "http://127.0.0.1:0",
@@ -86,6 +88,8 @@ COMMAND_FLAGS: dict[str, list[str]] = {
     "advise": ["--jobs-per-instance", "--memory-gib", "--jobs-per-day", "--instance-ebs-mibps", "--kernel",
                "--candidate", "--cache-budget-pct", "--io-size-kib", "--instance-type", "--vcpus-per-job",
                "--job-memory-gib", "--volume", "--since", "--region", "--logs-endpoint"],
+    "qualify": ["--volume", "--volume-type", "--volume-size-gib", "--instance-type", "--io-size-kib", "--seconds",
+                "--max-gib", "--min-ratio"],
     # the lab's runs boot the guest or, on this machine, change kernel settings: stubbed above, so only its checks
     # run
     "lab": ["--volume", "--memory-gib", "--workload", "--workers", "--images", "--image-mib", "--images-per-child",
