@@ -121,6 +121,11 @@ CASES: dict[str, Callable[[Path], Case]] = {
                                                   "give a shorter path"),
     "process-train-size-text": lambda d: Case(["process", str(d), str(d / "new"), "--train-size", "big"],
                                               EXIT_USAGE, "WIDTHxHEIGHT"),
+    # qualify: the place and the expectation checked before anything is written
+    "qualify-no-such-dir": lambda d: Case(["qualify", str(d / "nowhere")], EXIT_USAGE, "no such directory"),
+    "qualify-volume-too-small": lambda d: Case(["qualify", str(d), "--volume", "st1:5"], EXIT_USAGE, "125-16384"),
+    "qualify-io-size": lambda d: Case(["qualify", str(d), "--io-size-kib", "5"], EXIT_USAGE, "multiple of 4"),
+    "qualify-type-alone": lambda d: Case(["qualify", str(d), "--volume-type", "st1"], EXIT_USAGE, "go together"),
     # sidecar: a socket path that is a file is a start-up failure the child survives (exit 0, the file kept):
     # tests/functional/test_sidecar_exit.py
     "sidecar-profile-out-missing-dir": lambda d: Case(["sidecar", "--socket", str(d / "s.sock"), "--profile-out",
