@@ -165,6 +165,12 @@ def read_manifest(s3: Any, uri: S3Uri, *, bucket: str, prefix: str = "") -> Iter
     yield from parse_manifest(lines, bucket=bucket, source=str(uri), prefix=prefix)
 
 
+# The frozen copy's upload from its temporary file: s3transfer reads a file object's parts (8 MiB) into memory, by
+# default up to 10 at once; 4 keep `submit` of 1,000,000 keys within 200 MB (bench/submit_bench.py).
+FROZEN_UPLOAD_CONFIG = TransferConfig(max_concurrency=4)
+FROZEN_UPLOAD_CONFIG.max_in_memory_upload_chunks = 4
+
+
 @dataclass(frozen=True)
 class FrozenBatch:
     manifest: S3Uri
@@ -200,7 +206,7 @@ def freeze_batch(s3: Any, *, input: S3Uri, manifest: S3Uri | None, output: S3Uri
         for uri, stream in ((manifest_uri, body), (index_uri, index)):
             stream.seek(0)
             try:
-                s3.upload_fileobj(stream, uri.bucket, uri.key)
+                s3.upload_fileobj(stream, uri.bucket, uri.key, Config=FROZEN_UPLOAD_CONFIG)
             except (ClientError, BotoCoreError) as exc:
                 raise s3_error(exc, what=str(uri)) from None
     return FrozenBatch(manifest_uri, children, writer.entries, writer.total_size)

@@ -88,6 +88,19 @@ class ProfileFields:
         """The fields of a profile (one read from EMF)."""
         return self._sent([getattr(profile, name) for name in self.names])
 
+    @functools.cached_property
+    def _arguments(self) -> tuple[list[Any], list[int]]:
+        """StageProfile's arguments, each field at its default (the empty lists and dicts one for every profile built
+        here: a reduced profile's are not changed), and the place of each of `names` among them."""
+        shared: dict[Any, Any] = {dict: {}, list: []}
+        defaults = [None if name in self.names else spec.default if spec.default is not dataclasses.MISSING
+                    else shared[spec.default_factory] for name, spec in _FIELDS.items()]
+        return defaults, [list(_FIELDS).index(name) for name in self.names]
+
     def profile(self, values: Sequence[Any]) -> StageProfile:
         """The profile of these fields' values (of_line, of_profile), every other field at its default."""
-        return StageProfile(**dict(zip(self.names, values, strict=True)))
+        arguments, places = self._arguments
+        arguments = arguments.copy()
+        for place, value in zip(places, values, strict=True):
+            arguments[place] = value
+        return StageProfile(*arguments)
