@@ -9,6 +9,11 @@ with them): the spread of like instances, not the 2-core demo machine's, whose c
 Per-call records are dropped, as CloudWatch's EMF carries none. One child two thirds into the batch
 downloads 8x slower: the report must name it.
 
+The advisor runs side by side in alternating rounds (`--advise-rounds`, medians): as it is, its read workers sending
+back only the fields it reads of each profile (tuning.situation.ADVISOR_FIELDS, profiling.profilefields), and as it
+was, the workers sending back whole profiles (the same command with ADVISOR_FIELDS set to None); their advice must be
+the same, byte for byte.
+
 Each command runs in a fresh process (`python -m pipeline.cli ...`, start-up included), as a user runs it: a
 large run's files are read in worker processes, one per core (profiling.fanout; IOBATCH_READ_WORKERS=1 reads
 in one). Measured: wall time; CPU time of the command and its workers (os.wait4, which counts the children it
@@ -18,7 +23,7 @@ the largest single process's peak RSS (ru_maxrss). The page is opened in headles
 returns after the load event, when every inline plot has been drawn) beside a blank page, the bare tool:
 the difference is the page's own cost.
 
-    python -m bench.report_fleet [--children 1000,20000,100000] [--from RUN_DIR] [--keep DIR]
+    python -m bench.report_fleet [--children 1000,20000,100000] [--advise-rounds 3] [--from RUN_DIR] [--keep DIR]
 
 Targets (issue: fleet-sized batches): report of 100,000 children <= 60 s, <= 1 GiB, page <= 10 MB opening in
 <= 5 s; of 20,000 children <= 15 s; advise of 100,000 profiles <= 30 s, <= 1 GiB. Prints a markdown table
@@ -46,6 +51,11 @@ REPO = Path(__file__).resolve().parents[1]
 SLOW_FACTOR = 8.0
 CHILDREN_PER_INSTANCE = 8
 ADVISE_FLAGS = ("--jobs-per-instance", "8", "--memory-gib", "32", "--jobs-per-day", "500", "--json")
+TARGET_ADVISE_S = 30.0  # advise over 100,000 children's profiles
+TARGET_ADVISE_MIB = 1024.0
+# `iobatch advise` with its read workers sending back whole profiles, as before they sent the advisor's fields alone.
+WHOLE_PROFILES = ("import sys, tuning.advise as a; a.ADVISOR_FIELDS = None; from pipeline.cli import main; "
+                  "main(sys.argv[1:])")
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -80,14 +90,19 @@ def _pss_mib(pids: list[int]) -> float:
     return total / 1024
 
 
-def measure(command: list[str], *, quiet: bool = True, env: dict[str, str] | None = None
+def measure(command: list[str], *, quiet: bool = True, env: dict[str, str] | None = None, out: Path | None = None
             ) -> tuple[float, float, float, float, int]:
     """(wall s, CPU s, peak PSS MiB of the process and its workers, largest process's peak RSS MiB, exit code)
-    of one command in a fresh process. On a shared machine the CPU time is the steadier figure: the wall time
-    includes waiting for a core."""
+    of one command in a fresh process (its stdout into `out` when given). On a shared machine the CPU time is the
+    steadier figure: the wall time includes waiting for a core."""
     began = time.monotonic()
-    out = subprocess.DEVNULL if quiet else None
-    proc = subprocess.Popen(command, env=env or _env(), stdout=out, stderr=subprocess.PIPE)
+    handle = out.open("wb") if out is not None else None
+    try:
+        proc = subprocess.Popen(command, env=env or _env(), stderr=subprocess.PIPE,
+                                stdout=handle if handle is not None else subprocess.DEVNULL if quiet else None)
+    finally:
+        if handle is not None:
+            handle.close()  # the command has its own
     assert proc.stderr is not None
     peak = [0.0]
     done = threading.Event()
@@ -184,7 +199,7 @@ def chromium_open(page: Path, blank: Path) -> float | None:
 
 
 def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, work: Path,
-             one_process: bool = False) -> dict[str, Any]:
+             one_process: bool = False, rounds: int = 3) -> dict[str, Any]:
     run = work / f"fleet-{children}"
     began = time.monotonic()
     slow = make_fleet(base, children, concurrency, run)
@@ -198,8 +213,7 @@ def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, 
     blank = work / "blank.html"
     blank.write_text("<!DOCTYPE html><html><body></body></html>\n", encoding="utf-8")
     opened = chromium_open(page, blank) if code == 0 else None
-    a_wall, a_cpu, a_pss, a_rss, a_code = measure([sys.executable, "-m", "pipeline.cli", "advise", str(run),
-                                                   *ADVISE_FLAGS])
+    (a_wall, a_cpu, a_pss, a_rss, a_code), whole, same = advise_side_by_side(run, rounds)
     single: dict[str, Any] = {}
     if one_process:  # the same commands reading in one process
         alone = _env(**{READ_WORKERS_ENV: "1"})
@@ -213,7 +227,33 @@ def one_size(base: list[list[dict[str, Any]]], children: int, concurrency: int, 
             "page_mb": page.stat().st_size / 1e6 if code == 0 else None,
             "open_s": opened,
             "straggler": found, "advise_s": a_wall, "advise_cpu": a_cpu, "advise_mib": a_pss, "advise_rss": a_rss,
-            "advise_exit": a_code}
+            "advise_exit": a_code, "advise_whole": whole, "advise_same": same}
+
+
+def advise_side_by_side(run: Path, rounds: int) -> tuple[tuple[float, float, float, float, int],
+                                                           tuple[float, float, float, float, int], bool]:
+    """`iobatch advise` as it is and with whole profiles sent back, alternating for `rounds` rounds: the medians of
+    each (wall, CPU, the largest peak PSS and RSS, the worst exit code) and whether every advice was the same."""
+    import statistics
+
+    command = ["advise", str(run), *ADVISE_FLAGS]
+    found: dict[str, list[tuple[float, float, float, float, int]]] = {"fields": [], "whole": []}
+    advice: set[bytes] = set()
+    for _ in range(max(1, rounds)):
+        for name, argv in (("fields", [sys.executable, "-m", "pipeline.cli", *command]),
+                           ("whole", [sys.executable, "-c", WHOLE_PROFILES, *command])):
+            out = run / f"advice-{name}.json"
+            found[name].append(measure(argv, out=out))
+            advice.add(out.read_bytes())
+            out.unlink()
+
+    def medians(rows: list[tuple[float, float, float, float, int]]) -> tuple[float, float, float, float, int]:
+        return (statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows),
+                max(r[2] for r in rows), max(r[3] for r in rows), max(r[4] for r in rows))
+
+    print(f"  advise, every round (wall s): as it is {', '.join(f'{r[0]:.1f}' for r in found['fields'])}; whole "
+          f"profiles {', '.join(f'{r[0]:.1f}' for r in found['whole'])}", flush=True)
+    return medians(found["fields"]), medians(found["whole"]), len(advice) == 1
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -233,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one-process-too", action="store_true", help="also run report and advise reading in "
                         f"one process ({READ_WORKERS_ENV}=1), side by side")
     parser.add_argument("--keep", type=Path, help="keep the generated runs here (default: a temporary directory)")
+    parser.add_argument("--advise-rounds", type=int, default=3, help="rounds of advise as it is and with whole "
+                        "profiles, alternating (medians)")
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.children.split(",") if n.strip()]
     work = args.keep or Path(tempfile.mkdtemp(prefix="iobatch-fleet-"))
@@ -244,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
               f"downloads {SLOW_FACTOR:g}x slower", flush=True)
         results = []
         for n in sizes:
-            results.append(one_size(base, n, args.concurrency, work, args.one_process_too))
+            results.append(one_size(base, n, args.concurrency, work, args.one_process_too, args.advise_rounds))
             r = results[-1]
             print(f"{n} children: report {r['report_s']:.1f} s ({r['report_cpu']:.1f} s CPU), "
                   f"{r['report_mib']:.0f} MiB; advise {r['advise_s']:.1f} s ({r['advise_cpu']:.1f} s CPU), "
@@ -277,7 +319,25 @@ def main(argv: list[str] | None = None) -> int:
             (rw, rc, rp, _, rx), (aw, ac, ap, _, ax) = r["report_1"], r["advise_1"]
             print(f"| {r['children']:,} | {_fmt(rw)} ({_fmt(rc)}){'' if rx == 0 else f' exit {rx}'} | "
                   f"{_fmt(rp, 0)} | {_fmt(aw)} ({_fmt(ac)}){'' if ax == 0 else f' exit {ax}'} | {_fmt(ap, 0)} |")
-    failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"]]
+    print(f"\nThe advisor as it is (its read workers send back the fields it reads) beside whole profiles sent back "
+          f"(as before): medians of {args.advise_rounds} alternating rounds\n")
+    print("| children | advise s (CPU s) | peak MiB | whole profiles: advise s (CPU s) | peak MiB | as it is / whole "
+          "profiles, wall | the same advice |")
+    print("|---:|---:|---:|---:|---:|---:|:---:|")
+    for r in results:
+        ww, wc, wp, _, wx = r["advise_whole"]
+        print(f"| {r['children']:,} | {_fmt(r['advise_s'])} ({_fmt(r['advise_cpu'])}) | {_fmt(r['advise_mib'], 0)} | "
+              f"{_fmt(ww)} ({_fmt(wc)}){'' if wx == 0 else f' exit {wx}'} | {_fmt(wp, 0)} | "
+              f"{r['advise_s'] / ww:.2f} | {_fmt(r['advise_same'])} |")
+    largest = max(results, key=lambda r: r["children"], default=None)
+    if largest is not None:
+        print(f"\nadvise over {largest['children']:,} children ({3 * largest['children']:,} profiles): "
+              f"{largest['advise_s']:.1f} s against {TARGET_ADVISE_S:.0f} s "
+              f"({largest['advise_s'] / TARGET_ADVISE_S:.2f}), {largest['advise_mib']:.0f} MiB against "
+              f"{TARGET_ADVISE_MIB:.0f} MiB ({largest['advise_mib'] / TARGET_ADVISE_MIB:.2f})"
+              + ("" if largest["children"] >= 100_000 else " (the target is for 100,000 children)"))
+    failed = [r for r in results if r["report_exit"] or r["advise_exit"] or not r["straggler"] or not r["advise_same"]
+              or r["advise_whole"][4]]
     return 1 if failed else 0
 
 
