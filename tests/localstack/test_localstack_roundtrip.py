@@ -18,8 +18,8 @@ import pytest
 from pipeline.cli import app
 from profiling import runfiles
 from profiling.metrics import METRICS, STAGES, summarize
-from profiling.report.rundir import load_run_dir
 from profiling.report.cloudwatch import load_cloudwatch
+from profiling.report.rundir import load_run_dir
 from tests.support.cli import CliRunner
 from tests.support.localstack import CREDENTIALS, LocalStack
 
