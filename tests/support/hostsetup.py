@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +54,15 @@ def environment_left(before: Mapping[str, str], environ: MutableMapping[str, str
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
 
 
+# Where a test makes its mounts (its tmp_path, the tree's run directories): a mount elsewhere is a service's own,
+# made once and kept (podman binds /run/netns to itself on its first pod), not a test's to undo.
+MOUNT_ROOTS = (tempfile.gettempdir(), str(Path(__file__).resolve().parents[2]))
+
+
 def _mounts() -> frozenset[str]:
     with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as table:
-        return frozenset(line.split()[4] for line in table)
+        points = (line.split()[4] for line in table)
+        return frozenset(p for p in points if p.startswith(MOUNT_ROOTS))
 
 
 @dataclass(frozen=True)
