@@ -106,6 +106,8 @@ def test_the_printed_deploy_hands_make_and_the_cdk_cli_exactly_the_pairs(tmp_pat
     makefile.write_text("deploy:\n\t@printf '%s\\n' $(CDK_ARGS)\n", encoding="utf-8")
     command = make_deploy(context)
     assert command.startswith('make deploy CDK_ARGS="')
-    words = subprocess.run(["bash", "-c", command.replace("make deploy", f"make -s -f {makefile} deploy", 1)],
+    # --no-print-directory: under `make test` (MAKELEVEL set) make says where it enters, in the words' stream
+    words = subprocess.run(["bash", "-c", command.replace("make deploy",
+                                                          f"make -s --no-print-directory -f {makefile} deploy", 1)],
                            check=True, capture_output=True, text=True).stdout.splitlines()
     assert words == [w for key, value in context.items() for w in ("-c", f"{key}={value}")]
