@@ -13,7 +13,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from hypothesis import settings
 
-from tests.support.hostsetup import ProcessState, environment_left, setup_missing, state_left
+from tests.support.hostsetup import (
+    ProcessState,
+    environment_left,
+    restore_dirty,
+    saved_dirty,
+    setup_missing,
+    state_left,
+)
 
 if TYPE_CHECKING:
     # Imported where used: pipeline.local brings boto3, half a second here and 10-15 s for the guest tier's pytest
@@ -73,8 +80,9 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 def _no_process_state_left_behind() -> Iterator[None]:
     """A test that leaves a preload or an iobatch variable in this process's environment, another working directory,
     a signal handler or a mount fails (and what can be put back is)."""
-    before, state = dict(os.environ), ProcessState.now()
+    before, state, dirty = dict(os.environ), ProcessState.now(), saved_dirty()
     yield
+    restore_dirty(dirty)
     left = [line for line in (environment_left(before, os.environ), state_left(state)) if line]
     if left:
         pytest.fail("; ".join(left))

@@ -4,6 +4,7 @@ another working directory, a signal handler, a mount."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
@@ -49,6 +50,30 @@ def environment_left(before: Mapping[str, str], environ: MutableMapping[str, str
     if not changed:
         return None
     return f"the test left {', '.join(changed)} changed in the environment: restore it (e.g. monkeypatch.setenv)"
+
+
+# The kernel's write-cache settings: tests that run the rendered user data apply the stack's sysctls for real, as a
+# host does. Whatever a test did, the machine's values are put back after it (the ratio and the bytes form each zero
+# the other when written, so the one in force is written last).
+DIRTY = ("vm.dirty_background_bytes", "vm.dirty_background_ratio", "vm.dirty_bytes", "vm.dirty_ratio")
+
+
+def saved_dirty() -> dict[str, str]:
+    out = {}
+    for key in DIRTY:
+        with contextlib.suppress(OSError):
+            out[key] = Path("/proc/sys", key.replace(".", "/")).read_text().strip()
+    return out
+
+
+def restore_dirty(saved: Mapping[str, str]) -> None:
+    """Put the write-cache sysctls back as `saved` (root only; elsewhere a test cannot have changed them)."""
+    if not saved or saved_dirty() == dict(saved) or os.geteuid() != 0:
+        return
+    for ratio, size in (("vm.dirty_background_ratio", "vm.dirty_background_bytes"),
+                        ("vm.dirty_ratio", "vm.dirty_bytes")):
+        key = size if saved.get(size, "0") != "0" else ratio
+        Path("/proc/sys", key.replace(".", "/")).write_text(saved[key])
 
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGPIPE)
