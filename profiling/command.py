@@ -8,8 +8,10 @@ and contract results are added by the same `finish_stage` the sidecar uses.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TextIO
@@ -37,15 +39,36 @@ class CommandResult:
 
 def _wait_unreaped(pid: int) -> None:
     """Wait for `pid` to exit without reaping it: its /proc/<pid>/io stays readable (as a zombie) and
-    still holds everything it and its reaped descendants did. Reaping would fold it into our own."""
-    while True:
-        try:
-            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
-            return
-        except ChildProcessError:
-            return
-        except InterruptedError:
-            continue
+    still holds everything it and its reaped descendants did. Reaping would fold it into our own.
+
+    Never one blocking wait: a signal sent to this process may land on the sampler's thread, and then only
+    the main thread's next bytecode runs its Python handler (Python's signal module documentation: "Python signal
+    handlers are always executed in the main Python thread"); a wait the signal did not interrupt would hold a forwarded
+    Ctrl-C or SIGTERM until the command ended on its own. So the wait wakes every HANDLER_LATENCY_S."""
+    try:
+        watch = os.pidfd_open(pid)
+    except OSError:  # gone already, or before Linux 5.3
+        watch = None
+    try:
+        while True:
+            if watch is not None:
+                select.select([watch], [], [], HANDLER_LATENCY_S)
+            try:
+                if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None:
+                    return
+            except ChildProcessError:
+                return
+            except InterruptedError:
+                continue
+            if watch is None:
+                time.sleep(HANDLER_LATENCY_S)
+    finally:
+        if watch is not None:
+            os.close(watch)
+
+
+#: How soon a signal that landed on another thread has its handler run while the command runs.
+HANDLER_LATENCY_S = 0.1
 
 
 #: After a forwarded SIGTERM the command has this long to end before SIGKILL: AWS Batch (ECS) sends SIGKILL
