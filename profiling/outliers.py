@@ -1,38 +1,12 @@
-"""Bad apples: children or instances whose stage throughput stands out from the rest (pure).
+"""Bad apples: the children or instances whose stage throughput stands out from the rest. Pure.
 
-Nominally identical machines differ a lot in practice (spreads of 30:1 between EC2 instances of one
-type have been measured), so a report has to point at the one child or instance that holds a batch
-back. The mean and standard deviation are pulled towards the very value we look for, so the test is
-the modified z-score of Iglewicz and Hoaglin, built on the median and the median absolute deviation
-(MAD):
-
-    z = 0.6745 * (x - median) / MAD
-
-0.6745 is the 0.75 quantile of the standard normal, which makes z comparable to a standard score
-for normal data. |z| > 3.5 is their recommended cut-off. When more than half of the values are equal
-the MAD is 0; then the mean absolute deviation stands in (z = (x - median) / (1.253314 * MeanAD),
-1.253314 = sqrt(pi / 2) makes it consistent with the standard deviation for normal data).
-
-With few values the outlier's own deviation widens the scale it is judged by: among four children, one 12x
-slower than the others (whose throughputs spread by about 30 % on a loaded machine) scored z = -2.1 and went
-unflagged. So with fewer than SMALL_SAMPLE values each value is also judged against the others alone (their
-median and MAD, when the others are not all equal), and the larger |z| counts; with many values the two agree.
-
-Fewer than SMALL_SAMPLE values are also judged by a ratio: a value at or below 1 / SMALL_SAMPLE_RATIO of the
-others' median (or at or above SMALL_SAMPLE_RATIO times it) stands out whatever its z-score. A child throttled
-to a quarter among eight, whose neighbours spread by a third on a loaded machine, scored z -2.4 against the
--3.5 cut; three times slower than the rest is not noise at any spread a batch of a few children shows.
-
-A value must also differ from the median by a minimum share (default 50%: a slow child's stage takes
-at least twice the median's time): when the rest agree to within a fraction of a percent, a robust
-z-score calls a 2% difference an outlier, which nobody needs to look at; and the children that start a
-batch run while the S3 server and the page cache warm up, measured at 0.55-0.6 of the median throughput
-in the demo, are not what a reader should chase either.
-
-Cost: sorting, O(n log n), for the median and the MAD; the contemporaries test (`find_slow`) sorts the spans
-once and looks at each outlier's overlapping spans through a binary search, taking the median of at most
-CONTEMPORARY_SAMPLE of them (evenly spaced by start time) when more overlap: O(n log n + k * sample) for k
-outliers, never a comparison of every child with every other.
+In: {key: value} (each child's or instance's figure) and, for `find_slow`, each key's (start, end) span. Out: the
+Outliers, most extreme first, each with its modified z-score (Iglewicz and Hoaglin: on the median and the MAD, which
+the outlier itself hardly moves). A value stands out when |z| exceeds the threshold (among fewer than SMALL_SAMPLE
+values, the larger of its z and its z against the others alone) or, among so few, lies SMALL_SAMPLE_RATIO off the
+others' median; and only when it is also min_relative off the median. `find_slow` keeps the slow ones that are also
+min_relative slower than their contemporaries. Fewer than min_samples values flag nothing. Cost: O(n log n + k x
+CONTEMPORARY_SAMPLE) for k outliers. Why each rule, with the runs that set it: docs/report.md, the bad apples.
 """
 
 from __future__ import annotations
@@ -44,10 +18,14 @@ import numpy as np
 
 from profiling.metrics import median
 
+# z = MAD_SCALE x (x - median) / MAD (Iglewicz and Hoaglin): 0.6745 is the standard normal's 0.75 quantile, which
+# makes z comparable to a standard score for normal data.
 MAD_SCALE = 0.6745
+# When more than half the values are equal the MAD is 0 and the mean absolute deviation stands in:
+# z = (x - median) / (MEAN_AD_SCALE x MeanAD), sqrt(pi / 2) making it consistent with the standard deviation.
 MEAN_AD_SCALE = 1.253314
-DEFAULT_THRESHOLD = 3.5
-DEFAULT_MIN_RELATIVE = 0.5
+DEFAULT_THRESHOLD = 3.5  # Iglewicz and Hoaglin's recommended cut-off for |z|
+DEFAULT_MIN_RELATIVE = 0.5  # a slow child's stage takes at least twice the median's time
 MIN_SAMPLES = 3
 SMALL_SAMPLE = 20  # below it, each value is also scored against the others alone
 SMALL_SAMPLE_RATIO = 3.0  # below SMALL_SAMPLE values, this far from the others' median stands out
@@ -81,7 +59,8 @@ def median_absolute_deviation(values: Sequence[float]) -> float:
 
 
 def robust_z_scores(values: Mapping[str, float]) -> dict[str, float]:
-    """Modified z-score of every value (see the module docstring); all 0.0 when every value is equal."""
+    """Modified z-score of every value (on the MAD, or the mean absolute deviation when the MAD is 0); all 0.0 when
+    every value is equal."""
     if not values:
         return {}
     numbers = np.fromiter(values.values(), dtype=np.float64, count=len(values))

@@ -1,39 +1,15 @@
-"""Stage start/end messages between the job and its profiler sidecar.
+"""The job <-> sidecar protocol: stage start and end messages over a Unix stream socket on the shared scratch
+volume, one JSON object per line each way (MESSAGE_TYPES; `decode` refuses anything else, naming what is wrong).
 
-Transport: a Unix stream socket on the shared scratch volume. One JSON object per line each way:
+The job's side is StageReporter: stage_start (the stage, its pid, the job's identity), stage_end (outcome, items),
+job_end (the exit code the sidecar then exits with). It waits for each ack, so the sidecar's baseline precedes the
+stage's first byte and its last sample follows the stage's last byte. A sidecar that is absent, slow or dead costs
+one warning line, never the job. A stage's own command announces sub-stages the same way, through `substage`:
 
-    job -> sidecar   {"type": "stage_start", "stage": "download", "pid": 123, "time": 1.7e9,
-                      "job": {"JobId": "8c3e:12", "ArrayIndex": "12"}}   (the job's identity: optional)
-    sidecar -> job   {"type": "ack", "stage": "download"}          (baseline taken: the stage may begin)
-    job -> sidecar   {"type": "stage_end", "stage": "download", "outcome": "ok", "items": 5}
-    sidecar -> job   {"type": "ack", "stage": "download"}          (last sample taken; the sidecar
-                                                                   builds and emits the profile once the
-                                                                   job is idle or its next stage is 0.5 s old)
-    job -> sidecar   {"type": "job_end", "outcome": "ok", "exit_code": 0}   (the sidecar exits, with that code)
-
-The job waits for each ack so that the sidecar's baseline precedes the stage's first byte and its last
-sample follows the stage's last byte. socket send/recv are not read/write calls, so the protocol does
-not show up in the job's own /proc/<pid>/io counts.
-
-A sidecar that is absent, slow or dead never fails the job: the reporter prints one warning line and
-turns itself off.
-
-Sub-stages. A stage's own command (the process stage runs the user's command) may announce sub-stages of
-its own: it finds the socket in the variable SUBSTAGE_SOCKET_ENV, opens a connection of its own and speaks
-the same messages, which the sidecar profiles beside the running stage as "<stage>/<name>" (the process
-tree of the pid it names, kernel counters alone). From Python, `substage`:
-
-    from profiling.protocol import substage
-    with substage("features") as stage:     # a no-op when the variable is unset (not profiled)
-        ...                                  # the work
+    with substage("features") as stage:     # a no-op when SUBSTAGE_SOCKET_ENV is unset (not profiled)
         stage.items = 40
 
-From any other language, one JSON line each way, as above: connect to the Unix socket, send
-{"type":"stage_start","stage":"features","pid":PID}, read the one-line ack, work, send
-{"type":"stage_end","stage":"features","outcome":"ok","items":40}, read the ack, close. A name is 1-32
-lowercase letters, digits, '_' or '-'; a job has at most MAX_SUBSTAGES distinct ones (each is a Stage
-dimension value: its metrics are billed as custom metrics), and a sub-stage still open when its stage
-ends is recorded as interrupted.
+The messages in full: docs/architecture.md; sub-stages from any language: docs/local.md, "Your own processing".
 """
 
 from __future__ import annotations
@@ -59,7 +35,7 @@ SOCKET_NAME = "profiler.sock"
 # Set by the job for its process command: the sidecar's socket, where the command announces sub-stages.
 SUBSTAGE_SOCKET_ENV = "IOBATCH_STAGE_SOCKET"
 SUBSTAGE_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,31}")
-MAX_SUBSTAGES = 8
+MAX_SUBSTAGES = 8  # each is a Stage dimension value: its metrics are billed as custom metrics
 # What the job says of itself in each stage_start ("job": {...}): the properties the job container is sure
 # to know (Batch documents AWS_BATCH_JOB_ARRAY_INDEX for the job's own container), which the profiler takes
 # over its own view, so a profiler container that lacks the variables still labels the child right.
@@ -227,7 +203,7 @@ class StageReporter:
 
 @contextmanager
 def substage(name: str, *, socket_path: str | None = None) -> Iterator[StageHandle]:
-    """Run the body as a sub-stage of the stage that runs this process (see the module's docstring).
+    """Run the body as a sub-stage of the stage that runs this process, recorded as "<stage>/<name>".
 
     The socket comes from SUBSTAGE_SOCKET_ENV unless given; without one the body just runs. Like the job's
     own stages, a profiler that is absent or stops answering costs one warning line, never the work."""

@@ -1,9 +1,9 @@
-"""AWS's HDD accounting applied to a stream of block requests by offset: what the lab's emulated st1
-device charges, and how a request trace's random share is measured. Pure.
+"""AWS's HDD accounting applied to a stream of block requests by offset (HddAccountant): what the lab's emulated
+st1 device charges, and how a request trace's random share is measured. Pure.
 
-Documented in https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html ("Inefficiency of small
-read/writes on HDD", as of 2025-09): st1 and sc1 count throughput in 1 MiB I/O units; sequential I/O is
-merged into 1 MiB units, and a random I/O smaller than 1 MiB costs a whole unit.
+In: each request's offset and size, in order. Out: the 1 MiB units (MiB of credits) each costs, the units in all, and
+the bytes moved by sequential and by random requests. Invariant: a request that starts where the previous one ended
+pays only for the units it opens; any other opens at least one.
 """
 
 from __future__ import annotations
@@ -11,8 +11,11 @@ from __future__ import annotations
 from tuning.ebs import HDD_IO_UNIT
 
 
+# The rule (https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html, "Inefficiency of small read/writes on
+# HDD", as of 2025-09): st1 and sc1 count throughput in 1 MiB I/O units; sequential I/O is merged into 1 MiB units,
+# and a random I/O smaller than 1 MiB costs a whole unit.
 class HddAccountant:
-    """AWS's HDD accounting applied to a stream of requests, by offset [HDD, IO].
+    """AWS's HDD accounting applied to a stream of requests, by offset (tuning.ebs [HDD, IO]).
 
     A request that starts where the previous one ended continues the open 1 MiB unit: it is charged only
     for the units it opens past what the open unit still holds. Any other request is random: it opens new

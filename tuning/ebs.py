@@ -1,39 +1,14 @@
-"""The EBS volume model: kinds, sizes, IOPS and throughput limits, their validation, rates and credit buckets,
-and the CDK context keys that carry a volume to the stack. Pure: no clock, no files.
+"""The EBS volume model: the volume kinds and what the EBS API accepts of each (LIMITS, checked by Volume), their
+rates for an I/O size and random share, their credit buckets, and the CDK context keys that carry a volume to the
+stack. Pure: no clock, no files.
 
-This is the single source of what a scratch volume may be. The stack reads its volume with
-`Volume.from_context()` (infra only maps the kind to CDK's enum), `iobatch advise` prints `to_context()`,
-and the simulator (tuning.simulator) replays jobs on a Volume.
+The one source of what a scratch volume may be: the stack builds its volume with `Volume.from_context()`,
+`iobatch advise` prints `to_context()`, and the simulator (tuning.simulator) replays jobs on a Volume. Every figure
+is AWS's published one, cited beside its constant. Credits are in credit units: MiB of accounted throughput for
+st1/sc1, I/Os for gp2; a volume without a bucket (gp3, io1, io2) has a capacity of 0 and always runs at its
+provisioned rate. The instance's own EBS cap is the caller's to give (`instance_cap_bps`).
 
-Every figure is AWS's, from these pages (read as of 2025-09; the gp3 limits were raised on 2025-09-26):
-
-- [HDD] https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html
-- [GP] https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html
-- [PIOPS] https://docs.aws.amazon.com/ebs/latest/userguide/provisioned-iops.html
-- [API] https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html (what CreateVolume
-  accepts: Size, Iops, Throughput per volume type)
-- [IO] https://docs.aws.amazon.com/ebs/latest/userguide/ebs-io-characteristics.html (I/O size and merging)
-
-- st1 (125 GiB-16 TiB): baseline 40 MiB/s per TiB, burst 250 MiB/s per TiB, both capped at 500 MiB/s; the
-  bucket holds 1 TiB of credits per TiB of size and fills at the baseline rate [HDD].
-- sc1 (125 GiB-16 TiB): baseline 12 MiB/s per TiB, burst 80 MiB/s per TiB, capped at 250 MiB/s [HDD].
-- HDD accounting [HDD "Inefficiency of small read/writes on HDD", IO]: throughput is counted in 1 MiB I/O
-  units. SEQUENTIAL I/O is merged into 1 MiB units (eight sequential 128 KiB I/Os cost one unit), while
-  each RANDOM I/O smaller than 1 MiB costs a whole unit. tuning.accounting.HddAccountant applies this to
-  a stream of requests by offset; the model takes a stage's random share (`cost_per_byte(random_share=...)`).
-- gp2 (1 GiB-16 TiB): 3 IOPS per GiB (100-16,000), bursting to 3,000 IOPS from a 5.4 million I/O-credit
-  bucket; 1,000 GiB and more never burst. Throughput: 128 MiB/s up to 170 GiB; 250 MiB/s from 334 GiB;
-  between the two, 250 MiB/s only while burst credits last and 128 MiB/s otherwise [GP].
-- gp3 (1 GiB-64 TiB): 3,000 IOPS and 125 MiB/s at any size, provisionable to 80,000 IOPS (at most 500 per
-  GiB) and 2,000 MiB/s (at most 0.25 MiB/s per provisioned IOPS); no bursting [GP, API].
-- io1 (4 GiB-16 TiB): provisioned IOPS (100-64,000, at most 50 per GiB), up to 1,000 MiB/s [PIOPS, API].
-- io2 Block Express (4 GiB-64 TiB): 100-256,000 IOPS, at most 1,000 per GiB, up to 4,000 MiB/s [PIOPS, API].
-- SSD accounting: an I/O of up to 256 KiB counts as one I/O; larger ones count as one per 256 KiB [IO].
-
-Credits are kept in "credit units": MiB of accounted throughput for HDD types, I/Os for gp2. Volumes
-without a bucket (gp3, io1, io2) have a capacity of zero and always run at their provisioned rate.
-
-On top of the volume, an instance caps EBS bandwidth per instance type (`instance_cap_bps`).
+    Volume("gp3", 200, iops=6000).throughput_bps(io_size=MIB, bursting=False)
 """
 
 from __future__ import annotations
@@ -47,6 +22,14 @@ KIB = 1024
 MIB = 1024 * KIB
 GIB = 1024 * MIB
 TIB = 1024 * GIB
+
+# The figures' sources, AWS's pages as read in 2025-09 (the gp3 limits were raised on 2025-09-26):
+# [HDD] https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html
+# [GP] https://docs.aws.amazon.com/ebs/latest/userguide/general-purpose.html
+# [PIOPS] https://docs.aws.amazon.com/ebs/latest/userguide/provisioned-iops.html
+# [API] https://docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CreateVolume.html (what CreateVolume accepts:
+#   Size, Iops, Throughput per volume type)
+# [IO] https://docs.aws.amazon.com/ebs/latest/userguide/ebs-io-characteristics.html (I/O size and merging)
 
 
 @dataclass(frozen=True)
@@ -64,14 +47,16 @@ class VolumeLimits:
 # The one list of volume kinds and their limits; the stack accepts exactly these. [API], [GP], [PIOPS], [HDD]
 # as of 2025-09.
 LIMITS: dict[str, VolumeLimits] = {
-    "st1": VolumeLimits(size_gib=(125, 16 * 1024)),
-    "sc1": VolumeLimits(size_gib=(125, 16 * 1024)),
-    "gp2": VolumeLimits(size_gib=(1, 16 * 1024)),
-    # [API] 2025-09: gp3 Size 1-65,536 GiB, Iops 3,000-80,000, Throughput 125-2,000 MiB/s.
+    "st1": VolumeLimits(size_gib=(125, 16 * 1024)),  # [HDD]
+    "sc1": VolumeLimits(size_gib=(125, 16 * 1024)),  # [HDD]
+    "gp2": VolumeLimits(size_gib=(1, 16 * 1024)),  # [GP]
+    # [API] 2025-09: gp3 Size 1-65,536 GiB, Iops 3,000-80,000 (at most 500 per GiB), Throughput 125-2,000 MiB/s.
     "gp3": VolumeLimits(size_gib=(1, 64 * 1024), iops=(3_000, 80_000), iops_per_gib=500,
                         throughput_mibps=(125.0, 2_000.0)),
+    # [PIOPS, API] io1: 100-64,000 IOPS, at most 50 per GiB, up to 1,000 MiB/s.
     "io1": VolumeLimits(size_gib=(4, 16 * 1024), iops=(100, 64_000), iops_per_gib=50, iops_required=True,
                         max_mibps=1_000.0),
+    # [PIOPS, API] io2 Block Express: 100-256,000 IOPS, at most 1,000 per GiB, up to 4,000 MiB/s.
     "io2": VolumeLimits(size_gib=(4, 64 * 1024), iops=(100, 256_000), iops_per_gib=1_000, iops_required=True,
                         max_mibps=4_000.0),
 }
@@ -79,17 +64,22 @@ VOLUME_TYPES: tuple[str, ...] = tuple(LIMITS)
 HDD_TYPES: tuple[str, ...] = ("st1", "sc1")
 IOPS_TYPES: tuple[str, ...] = tuple(kind for kind, limits in LIMITS.items() if limits.iops is not None)
 THROUGHPUT_TYPES: tuple[str, ...] = tuple(k for k, limits in LIMITS.items() if limits.throughput_mibps is not None)
-# HDD volumes account each I/O as at least this many bytes.
+# HDD volumes count throughput in I/O units of this size [HDD "Inefficiency of small read/writes on HDD", IO]:
+# sequential I/O is merged into whole units (eight sequential 128 KiB I/Os cost one), a random I/O smaller than a
+# unit costs a whole one. tuning.accounting.HddAccountant applies it by offset; cost_per_byte takes a random share.
 HDD_IO_UNIT = MIB
-# SSD volumes count I/Os in units of up to this size.
+# SSD volumes count an I/O of up to this size as one I/O, a larger one as one per this size [IO].
 SSD_IO_UNIT = 256 * KIB
 
-# HDD: (baseline MiB/s per TiB, burst MiB/s per TiB, cap MiB/s for both) [HDD] as of 2025-09.
+# HDD: (baseline MiB/s per TiB, burst MiB/s per TiB, cap MiB/s for both) [HDD] as of 2025-09. The bucket holds
+# 1 TiB of credits per TiB of size and fills at the baseline rate.
 _HDD_RATES: dict[str, tuple[float, float, float]] = {
     "st1": (40.0, 250.0, 500.0),
     "sc1": (12.0, 80.0, 250.0),
 }
-# gp2 [GP] as of 2025-09.
+# gp2 [GP] as of 2025-09: 3 IOPS per GiB (100-16,000), bursting to 3,000 IOPS from a 5.4 million I/O-credit bucket
+# (so 1,000 GiB and more never burst); 128 MiB/s up to 170 GiB, 250 MiB/s from 334 GiB, and between the two
+# 250 MiB/s only while burst credits last.
 GP2_IOPS_PER_GIB = 3
 GP2_MIN_IOPS = 100
 GP2_MAX_IOPS = 16_000
@@ -99,10 +89,10 @@ GP2_SMALL_MIBPS = 128.0  # up to 170 GiB; and 170-334 GiB once the burst credits
 GP2_LARGE_MIBPS = 250.0  # from 334 GiB; and 170-334 GiB while burst credits last
 GP2_SMALL_MAX_GIB = 170
 GP2_ALWAYS_LARGE_GIB = 334
-# gp3 without provisioned figures runs at these (and they are free) [GP] as of 2025-09.
+# gp3 without provisioned figures runs at these at any size (and they are free); no bursting [GP] as of 2025-09.
 GP3_BASE_IOPS = 3_000
 GP3_BASE_MIBPS = 125.0
-GP3_MAX_MIBPS_PER_IOPS = 0.25
+GP3_MAX_MIBPS_PER_IOPS = 0.25  # provisioned throughput per provisioned IOPS, at most [GP, API]
 
 # CDK context keys (camelCase) and the Volume fields they set; the README's "Deploy to AWS" table lists them.
 CONTEXT_KEYS: dict[str, str] = {
@@ -321,7 +311,7 @@ class Volume:
     def credit_capacity(self) -> float:
         """Bucket size in credit units (MiB for HDD, I/Os for gp2); 0 when the volume does not burst."""
         if self.is_hdd:
-            return self.size_tib * (TIB / MIB)  # 1 TiB of credits per TiB of size
+            return self.size_tib * (TIB / MIB)  # 1 TiB of credits per TiB of size [HDD]
         if self.kind == "gp2" and self.bursts:
             return float(GP2_BUCKET_CREDITS)
         return 0.0

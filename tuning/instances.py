@@ -1,28 +1,11 @@
-"""The EC2 instance types the stack can launch, and how many children Batch packs onto one. Pure; imports nothing of
-the project, so the stack (infra) and the advisor share it: one owner of a job's memory and of children per host.
+"""The EC2 instance types the stack can launch, with AWS's published figures, and how many children Batch packs onto
+one. Pure; imports nothing of the project, so the stack (infra) and the advisor share one table and one rule.
 
-Figures are AWS's, from the "Amazon EC2 Instance Types" guide (Specifications: general purpose, compute optimized,
-memory optimized, storage optimized; its "Amazon EBS specifications" tables, which the EC2 User Guide's "Amazon
-EBS-optimized instance types" page repeats, and its "Instance store specifications" tables, which "Instance store
-volume limits for EC2 instances" repeats), as published in 2024:
+Owns a job's memory (task_memory_mib, job_memory_mib), the vCPUs it reserves (reserved_vcpus), children per host
+(children_per_host: limited by vCPUs and by the memory the ECS agent registers) and the stack's context keys for its
+hosts. Each table cites its source beside it; `lookup` and `types_of` read it, None or [] for a type it does not know.
 
-- vCPUs and memory (GiB): the "Performance specifications" tables. Within a family memory per vCPU is fixed
-  (m6i/m6id 4 GiB, c6i/c6id 2 GiB, r6i/r6id and i4i 8 GiB), so a row is its size's vCPUs x that ratio (derived;
-  the tables agree for every size listed here).
-- EBS bandwidth, baseline / maximum, in Mbps as AWS gives it: sizes up to 4xlarge burst to the maximum "for 30
-  minutes at least once every 24 hours" and otherwise hold the baseline; larger sizes have one figure. The MiB/s
-  the advisor uses is derived: Mbps x 10^6 / 8 / 2^20.
-- Instance store: count x size in GB (10^9 bytes), NVMe SSD, for m6id/c6id/r6id and i4i; none for m6i/c6i/r6i.
-- Instance store IOPS: the "Instance store specifications" tables' "100% Random Read IOPS" and "Write IOPS", per
-  instance (all its volumes together), measured by AWS at a 4 KiB block size; m6id, c6id and r6id share one column.
-  Read from the copy of those tables in Netflix-Skunkworks/service-capacity-modeling
-  (service_capacity_modeling/hardware/profiles/shapes/aws/auto_m6id.json, auto_c6id.json, auto_r6id.json,
-  auto_i4i.json: read_io_per_s / write_io_per_s). The tables give no sequential throughput; tuning.instancestore
-  says what the advisor assumes from the IOPS. .metal is taken as its 32xlarge (the copy has no .metal row).
-
-Batch places a job on a host whose registered memory holds the job's MEMORY ("Compute resource memory
-management", AWS Batch User Guide: the ECS agent registers the memory the OS reports, less than the installed
-memory (7985 of 8192 MiB on an m4.large), and the Batch AMI reserves 32 MiB more, ECS_RESERVED_MEMORY).
+    children_per_host(INSTANCE_TYPES["m6i.2xlarge"], vcpus_per_job=2)   # 4
 """
 
 from __future__ import annotations
@@ -45,22 +28,37 @@ VCPUS_PER_JOB_KEY = "vcpusPerJob"
 MIN_RESERVED_VCPUS = 2
 # The profiler sidecar's share of a job's memory; the job container's MEMORY (its cgroup's memory.max) is the rest.
 PROFILER_MEMORY_MIB = 256
-# Registered memory: what the OS reports, about this share of the installed memory (7985 / 8192 MiB on the Batch
-# doc's m4.large; an approximation: it varies a little with the kernel and the instance), less ECS_RESERVED_MEMORY.
+# Batch places a job on a host whose registered memory holds the job's MEMORY ("Compute resource memory management",
+# AWS Batch User Guide): the ECS agent registers what the OS reports, about this share of the installed memory (7985 /
+# 8192 MiB on that page's m4.large; an approximation: it varies a little with the kernel and the instance), and the
+# Batch AMI reserves ECS_RESERVED_MEMORY on top.
 REGISTERED_SHARE = 7985 / 8192
 ECS_RESERVED_MEMORY_MIB = 32
 
+# The tables below are AWS's, from the "Amazon EC2 Instance Types" guide as published in 2024 (Specifications: general
+# purpose, compute optimized, memory optimized, storage optimized). vCPUs: its "Performance specifications" tables.
+# Memory is derived: within a family memory per vCPU is fixed (_FAMILIES), so a row is its vCPUs x that ratio; the
+# tables agree for every size listed here.
 SIZES = ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge", "32xlarge", "metal")
 _VCPUS = (2, 4, 8, 16, 32, 48, 64, 96, 128, 128)
-# EBS baseline / maximum bandwidth per size, Mbps (the same for m6i, c6i, r6i and their d variants; i4i.large 625).
+# EBS baseline / maximum bandwidth per size, Mbps as AWS gives it (the same for m6i, c6i, r6i and their d variants;
+# i4i.large 625): the guide's "Amazon EBS specifications" tables, which the EC2 User Guide's "Amazon EBS-optimized
+# instance types" page repeats. Sizes up to 4xlarge burst to the maximum "for 30 minutes at least once every 24 hours"
+# and otherwise hold the baseline; larger sizes have one figure.
 _EBS_BASELINE_MBPS = (650, 1250, 2500, 5000, 10000, 15000, 20000, 30000, 40000, 40000)
 _EBS_MAX_MBPS = (10000, 10000, 10000, 10000, 10000, 15000, 20000, 30000, 40000, 40000)
-# Instance store per size: (volumes, GB each).
+# Instance store per size: (volumes, GB each; GB = 10^9 bytes), NVMe SSD: the guide's "Instance store specifications"
+# tables, which "Instance store volume limits for EC2 instances" repeats. m6i, c6i and r6i have none.
 _STORE_6ID = ((1, 118), (1, 237), (1, 474), (1, 950), (1, 1900), (2, 1425), (2, 1900), (4, 1425), (4, 1900),
               (4, 1900))
 _STORE_I4I = ((1, 468), (1, 937), (1, 1875), (1, 3750), (2, 3750), (3, 3750), (4, 3750), (6, 3750), (8, 3750),
               (8, 3750))
-# Instance store 4 KiB IOPS per size: (100 % random read, write), per instance.
+# Instance store 4 KiB IOPS per size: (100 % random read, write), per instance (all its volumes together): the
+# "Instance store specifications" tables' "100% Random Read IOPS" and "Write IOPS", measured by AWS at a 4 KiB block
+# size; m6id, c6id and r6id share one column. Read from the copy of those tables in
+# Netflix-Skunkworks/service-capacity-modeling (service_capacity_modeling/hardware/profiles/shapes/aws/auto_m6id.json,
+# auto_c6id.json, auto_r6id.json, auto_i4i.json: read_io_per_s / write_io_per_s); .metal is taken as its 32xlarge
+# (the copy has no .metal row). The tables give no sequential throughput: tuning.instancestore says what is assumed.
 _IOPS_6ID = ((33_542, 16_771), (67_083, 33_542), (134_166, 67_084), (268_332, 134_168), (536_664, 268_336),
              (804_996, 402_504), (1_073_328, 536_672), (1_609_992, 805_008), (2_146_656, 1_073_344),
              (2_146_656, 1_073_344))
@@ -77,7 +75,7 @@ _FAMILIES: dict[str, tuple[int, tuple[tuple[int, int], ...] | None]] = {
 
 @dataclass(frozen=True)
 class InstanceType:
-    """One instance type's figures (see the module's sources)."""
+    """One instance type's figures (their sources: beside the tables above)."""
 
     name: str
     vcpus: int

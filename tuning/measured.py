@@ -1,12 +1,11 @@
-"""The fleet's measured scratch capability, for the advisor: when the hosts' qualifications (profiling.qualification,
-carried by their children's profiles) say the volume they ran on does less than the model expects, the advisor
-simulates that volume at what was measured, and says so. Pure.
+"""The fleet's measured scratch capability, for the advisor. Pure.
 
-The fleet's figure is the median over hosts of measured / expected (each host once): one slow host is a bad apple
-(the report names it), not the volume's capability. Below NOMINAL_SHARE (EBS gives st1 and sc1 "within 10 percent of
-the expected throughput 99 percent of the time", hdd-vols.html) the candidates that are the measured volume (its
-type, and the expectation tuning.qualify gives it equal to the hosts' own) run at that share of the model, burst and
-baseline alike (a qualification sees a new volume's burst; a device that slow is taken to be that slow throughout).
+In: profiles carrying their hosts' qualifications (profiling.qualification); fleet_capability gives the median over
+hosts (each once) of measured / expected, or None when none carries one or the hosts ran on different volume types.
+Then at_measured: the candidate volumes and the stack's, with the one the fleet measured (its type, and the figure
+tuning.qualify expects of it equal to the hosts' own) replaced by a MeasuredVolume at that share, burst and baseline
+alike, and the note that says so; unchanged, with no note, when the share is NOMINAL_SHARE or more. Why the median
+and why throughout: docs/advisor.md, "The fleet's measured capability".
 """
 
 from __future__ import annotations
@@ -21,6 +20,8 @@ from tuning.ebs import Volume
 from tuning.instancestore import InstanceStore
 from tuning.qualify import expect
 
+# EBS gives st1 and sc1 "within 10 percent of the expected throughput 99 percent of the time"
+# (https://docs.aws.amazon.com/ebs/latest/userguide/hdd-vols.html): below this share the volume is slower than modelled.
 NOMINAL_SHARE = 0.9
 
 
@@ -60,7 +61,7 @@ def fleet_capability(profiles: Iterable[StageProfile]) -> FleetCapability | None
 
 @dataclass(frozen=True)
 class MeasuredVolume(Volume):
-    """A volume at the share of its model the fleet measured (see the module)."""
+    """A volume at the share of its model the fleet measured, burst and baseline alike."""
 
     share: float = 1.0
 

@@ -1,42 +1,13 @@
 """Per-call figures shared by the call probes (interpose.py, ebpf.py) and contracts (contract.py). Pure.
 
-A probe's raw figures are *cells*: one `Stats` per (path prefix, call type, size class). Everything a
-probe returns (`CallProbe.stop()`, stored in StageProfile.calls) is built from cells by `calls_dict`:
-
-    {
-      "probe": "interpose" | "ebpf",
-      "filter": "which processes were watched, in words",
-      "duration_s": 12.3,             # from probe start to stop
-      "interval_s": 1.0,              # length of each entry of "frames"
-      "calls":   {CALL: STATS},                       # per call type (metrics.BY_CALL; read with by_call)
-      "by_size": {CALL: {SIZE_LABEL: STATS}},         # per size class, read and write only
-      "by_path": {PATH: {CALL: STATS}},               # per path prefix ("" = not a file opened while watched)
-      "path_attribution": true,       # false when the probe cannot tell paths (eBPF): all under ""
-      "cells":   [{"path": P, "call": C, "size": K, **STATS}],  # the full cross product, for contracts
-      "frames":  [{"t": 0.0, "cells": [...]}],        # per interval since start; idle intervals left out
-      "dirty_throttle_ms": 0.0,       # eBPF only: pauses in balance_dirty_pages
-      "files": {...},                 # eBPF only: per-file figures (profiling/probes/ebpf.py), shaped like a
-                                      # probe's dict: by_path and cells per file path (size -1: no size classes)
-      "notes": ["..."],
-      "approximate": ["..."],         # only when a stage boundary could not be read exactly: what and why
-                                      # (the sidecar adds these to the profile's notices)
-      "interpose": {...},             # only in StageProfile.calls, see below
-    }
-
-When more than one probe has figures for a stage (as root with the interposer preloaded: eBPF and
-the interposer), `merge_results` keeps the first (eBPF: any binary, static Go included) as the
-StageProfile.calls dict above and puts each other probe's whole dict under its name, e.g.
-calls["interpose"] = {"probe": "interpose", "by_path": {...}, "cells": [...], ...}: the per-path
-figures that path-prefix contract rules need. eBPF's own "cells" are job-wide ("path_attribution": false);
-its per-file figures are calls["files"], which answer path rules without a size range.
-
-CALL is one of CALLS: read (read, pread64, readv, preadv*), write (write, pwrite64, writev, pwritev*),
-open (open, openat, creat and their 64-bit variants), close, fsync (fsync, fdatasync).
-STATS is {"count", "bytes", "total_us", "mean_us", "min_us", "max_us", "hist"}, and "max_bytes" (the bytes
-the slowest call moved) when the probe knows it (eBPF); "hist" maps a log2
-bucket k (as a string) to the calls that took [2^k, 2^(k+1)) ns (bucket 0 also holds 0 ns).
-Size class K of a read or write is the bit length of the bytes it moved: 0 for none, else K covers
-[2^(K-1), 2^K) bytes; open, close and fsync have K = -1.
+Owns the shape of StageProfile.calls. A probe's raw figures are cells: one Stats (count, bytes, latency in ns, a log2
+histogram, min and max) per (path prefix, call type of CALLS, size class). `calls_dict` builds from them the dict a
+probe's stop() returns (per call type, per size class, per path, the cells, per-interval frames), and `merge_results`
+keeps the first probe's dict as the calls and adds each later one under its probe's name. Size class K of a read or
+write is the bit length of its bytes (it moved [2^(K-1), 2^K)), NO_SIZE for open, close and fsync; histogram bucket k
+holds the calls that took [2^k, 2^(k+1)) ns. A difference of cumulative counters (`Stats.since`) is exact but for
+its min and max, which may be a bucket's bound (extremes_bound). The whole format: docs/profiler.md, "The per-call
+figures in a profile".
 """
 
 from __future__ import annotations
@@ -47,6 +18,8 @@ from typing import Any
 
 from profiling.metrics import BY_CALL
 
+# Each a family: read (read, pread64, readv, preadv*), write (write, pwrite64, writev, pwritev*), open (open, openat,
+# creat and their 64-bit variants), close, fsync (fsync, fdatasync).
 CALLS: tuple[str, ...] = ("read", "write", "open", "close", "fsync")
 NO_SIZE = -1
 CellKey = tuple[str, str, int]  # (path prefix, call, size class)
@@ -202,7 +175,7 @@ def calls_dict(
     dirty_throttle_ms: float | None = None,
     path_attribution: bool = True,
 ) -> dict[str, Any]:
-    """The dict a call probe returns (see the module docstring)."""
+    """The dict a call probe returns (its shape: docs/profiler.md, "The per-call figures in a profile")."""
     by_call: dict[str, Stats] = {}
     by_size: dict[str, dict[str, Stats]] = {}
     by_path: dict[str, dict[str, Stats]] = {}
@@ -233,8 +206,8 @@ def merge_results(
     results: Iterable[tuple[str, Mapping[str, Any] | None]],
 ) -> tuple[dict[str, Any] | None, str | None]:
     """(calls, source name) from the (probe name, `stop()` result) of the stage's probes, best first: the
-    first non-empty result is StageProfile.calls, every later one is added under calls[<its name>] (see
-    the module docstring). (None, None) when no probe saw anything."""
+    first non-empty result is StageProfile.calls, every later one is added under calls[<its name>] (eBPF first:
+    any binary; the interposer's per-path figures beside it). (None, None) when no probe saw anything."""
     calls: dict[str, Any] | None = None
     name: str | None = None
     for probe, result in results:

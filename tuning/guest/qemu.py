@@ -1,18 +1,13 @@
-"""The QEMU command line of a guest, built as a pure function of what the guest should be.
+"""The QEMU command line of a guest, a pure function of what the guest should be: MachineSpec in, argv out.
 
-The guest's root is the host's own `/`, shared read-only over 9p (`-virtfs`) and made writable inside the
-guest by a RAM overlay, so the project's virtualenv and built binaries run unchanged in it; a second 9p share,
-read-write, is the one directory the guest hands files back through. The scratch disk is a raw image on a
-virtio disk throttled by QEMU's block layer like the named EBS volume (`scratch_throttle`).
+The guest's root is the host's own `/`, shared read-only over 9p (`-virtfs`) and made writable inside the guest by a
+RAM overlay, so the project's virtualenv and built binaries run unchanged in it; a second 9p share, read-write, is the
+one directory the guest hands files back through. The scratch disk is a raw image on a virtio disk that QEMU's block
+layer throttles like the named EBS volume (`scratch_throttle`, from tuning.ebs's figures). Unlike EBS, the bucket
+starts full and its level cannot be set after boot: a credit level is given as the bucket's size (`credits_mib`).
+What the throttle does, measured: docs/testing.md, "A Batch host in a box".
 
-QEMU's throttling (docs/throttle.txt in QEMU's sources, "leaky bucket"): `bps-total` is the rate the bucket
-drains at (the volume's baseline), `bps-total-max` the rate allowed while it has room (the burst), and
-`bps-total-max-length` how many seconds a full bucket lasts at that rate: the bucket holds max x length bytes.
-Measured here: baseline 20 MiB/s, max 125 MiB/s, length 60 s ran 125.0 MiB/s for 71.5 s (= bucket / (max -
-baseline)), then exactly 20.0 MiB/s. Where EBS charges an HDD volume 1 MiB for every small random I/O, the
-`iops-total` limit with `iops-size` = 1 MiB does the same: an I/O of up to 1 MiB counts as one unit, a larger
-one as size / 1 MiB. Unlike EBS, the bucket starts full and its level cannot be set after boot: a credit
-level is set by the bucket's size (`credits_mib`).
+    qemu_argv(MachineSpec(kernel, initramfs, 2, 2048, share, stage2, modules), console=share / "console.log")
 """
 
 from __future__ import annotations
@@ -37,6 +32,11 @@ class GuestConfigError(ValueError):
     """A guest that cannot be built as asked; the message names the value and its range."""
 
 
+# QEMU's throttling (docs/throttle.txt in QEMU's sources, a leaky bucket): bps-total is the rate the bucket drains at
+# (the volume's baseline), bps-total-max the rate allowed while it has room (the burst), and bps-total-max-length how
+# many seconds a full bucket lasts at that rate: the bucket holds max x length bytes. iops-total with iops-size
+# counts an I/O of up to iops-size as one unit and a larger one as size / iops-size: with 1 MiB, as EBS charges an
+# HDD volume for a small random I/O.
 @dataclass(frozen=True)
 class Throttle:
     """QEMU's limits for one disk: bytes per second at baseline, while bursting, and the burst's length."""

@@ -1,15 +1,10 @@
-"""The host's proactive reclaim (DAMON), paused while the lab runs: recorded in the lab's state, stopped, restored.
+"""The host's proactive reclaim (DAMON), paused while the lab runs: found, recorded in the lab's state, stopped and
+turned back on (tuning.lab.restore), so the page cache keeps what an instance's would (the stack's hosts run none).
 
-Some hosts run DAMON with a `pageout` scheme: memory regions not accessed for a while are paged out whatever the
-free memory (Documentation/admin-guide/mm/damon/usage.rst, "schemes/<N>/action"; the DAMON_RECLAIM module does the
-same, Documentation/admin-guide/mm/damon/reclaim.rst). No kdamond runs unless configured to, as on the hosts
-the stack deploys. In the lab it changes what is measured: a host that pages out regions idle for 12 aggregation
-intervals of 5 s (a minute) took from a child whose download lasted 85 s a share of its images before its
-process stage read them, and the stage read them back from the lab volume at the baseline's random-I/O rate
-(about 0.6 MiB/s: each small request a whole 1 MiB unit), blocked in folio_wait_bit_common with gigabytes of
-memory free: a batch of 48 x 40 MiB had not finished its process stage after 18 minutes. The lab stops such a
-kdamond (writes `off` to its state file) and turns it back `on` with the rest of its state (tuning.lab.restore),
-so the page cache keeps what an instance's would.
+In: the sysfs switches (KDAMONDS, RECLAIM_ENABLED). Out: `reclaiming()` gives {switch file: [value to restore, value
+that stops it]} for each kdamond that is on with a pageout scheme and for the DAMON_RECLAIM module; `pause` and
+`resume` write them and return the problems, never raise. Why the lab needs it: docs/advisor.md (`lab --where host`)
+and BENCHMARKS.md, Part 3.
 """
 
 from __future__ import annotations
@@ -22,6 +17,9 @@ from pathlib import Path
 KDAMONDS = Path("/sys/kernel/mm/damon/admin/kdamonds")
 # The DAMON_RECLAIM module's switch (mm/damon/reclaim.c): Y or N.
 RECLAIM_ENABLED = Path("/sys/module/damon_reclaim/parameters/enabled")
+# A scheme with this action pages out regions not accessed for a while whatever the free memory
+# (Documentation/admin-guide/mm/damon/usage.rst, "schemes/<N>/action"; DAMON_RECLAIM does the same,
+# Documentation/admin-guide/mm/damon/reclaim.rst). No kdamond runs unless configured to.
 RECLAIM_ACTIONS = frozenset({"pageout"})
 
 

@@ -1,29 +1,14 @@
-"""The lab's slow disk on any kernel: a FUSE file system holding one file, `volume.img`, whose daemon serves
-every request at a fixed rate, the burst rate while its credit count is positive and the baseline rate
-otherwise. The lab attaches a loop device to that file, so the emulated volume's limit works without cgroups
-(v1 or v2) or kernel modules, and the daemon sees each request's offset and size, so it charges AWS's HDD
-accounting as the real volume does (tuning.accounting.HddAccountant: sequential requests merged into 1 MiB
-units, a random one under 1 MiB charged a whole unit).
+"""The lab's slow disk on any kernel: a FUSE file system holding one file, `volume.img`, whose daemon serves every
+request at a fixed rate, burst while its own credit count is positive and baseline otherwise, charging AWS's HDD
+accounting by each request's offset (tuning.accounting.HddAccountant). The lab puts a loop device on that file.
 
-The device does not run the simulator: it is told two constant rates, the bucket's size and its refill
-rate (`DeviceRates`), and keeps its own count. It serves a request when the previous one is done, and its
-service time is (units x 1 MiB) / rate, so credits and time follow the same units. Credits may go below
-zero (the device then runs at baseline until it has earned them back), so over a long run at an empty bucket
-the device moves exactly what baseline allows.
+In: DeviceRates (two constant rates, the bucket's size and its refill rate: the device does not run the simulator).
+Out: the served file, and every STATS_EVERY_S a stats file replaced whole (`read_stats`: credits at the real volume's
+scale, units charged, sequential and random bytes, bytes read and written, when the bucket first ran dry, whether it
+bursts now). Invariants: one request at a time, each taking its units x 1 MiB / the rate; credits may go below zero,
+so at an empty bucket the device moves exactly what the baseline allows; its data is in memory when it fits there.
 
-The daemon writes its figures to a JSON stats file every STATS_EVERY_S (atomically), read by the lab:
-credits (MiB at the real volume's scale), units charged, sequential and random bytes, bytes read and
-written, when the bucket first ran dry, and whether it bursts now.
-
-The device's data (its store) lives in memory, on /dev/shm, when that tmpfs and the machine's available memory
-have room for the whole volume (`store_path`): tmpfs pages are never dirty in the kernel's accounting, so the
-device's own writes do not come back as another device's dirty pages and writeout, which on a disk they do at
-the device's rate, taking half of the dirty limit's per-device shares from the volume under test. A host in
-AWS has no such second copy.
-
-Run as `python -m tuning.lab fusedev MOUNT STORE SIZE STATS [rate options]` (the lab starts it; root).
-FUSE's high-level API comes from mfusepy (ctypes over libfuse3), direct_io so the kernel does not cache the
-backing file a second time (libfuse fuse_config.direct_io, include/fuse.h).
+    python -m tuning.lab fusedev MOUNT STORE SIZE STATS [rate options]   (the lab starts it, as root)
 """
 
 from __future__ import annotations
@@ -58,8 +43,11 @@ STORE_MARGIN = 2 << 30  # memory left to everything else when the store is in me
 
 def store_path(lab_dir: Path, size: int, *, shm: Path = SHM, proc: Path = PROC) -> Path:
     """Where the device keeps its data: on `shm` when it is a tmpfs with room for `size` bytes and the
-    machine has that much memory available besides STORE_MARGIN, else in `lab_dir` (on a disk, whose own
-    dirty pages and writeout then share the kernel's dirty limits with the volume: see the module's note)."""
+    machine has that much memory available besides STORE_MARGIN, else in `lab_dir`.
+
+    tmpfs pages are never dirty in the kernel's accounting; on a disk the device's own writes come back as another
+    device's dirty pages and writeout, at the device's rate, and take half the dirty limit's per-device shares from
+    the volume under test, as nothing on a Batch host does."""
     in_memory = shm / f"iobatch-lab-{os.getpid()}.store"
     mounts, available = read_mounts(proc), read_mem_available(proc)
     try:
@@ -266,7 +254,9 @@ def serve(mount: Path, store: Path, size: int, stats_path: Path, rates: DeviceRa
 
     threading.Thread(target=write_stats, name="stats", daemon=True).start()
     try:
-        # Single-threaded: the device serves one request at a time, as its rate says.
+        # Single-threaded: the device serves one request at a time, as its rate says. direct_io: the kernel does not
+        # cache the backing file a second time (libfuse fuse_config.direct_io, include/fuse.h); mfusepy is FUSE's
+        # high-level API over libfuse3 (ctypes).
         mfusepy.FUSE(SlowVolume(), str(mount), foreground=True, nothreads=True, direct_io=True,
                      allow_other=True, fsname="iobatch-lab")
     finally:
