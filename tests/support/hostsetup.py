@@ -97,10 +97,12 @@ class ProcessState:
     cwd: str
     handlers: tuple[Any, ...]
     mounts: frozenset[str]
+    blocked: frozenset[int]  # the main thread's signal mask: what every process a later test starts inherits
 
     @classmethod
     def now(cls) -> ProcessState:
-        return cls(os.getcwd(), tuple(signal.getsignal(s) for s in SIGNALS), _mounts())
+        return cls(os.getcwd(), tuple(signal.getsignal(s) for s in SIGNALS), _mounts(),
+                   frozenset(signal.pthread_sigmask(signal.SIG_BLOCK, ())))
 
 
 def state_left(before: ProcessState) -> str | None:
@@ -115,6 +117,10 @@ def state_left(before: ProcessState) -> str | None:
         if was != is_now:
             signal.signal(sig, was)
             changed.append(f"the {sig.name} handler")
+    if now.blocked != before.blocked:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before.blocked)
+        changed.append("the signal mask (" + ", ".join(signal.Signals(s).name for s in now.blocked ^ before.blocked)
+                       + ")")
     added, removed = now.mounts - before.mounts, before.mounts - now.mounts
     if added or removed:
         changed.append("mounts (" + ", ".join([*(f"+{m}" for m in sorted(added)), *(f"-{m}" for m in sorted(removed))])

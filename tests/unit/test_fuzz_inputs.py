@@ -365,7 +365,9 @@ def test_any_json_object_is_an_advice_or_one_line_saying_why(body: dict[str, Any
     from tuning.advise import advise
     from tuning.plan import Plan
 
-    whole = _ADVICE.setdefault("advice", advise(batch(2), Plan(2, 16, 100)).to_json())
+    if "advice" not in _ADVICE:  # once: setdefault would run the advisor for every example
+        _ADVICE["advice"] = advise(batch(2), Plan(2, 16, 100)).to_json()
+    whole = _ADVICE["advice"]
     for candidate in (body, {**whole, **body}):  # a random object; a real advice with fields replaced
         problem = advice_problem(candidate)
         if problem is not None:

@@ -107,6 +107,25 @@ def test_a_signal_that_lands_on_another_thread_stops_the_command_at_once(tmp_pat
     assert result.returncode == -signal.SIGTERM and time.monotonic() - started < 10
 
 
+def _tree_state(pid: int) -> str:
+    """For a failure: each process of the session `pid` leads, with its state, wait channel and signal masks."""
+    lines = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) != pid:  # the session id
+                continue
+            status = dict(line.split(":\t", 1) for line in (stat.parent / "status").read_text().splitlines()
+                          if ":\t" in line)
+            wchan = (stat.parent / "wchan").read_text()
+            cmd = (stat.parent / "cmdline").read_text().replace("\0", " ")[:80]
+        except (OSError, ValueError, IndexError):
+            continue
+        lines.append(f"{stat.parent.name} {fields[0]} {wchan} blk={status.get('SigBlk')} ign={status.get('SigIgn')} "
+                     f"pnd={status.get('SigPnd')}/{status.get('ShdPnd')} {cmd}")
+    return "\n".join(lines)
+
+
 def _at_a_terminal(words: list[str], keys: bytes, after: bytes, timeout_s: float = 30.0) -> tuple[int, str]:
     """`iobatch WORDS` as a terminal's foreground job (a pty, its session): `keys` typed once `after` was printed.
     Its exit code and everything it printed."""
@@ -132,8 +151,9 @@ def _at_a_terminal(words: list[str], keys: bytes, after: bytes, timeout_s: float
                 os.write(master, keys)
                 typed = True
         else:
+            state = _tree_state(pid)
             os.kill(pid, signal.SIGKILL)
-            pytest.fail(f"still running after {timeout_s} s: {output.decode(errors='replace')[-600:]}")
+            pytest.fail(f"still running after {timeout_s} s: {output.decode(errors='replace')[-600:]}\n{state}")
         _, status = os.waitpid(pid, 0)
     finally:
         os.close(master)
