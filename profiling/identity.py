@@ -20,13 +20,11 @@ import json
 import re
 import socket
 import time
-import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from profiling.numbers import whole_number
-from profiling.probes.disk import ebs_volume_id
 from profiling.protocol import SOCKET_NAME
 
 #: The host's instance id and type, as JSON {"InstanceId": ..., "InstanceType": ...}, at the root of the scratch
@@ -134,6 +132,8 @@ def ecs_task_id(metadata_uri: str, *, attempts: int = METADATA_ATTEMPTS, timeout
     arn:aws:ecs:REGION:ACCOUNT:task/CLUSTER/TASK_ID ("Amazon ECS task metadata v4 JSON response",
     Amazon ECS Developer Guide). The agent may not answer in a container's first moments: a few tries.
     """
+    import urllib.request  # here: every `iobatch` command line imports this module, few ask ECS (issue 43)
+
     url = metadata_uri.rstrip("/") + "/task"
     for attempt in range(attempts):
         try:
@@ -164,6 +164,8 @@ def resolve_task_id(environ: Mapping[str, str], names: JobEnv,
 def job_identity(environ: Mapping[str, str], names: JobEnv, *,
                  fetch: Callable[[str], str | None] = ecs_task_id) -> JobIdentity:
     """The job's identity, with its task id and the instance it runs on (`instance_identity`)."""
+    from profiling.probes.disk import ebs_volume_id  # here: the probes package only a profiler needs (issue 43)
+
     identity = JobIdentity.from_env(environ, names, resolve_task_id(environ, names, fetch))
     scratch_root = Path(environ.get(names.scratch) or names.default_scratch)
     instance_id, instance_type = instance_identity(environ, scratch_root)

@@ -2,8 +2,9 @@
 one. Pure; imports nothing of the project, so the stack (infra) and the advisor share one table and one rule.
 
 Owns a job's memory (task_memory_mib, job_memory_mib), the vCPUs it reserves (reserved_vcpus), children per host
-(children_per_host: limited by vCPUs and by the memory the ECS agent registers) and the stack's context keys for its
-hosts. Each table cites its source beside it; `lookup` and `types_of` read it, None or [] for a type it does not know.
+(children_per_host: limited by vCPUs and by the memory the ECS agent registers), the instance memory the advisor takes
+(MIN_MEMORY_GIB, MAX_MEMORY_GIB) and the stack's context keys for its hosts. Each table cites its source beside it;
+`lookup` and `types_of` read it, None or [] for a type it does not know.
 
     children_per_host(INSTANCE_TYPES["m6i.2xlarge"], vcpus_per_job=2)   # 4
 """
@@ -34,6 +35,10 @@ PROFILER_MEMORY_MIB = 256
 # Batch AMI reserves ECS_RESERVED_MEMORY on top.
 REGISTERED_SHARE = 7985 / 8192
 ECS_RESERVED_MEMORY_MIB = 32
+# An instance's memory the advisor takes (`advise --memory-gib`, and a local run's run.json memory_gib): from the
+# smallest EC2 instance to the largest (u-* hosts hold up to 24 TiB).
+MIN_MEMORY_GIB = 0.5
+MAX_MEMORY_GIB = 32768.0
 
 # The tables below are AWS's, from the "Amazon EC2 Instance Types" guide as published in 2024 (Specifications: general
 # purpose, compute optimized, memory optimized, storage optimized). vCPUs: its "Performance specifications" tables.

@@ -28,10 +28,6 @@ MIN_FLOOR_SHARE = 0.1
 # device's (other children's requests included), and a few requests say nothing of a stage's pattern.
 MIN_SHARE_DEVICE_BYTES = 16 * MIB
 SECONDS_PER_DAY = 86_400
-# An instance's memory the advisor takes (`advise --memory-gib`, and a local run's run.json memory_gib): from the
-# smallest EC2 instance to the largest (u-* hosts hold up to 24 TiB).
-MIN_MEMORY_GIB = 0.5
-MAX_MEMORY_GIB = 32768.0
 # A candidate naming instance store: nvme:INSTANCE_TYPE (or instance-store:INSTANCE_TYPE).
 STORE_WORDS = ("nvme", "instance-store")
 

@@ -11,8 +11,7 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
-from tuning.instances import DEFAULT_VCPUS_PER_JOB, children_per_host, job_memory_mib
-from tuning.plan import MAX_MEMORY_GIB, MIN_MEMORY_GIB
+from tuning.instances import DEFAULT_VCPUS_PER_JOB, MAX_MEMORY_GIB, MIN_MEMORY_GIB, children_per_host, job_memory_mib
 
 PLAN_FLAGS = (("--jobs-per-instance", "4"), ("--memory-gib", "16"), ("--jobs-per-day", "500"))
 

@@ -73,9 +73,8 @@ def read_batch(*, stack: str | None, from_cloudwatch: str | None, job_ids: Seque
     """The documents of a batch in AWS and, with `stack`, the plan it was deployed with; every error one line with
     its exit code (pipeline.errors)."""
     from pipeline.cli.batch import _session, read_stack
-    from pipeline.cli.report import Progress, _from_logs, _logs_client
+    from pipeline.cli.report import DEFAULT_SINCE, Progress, _from_logs, _logs_client
     from profiling.report import (
-        DEFAULT_SINCE,
         DamagedInputError,
         LogWindow,
         ReportInputError,

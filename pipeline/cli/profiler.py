@@ -176,10 +176,8 @@ def profile(
     from pipeline.settings import job_identity
     from profiling.command import CommandNotFound, profile_command
     from profiling.contract import format_results
-    from profiling.emf import emit_profile, sink_for
     from profiling.finish import load_rules
     from profiling.probes import start_command_probe
-    from profiling.runfiles import write_text_atomic
     from profiling.table import profile_row, render_stage_table
 
     # Every output path is checked before the command runs: its table and exit code are never lost to a
@@ -209,8 +207,12 @@ def profile(
     if json_out == checks.STDOUT:
         print(json.dumps(prof.to_dict(), indent=1), flush=True)
     elif json_out is not None:
+        from profiling.runfiles import write_text_atomic  # imported for these outputs only (start-up: issue 43)
+
         write_text_atomic(Path(json_out), json.dumps(prof.to_dict(), indent=1) + "\n")
     if emf is not None:
+        from profiling.emf import emit_profile, sink_for
+
         emit_profile(prof, sink_for(emf))
     code = exit_code_of(result.returncode)
     title = f"{' '.join(command)[:60]} ({prof.outcome}, exit {code}; device {prof.device or '-'})"

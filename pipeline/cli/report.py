@@ -13,8 +13,9 @@ import typer
 
 from pipeline.cli import checks
 from pipeline.errors import PermanentError, UsageError
-from profiling import runfiles
-from profiling.report.cloudwatch import DEFAULT_SINCE
+
+# How far back `--since` reads when it is not given (report and advise alike).
+DEFAULT_SINCE = "1h"
 
 
 def _read_advice(path: Path | None) -> Any:
@@ -35,6 +36,8 @@ def _read_advice(path: Path | None) -> Any:
 def _all_profiles(run_dir: Path, data: Any) -> list[Any]:
     """Every stage profile of a local run: a large run keeps no whole profiles (profiling.report.fleet), so the
     advisor reads them without timelines."""
+    from profiling import runfiles
+
     if data.complete:
         return [x.profile for x in data.entries]
     return [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
@@ -46,6 +49,7 @@ def _run_dir_advice(run_dir: Path, given: Any = None) -> Any:
     `given` (--advice) when there is one; run.json is checked strictly either way (pipeline.local.runjson: 65)."""
     from pipeline.local.demo import run_advice
     from pipeline.local.runjson import read_run
+    from profiling import runfiles
 
     run = read_run(run_dir) if runfiles.is_run_dir(run_dir) else None
     if given is not None:
@@ -128,6 +132,7 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
     demo gives them) or a CloudWatch Logs range (profiling.report.parse_run_side: no findings)."""
     from pipeline.local.demo import run_advice
     from pipeline.local.runjson import checked_run
+    from profiling import runfiles
     from profiling.report import (
         CloudWatchRange,
         DamagedInputError,
@@ -203,6 +208,7 @@ def report(
     """Write the HTML report of a run: per-stage plots, a timeline per child, bad apples, contract rule
     results and the advisor's recommendation. The file opens offline (plotly.js is embedded)."""
     from pipeline.errors import PermanentError
+    from profiling import runfiles
     from profiling.report import DamagedInputError, ReportInputError, check_log_group, write_report
 
     logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")  # given, it is checked, used or not

@@ -19,7 +19,7 @@ from pipeline.endpoints import endpoint_problem, shown_endpoint
 from pipeline.errors import PermanentError, UsageError
 from pipeline.settings import MAX_DEMO_IMAGES, MAX_IMAGES_PER_CHILD, MAX_WORKERS
 from profiling import runfiles
-from tuning.plan import MAX_MEMORY_GIB, MIN_MEMORY_GIB
+from tuning.instances import MAX_MEMORY_GIB, MIN_MEMORY_GIB
 
 __all__ = ["FIELDS", "checked_run", "read_run", "run_problem"]
 

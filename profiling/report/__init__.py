@@ -20,7 +20,6 @@ Metric names, units, labels, scales and aggregations come from profiling.metrics
 from profiling.report.advice import advice_as_data, findings_of
 from profiling.report.badapples import BadApple, find_bad_apples
 from profiling.report.cloudwatch import (
-    DEFAULT_SINCE,
     LogWindow,
     cloudwatch_profiles,
     load_cloudwatch,
@@ -44,7 +43,6 @@ from profiling.report.sources import (
 )
 
 __all__ = [
-    "DEFAULT_SINCE",
     "PLOTTERS",
     "STAGE_PLOTS",
     "BadApple",

@@ -32,8 +32,6 @@ READERS = 4
 MIN_SLICE_MS = 60_000
 # Messages of later slices held while an earlier one is given out; past it their readers wait.
 READ_AHEAD_BYTES = 64 * 2**20
-# How far back `--since` reads when it is not given (report and advise alike).
-DEFAULT_SINCE = "1h"
 
 Progress = Callable[[int, int], None]
 

@@ -324,7 +324,7 @@ def test_a_whole_run_json_gives_the_plan_and_the_report(tmp_path: Path) -> None:
 def test_run_json_is_checked_with_the_flags_bounds() -> None:
     from pipeline.local.runjson import run_problem
     from pipeline.settings import MAX_WORKERS
-    from tuning.plan import MAX_MEMORY_GIB
+    from tuning.instances import MAX_MEMORY_GIB
 
     assert run_problem({"workers": MAX_WORKERS, "memory_gib": MAX_MEMORY_GIB}) is None
     assert "--workers" in str(run_problem({"workers": MAX_WORKERS + 1}))
