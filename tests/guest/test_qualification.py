@@ -16,13 +16,11 @@ from profiling.qualifyio import FENCED, QUALIFIED, SLOW
 from profiling.report import ReportData, find_bad_apples, render_html
 from profiling.report.sources import Entry
 from tests.support.firstboot import qemu_running
+from tests.support.guestboots import NOMINAL, SLOW_HOST, Boots
 from tests.support.qualifyhost import (
     SLOW_FACTOR,
     QualifiedHost,
-    boot_qualified_host,
     child_profile,
-    nominal_throttle,
-    slow_throttle,
 )
 from tuning.guest.machine import unavailable
 from tuning.hostqualify import EVENT_PREFIX, FENCE_PREFIX
@@ -30,15 +28,13 @@ from tuning.hostqualify import EVENT_PREFIX, FENCE_PREFIX
 if reason := unavailable():
     pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)
 
-NOMINAL, SLOW_HOST = "i-0000000000000000a", "i-0000000000000000b"
 WITHIN = 0.15
 
 
 @pytest.fixture(scope="module")
-def hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, QualifiedHost]:
-    return {NOMINAL: boot_qualified_host(tmp_path_factory.mktemp("nominal-host"), nominal_throttle(), NOMINAL),
-            SLOW_HOST: boot_qualified_host(tmp_path_factory.mktemp("slow-host"), slow_throttle(), SLOW_HOST,
-                                           fence=True)}
+def hosts(guest_boots: Boots) -> dict[str, QualifiedHost]:
+    """The two hosts, booted in the background from the session's start (tests/support/guestboots.py)."""
+    return {instance: guest_boots.result(instance) for instance in (NOMINAL, SLOW_HOST)}
 
 
 def check_booted(host: QualifiedHost) -> None:

@@ -21,12 +21,12 @@ import pytest
 from profiling import runfiles
 from tests.support.firstboot import EBPF_EXACT, SCRATCH_OUT, FirstBoot, qemu_running
 from tests.support.guest import pacing, pause_freeruns, stage_profiles
+from tests.support.guestboots import Boots
 from tests.support.packedhost import (
     RUNS,
     ST1,
     WRITTEN,
     PackedHost,
-    boot_packed_host,
     closed_loop,
     predicted,
 )
@@ -79,9 +79,9 @@ def test_the_scratch_disk_runs_at_the_volume_baseline_and_charges_small_io_as_1_
 
 
 @pytest.fixture(scope="module")
-def packed_host(tmp_path_factory: pytest.TempPathFactory) -> PackedHost:
-    """One boot, three waves of Batch children in containers (tests/support/packedhost.py)."""
-    return boot_packed_host(tmp_path_factory.mktemp("packed-host"))
+def packed_host(guest_boots: Boots) -> PackedHost:
+    """The packed host, booted in the background from the session's start (tests/support/guestboots.py)."""
+    return guest_boots.result("packed")
 
 
 def test_two_children_in_containers_get_their_own_cgroup_figures(packed_host: PackedHost) -> None:
