@@ -8,11 +8,8 @@ pass.
 
 from __future__ import annotations
 
-import http.server
-import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,11 +19,12 @@ from pipeline.errors import EXIT_USAGE, MissingObjectError, UsageError
 from pipeline.local.s3server import EmbeddedS3
 from pipeline.settings import S3Uri
 from tests.support.cli import CliRunner
+from tests.support.loopback import Quiet, serving
 
 PAGE = b"<html><body><h1>Welcome to nginx!</h1><p>If you see this page, the web server works.</p></body></html>\n"
 
 
-class _Site(http.server.BaseHTTPRequestHandler):
+class _Site(Quiet):
     """A web site: a page for every path (200 or 404, by the first path segment), and `/moved...` redirects."""
 
     def _answer(self) -> None:
@@ -46,20 +44,11 @@ class _Site(http.server.BaseHTTPRequestHandler):
 
     do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _answer
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet: no line per request
-        pass
-
 
 @pytest.fixture(scope="module")
 def site() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Site)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(_Site) as url:
+        yield url
 
 
 @pytest.fixture

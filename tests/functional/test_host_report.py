@@ -11,10 +11,8 @@ import json
 import os
 import shutil
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +21,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from tests.support.loopback import Quiet, serving
 from tuning.host import HostReport, HostTuning
 
 RECORDER = """#!/bin/bash
@@ -37,7 +36,7 @@ META = {"instance-id": "i-0123456789abcdef0", "instance-type": "m6i.2xlarge", "i
         "placement/region": "eu-west-1", "services/domain": "amazonaws.com"}
 
 
-class StandIn(BaseHTTPRequestHandler):
+class StandIn(Quiet):
     """IMDSv2 (a token from PUT, meta-data only with it) and CloudWatch Logs (POST /, recorded)."""
 
     calls: list[dict[str, Any]]
@@ -66,23 +65,13 @@ class StandIn(BaseHTTPRequestHandler):
                            "body": body})
         self._answer(200, "{}")
 
-    def log_message(self, format: str, *args: Any) -> None:  # quiet
-        pass
-
 
 @pytest.fixture
 def stand_in() -> Iterator[tuple[str, list[dict[str, Any]]]]:
     calls: list[dict[str, Any]] = []
     handler = type("Handler", (StandIn,), {"calls": calls})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", calls
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(handler) as url:
+        yield url, calls
 
 
 def path_without_aws() -> str:

@@ -14,8 +14,10 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.support.loopback import Quiet, serving
 
 TOKEN, ROLE = "imds-token-1", "iobatch-host-role"
 CREDENTIALS = {"AccessKeyId": "ASIAEXAMPLEKEY000001", "SecretAccessKey": "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
@@ -45,7 +47,7 @@ class HostWorld:
 
 
 def _handler(world: HostWorld) -> type[BaseHTTPRequestHandler]:
-    class StandIn(BaseHTTPRequestHandler):
+    class StandIn(Quiet):
         def _answer(self, code: int, body: str) -> None:
             data = body.encode()
             self.send_response(code)
@@ -85,21 +87,11 @@ def _handler(world: HostWorld) -> type[BaseHTTPRequestHandler]:
                     return self._answer(200, json.dumps(answer))
             self._answer(400, json.dumps({"__type": "UnknownOperationException"}))
 
-        def log_message(self, format: str, *args: Any) -> None:  # quiet
-            pass
-
     return StandIn
 
 
 @contextmanager
 def host_stand_in(world: HostWorld, address: str = "127.0.0.1") -> Iterator[str]:
     """Serve `world` on `address` (a free port) for the block; yields the base URL."""
-    server = ThreadingHTTPServer((address, 0), _handler(world))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{address}:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(_handler(world), address) as url:
+        yield url

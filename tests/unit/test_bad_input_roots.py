@@ -22,6 +22,7 @@ from pipeline.cli import app
 from pipeline.errors import EXIT_PERMANENT, EXIT_USAGE, ManifestError, ScratchError, UsageError
 from pipeline.interface import ENV
 from profiling import runfiles
+from tests.support import cli
 from tests.support.cli import CliRunner
 from tests.support.profiles import full_profile
 
@@ -31,37 +32,20 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "pipeline.submit.submit_to_stack", "pipeline.submit.require_credentials", "pipeline.cli.batch._session",
            "pipeline.cli.report._logs_client", "profiling.sidecar.Sidecar.bind", "profiling.report.write_report",
            "tuning.advise.advise", "pipeline.imaging.process_directory", "pipeline.job.main"]
-
-
-class Reached(Exception):
-    """A command passed its checks and would now act."""
-
-
-def _reached(*_args: Any, **_kwargs: Any) -> Any:
-    raise Reached
+BASE_ENV = {ENV.INPUT: "s3://bkt/i/", ENV.OUTPUT: "s3://bkt/o/", ENV.IMAGES_PER_CHILD: "1",
+            "AWS_REGION": "us-east-1"}
 
 
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    for target in ACTIONS:
-        monkeypatch.setattr(target, _reached)
-
-
-def _invoke(args: list[str], env: dict[str, str] | None = None) -> Any:
-    base = {ENV.INPUT: "s3://bkt/i/", ENV.OUTPUT: "s3://bkt/o/", ENV.IMAGES_PER_CHILD: "1", "AWS_REGION": "us-east-1"}
-    return CliRunner().invoke(app, args, env={**base, **(env or {})})
+    cli.stub_actions(monkeypatch, ACTIONS)
 
 
 def refused(args: list[str], code: int, fragment: str, env: dict[str, str] | None = None) -> str:
-    """The command refuses with one line holding `fragment` and exits `code`, before acting."""
-    result = _invoke(args, env)
-    assert not isinstance(result.exception, Reached), f"{args} reached its action: it should have been refused"
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert len(errors[0]) < 400 and "Traceback" not in result.output
-    return errors[0]
+    """The command refuses with one short line holding `fragment` and exits `code`, before acting; that line."""
+    error = cli.refused(args, code, fragment, {**BASE_ENV, **(env or {})})[1]
+    assert len(error) < 400
+    return error
 
 
 # ---- one parser for numbers: variables and flags ----------------------------------------------------

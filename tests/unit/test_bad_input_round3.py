@@ -8,14 +8,12 @@ that must be refused and is not reaches the stub, and the case fails without run
 
 from __future__ import annotations
 
-import http.server
 import json
 import math
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +23,13 @@ import pytest
 from botocore.exceptions import SSLError
 
 from pipeline import aws
-from pipeline.cli import app
 from pipeline.endpoints import checked_endpoint
 from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, UsageError
 from pipeline.interface import ENV
 from pipeline.s5cmd import CopyResult, classify_failure
 from profiling import emf, runfiles
-from tests.support.cli import CliRunner
+from tests.support import cli
+from tests.support.loopback import Quiet, serving
 from tests.support.profiles import full_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,32 +39,16 @@ ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "p
            "profiling.report.write_comparison", "tuning.advise.advise", "pipeline.job.main"]
 
 
-class Reached(Exception):
-    """A command passed its checks and would now act."""
-
-
-def _reached(*_args: Any, **_kwargs: Any) -> Any:
-    raise Reached
-
-
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    for target in ACTIONS:
-        monkeypatch.setattr(target, _reached)
+    cli.stub_actions(monkeypatch, ACTIONS)
 
 
 def refused(args: list[str], code: int, fragment: str, env: dict[str, str] | None = None) -> str:
-    """The command refuses with one line holding `fragment` and exits `code`, before acting."""
+    """The command refuses with one line holding `fragment` and exits `code`, before acting; its whole output."""
     base = {ENV.INPUT: "s3://bkt/i/", ENV.OUTPUT: "s3://bkt/o/", ENV.IMAGES_PER_CHILD: "1", "AWS_REGION": "us-east-1",
             "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AWS_MAX_ATTEMPTS": "1"}
-    result = CliRunner().invoke(app, args, env={**base, **(env or {})})
-    assert not isinstance(result.exception, Reached), f"{args} reached its action: it should have been refused"
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert "Traceback" not in result.output
-    return result.output
+    return cli.refused(args, code, fragment, {**base, **(env or {})})[0]
 
 
 # ---- endpoints: one check for every flag and variable that takes one ----------------------------------------
@@ -139,20 +121,8 @@ def test_s5cmd_meeting_a_plain_http_server_over_tls_names_the_scheme() -> None:
 @pytest.fixture
 def plain_http() -> Iterator[str]:
     """A plain HTTP server on loopback: what an https:// endpoint that should have been http:// reaches."""
-
-    class Quiet(http.server.BaseHTTPRequestHandler):
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(Quiet) as url:
+        yield url.replace("http://", "https://", 1)
 
 
 def test_report_against_a_plain_http_logs_endpoint_over_tls_exits_64(plain_http: str, tmp_path: Path) -> None:

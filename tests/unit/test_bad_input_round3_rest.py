@@ -7,10 +7,8 @@ The commands' actions are replaced by a stub that records they were reached, as 
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,9 @@ from pipeline.endpoints import chosen_endpoint, configured_endpoint, endpoint_ad
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_USAGE, UsageError
 from pipeline.interface import ENV
 from pipeline.settings import JobSettings
+from tests.support import cli
 from tests.support.cli import CliRunner
+from tests.support.loopback import Quiet, serving
 
 SECRET = "S3CR3TPASS"
 ACTIONS = ["pipeline.local.demo.run_demo", "pipeline.local.runner.run_local", "pipeline.local.submit.submit_local",
@@ -37,18 +37,9 @@ CLEARED = ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL_CLOUDWAT
            "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", ENV.S3_ENDPOINT, "AWS_PROFILE"]
 
 
-class Reached(Exception):
-    """A command passed its checks and would now act."""
-
-
-def _reached(*_args: Any, **_kwargs: Any) -> Any:
-    raise Reached
-
-
 @pytest.fixture
 def stubbed(monkeypatch: pytest.MonkeyPatch) -> None:
-    for target in ACTIONS:
-        monkeypatch.setattr(target, _reached)
+    cli.stub_actions(monkeypatch, ACTIONS)
 
 
 @pytest.fixture(autouse=True)
@@ -58,15 +49,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def refused(args: list[str], code: int, fragment: str, env: dict[str, str] | None = None) -> str:
-    """The command refuses with one line holding `fragment` and exits `code`, before acting."""
-    result = CliRunner().invoke(app, args, env={**BASE_ENV, **(env or {})})
-    assert not isinstance(result.exception, Reached), f"{args} reached its action: it should have been refused"
-    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert result.exit_code == code, (result.exit_code, result.stderr)
-    assert len(errors) == 1 and fragment in errors[0], result.stderr
-    assert "Traceback" not in result.output
-    return result.output
+    """The command refuses with one line holding `fragment` and exits `code`, before acting; its whole output."""
+    return cli.refused(args, code, fragment, {**BASE_ENV, **(env or {})})[0]
 
 
 # ---- an S3 server given as the CloudWatch Logs endpoint -----------------------------------------------------
@@ -80,7 +64,7 @@ def s3_like() -> Iterator[str]:
     """An HTTP server answering as an S3 server (versitygw, MinIO) answers CloudWatch Logs' POST: 405, XML, and an
     S3 request id."""
 
-    class S3Like(http.server.BaseHTTPRequestHandler):
+    class S3Like(Quiet):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
             self.send_response(405)
@@ -90,18 +74,8 @@ def s3_like() -> Iterator[str]:
             self.end_headers()
             self.wfile.write(ANSWER_405)
 
-        def log_message(self, *_args: Any) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), S3Like)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serving(S3Like) as url:
+        yield url
 
 
 def test_an_s3_server_as_the_logs_endpoint_is_not_cloudwatch_logs(s3_like: str, tmp_path: Path) -> None:
@@ -263,8 +237,8 @@ def test_a_slow_child_behind_tls_is_refused_before_anything_starts(tmp_path: Pat
 def test_lab_advise_with_the_writer_workload_is_refused_before_the_guest_is_chosen(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # Was refused only inside the guest, after this side had generated the images and booted it.
-    monkeypatch.setattr("pipeline.cli.tuning._lab_where", _reached)
-    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", _reached)
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", cli.reached)
+    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", cli.reached)
     refused(["lab", "--where", "guest", "--advise", "--workload", "writer", "--memory-gib", "1"], EXIT_USAGE,
             "--advise runs the pipeline: leave out --workload writer")
 
@@ -440,17 +414,17 @@ def test_more_jobs_than_the_instance_runs_never_reach_the_cdk_context(tmp_path: 
         "lab-credits-after-cliff"])
 def test_a_flag_the_run_would_ignore_is_refused(stubbed: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                 args: list[str], fragment: str) -> None:
-    monkeypatch.setattr("pipeline.cli.tuning._lab_where", _reached)
+    monkeypatch.setattr("pipeline.cli.tuning._lab_where", cli.reached)
     run = _run_dir(tmp_path, json.dumps(GOOD_RUN))
     refused([str(run) if word == "RUN" else word for word in args], EXIT_USAGE, fragment)
 
 
 def test_the_lab_in_the_guest_refuses_the_hosts_flags(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("pipeline.cli.tuning._lab_where", lambda where: "guest")
-    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", _reached)
+    monkeypatch.setattr("pipeline.cli.tuning._lab_in_guest", cli.reached)
     refused(["lab", "--throttle", "blkio", "--memory-gib", "1"], EXIT_USAGE, "--throttle applies only with --where "
             "host")  # the guest's own --throttle hypervisor came after it, silently
-    with pytest.raises(Reached):
+    with pytest.raises(cli.Reached):
         CliRunner().invoke(app, ["lab", "--memory-gib", "1"], catch_exceptions=False)
 
 

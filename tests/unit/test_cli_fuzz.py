@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 from pipeline.cli import app
 from pipeline.errors import EXIT_OK, EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE
 from pipeline.interface import AWS_ENV, ENV, PROCESS_ENV
+from tests.support import cli
 from tests.support.cli import CliRunner
 
 # A hang inside a Hypothesis test is ended for good (stacks, then exit): with the signal method the
@@ -31,14 +32,6 @@ pytestmark = pytest.mark.timeout(300, method="thread")
 
 DOCUMENTED = {EXIT_OK, EXIT_USAGE, EXIT_PERMANENT, EXIT_RETRYABLE}
 SECRET = "FUZZSECRET"  # a password inside an endpoint URL: no output may hold it
-
-
-class Reached(Exception):
-    """A command passed its checks and would now act."""
-
-
-def _reached(*_args: Any, **_kwargs: Any) -> Any:
-    raise Reached
 
 
 # What each command would do once its flags are checked.
@@ -117,8 +110,7 @@ def argv(draw: st.DrawFn) -> list[str]:
 @pytest.fixture(scope="module")
 def stubbed() -> Any:
     patch = pytest.MonkeyPatch()
-    for target in ACTIONS:
-        patch.setattr(target, _reached)
+    cli.stub_actions(patch, ACTIONS)
     yield
     patch.undo()
 
@@ -222,7 +214,7 @@ def _bad_endpoint(words: list[str]) -> str | None:
 
 
 def _check(words: list[str], result: Any) -> None:
-    if isinstance(result.exception, Reached):
+    if isinstance(result.exception, cli.Reached):
         assert _bad_endpoint(words) is None, ("acted on a bad endpoint", words)
         return  # every check passed: the command would act now
     assert result.exception is None or isinstance(result.exception, SystemExit), (words, result.exception)

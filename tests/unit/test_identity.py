@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from profiling.identity import JobEnv, JobIdentity, ecs_task_id, job_identity, resolve_task_id, safe_task_id
+from tests.support.loopback import Quiet, serving
 
 NAMES = JobEnv(pipeline="P", job_id="J", array_index="I", array_offset="O", volume_type="V", scratch="S",
                profiler_socket="SOCK", default_scratch="/scratch", profiler_off="off", task_id="T", attempt="A",
@@ -62,7 +61,7 @@ def test_the_task_id_is_the_launchers_else_the_ecs_tasks_else_job_and_attempt() 
 def metadata_endpoint() -> Iterator[str]:
     """A stand-in for the ECS agent's task metadata endpoint v4 (GET <uri>/task)."""
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(Quiet):
         def do_GET(self) -> None:
             if self.path != "/v4/container-1/task":
                 self.send_error(404)
@@ -73,16 +72,8 @@ def metadata_endpoint() -> Iterator[str]:
             self.end_headers()
             self.wfile.write(body)
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v4/container-1"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(Handler) as url:
+        yield f"{url}/v4/container-1"
 
 
 def test_the_ecs_task_id_is_the_last_part_of_the_task_arn(metadata_endpoint: str) -> None:
