@@ -1,22 +1,12 @@
-"""Errors the pipeline knows, each with a one-line headline and an exit code.
+"""Errors the pipeline knows, each with a one-line headline and an exit code; print_error.
 
-The exit codes follow sysexits(3) so that the AWS Batch retry strategy can key on them:
-
-====  =============  ==========================================================
-code  name           meaning
-====  =============  ==========================================================
-0     OK             the child finished (or was already complete and skipped)
-1     BUG            an unexpected error; a traceback is printed
-64    USAGE          a flag or variable is wrong; nothing was done
-65    PERMANENT      bad input (manifest, key, image, bucket): retrying cannot help
-75    RETRYABLE      throttling, network, interruption: a retry can succeed
-====  =============  ==========================================================
-
-The codes belong to the job's interface (pipeline/interface.py, which also holds `batch_exit_code`, the
-one rule for a whole batch's code); they are re-exported here beside the errors that carry them.
-
-Every command prints ``error: <headline>`` for these (`print_error`) and exits with the code; only
-unknown exceptions get a traceback.
+Each IobatchError carries a headline naming the thing and the fix, and the exit code of its kind: UsageError 64
+(nothing was done), PermanentError 65 (bad input: retrying cannot help), RetryableError 75 (a retry can succeed).
+The codes follow sysexits(3) so that the AWS Batch retry strategy can key on them; they belong to the job's
+interface (pipeline/interface.py, with `batch_exit_code`, the one rule for a whole batch's code; the table:
+docs/reference/exit-codes.md) and are re-exported here beside the errors that carry them. Every command prints
+``error: <headline>`` for these (`print_error`) and exits with the code; only unknown exceptions get a traceback
+(exit 1).
 """
 
 from __future__ import annotations

@@ -1,28 +1,17 @@
 """One array child: download -> process -> upload, each stage announced to the profiler sidecar.
 
-The process stage runs a command line (pipeline/process.py: the built-in resizer by default, or the user's
-own), and the upload stage uploads everything it wrote, then the marker listing every object.
-
-This is the container entrypoint (`iobatch job`) in AWS Batch and the worker of the local executor;
-both give it the same environment (pipeline/settings.py).
-
-Promises:
-- A child whose `_SUCCESS` marker exists is skipped (unless IOBATCH_FORCE is set).
-- `_SUCCESS` is written last, after every output object, so no marker exists without complete outputs;
-  a child killed half-way leaves none, and a rerun redoes it from the start.
-- Each attempt works in its own scratch directory, named by its task id (pipeline/scratch.py): children
-  of several batches share a host's volume. The directory is removed on every exit path; directories of
-  attempts that died (SIGKILL) are swept by the next child on the host.
-- On a host whose scratch volume was not prepared (no marker from the user data), the child exits 75 so
-  Batch retries it elsewhere. A full volume is decided by evidence: 65 when the child's own files fill it,
-  75 when the neighbours' do.
-- With an attempt timeout (IOBATCH_TIMEOUT_S), the child stops itself at a soft deadline before Batch's
-  (pipeline.interface.soft_deadline_s) and exits 75: Batch retries that, not a timed-out attempt.
-- Every download is checked against the frozen manifest (size, and MD5 == ETag for single-part objects):
-  an object whose bytes changed after the batch was frozen fails the child as permanent, naming the key.
-- Outputs are uploaded with CRC32C checksums that S3 verifies; multipart uploads a killed run left under
-  the child's output prefix are aborted before the upload stage. `_SUCCESS` lists every object uploaded,
-  with its size and checksum.
+The container entrypoint (`iobatch job`) in AWS Batch and the local executor's worker, both with the same
+environment (pipeline/settings.py). In: the child's shard of the frozen manifest (or of a sorted prefix listing).
+Out: every file the process command (pipeline/process.py) wrote, uploaded under the child's output prefix with a
+CRC32C checksum S3 verifies, then `_SUCCESS` listing each with its size and checksum; the exit code, which the
+job's last message hands the profiler. Invariants (why and how: docs/reliability.md):
+- `_SUCCESS` goes last, so no marker exists without complete outputs; a child with one is skipped (unless
+  IOBATCH_FORCE is set). Multipart uploads a killed run left under its prefix are aborted before the upload.
+- Each attempt works in its own scratch directory (pipeline/scratch.py), removed on every exit path.
+- A download that differs from the frozen manifest (its size; its MD5 against a single-part object's ETag) fails
+  the child for good (65), naming the key.
+- Exit 75, which Batch retries: an unprepared scratch volume, one the neighbours filled (65 when the child's own
+  files do), SIGTERM, and the soft deadline before Batch's timeout (pipeline.interface.soft_deadline_s).
 """
 
 from __future__ import annotations
@@ -61,8 +50,6 @@ from pipeline.scratch import Scratch, tree_bytes
 from pipeline.settings import ENV, JobSettings, env_yes
 from profiling.probes.interpose import ENV_LIB, LIB_NAME, preload_env, record_dir, recording_into
 from profiling.protocol import StageReporter
-
-# s5cmd's own retry count (its default is 10, with exponential back-off); the fault tests lower it.
 
 
 def log(event: str, **fields: Any) -> None:

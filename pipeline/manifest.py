@@ -1,22 +1,17 @@
 """Manifests: which images a batch holds, and which of them each array child takes. Pure, streaming.
 
-A user manifest is JSON Lines, one image a line, either form:
+In: a user manifest, JSON Lines, one image a line, each with an optional "size" and "etag":
 
     {"key": "images/cam0/000001.png"}                 a key in the input bucket
     {"uri": "s3://input-bucket/images/cam0/000001.png", "size": 26214400}
 
-A batch is frozen once, before any child runs, into two objects beside the outputs:
-
-    _batch/manifest.jsonl   normalised lines {"key": ..., "size": ...}, in the order given
-    _batch/manifest.idx     (children + 1) big-endian uint64 byte offsets into manifest.jsonl
-
-Child i reads bytes [8i, 8i+16) of the index and then only its own byte range of the manifest, so a
-manifest of millions of lines costs each child two small ranged GETs, and nothing rides in job
-parameters.
-
-Every key is under the input prefix (the only objects the job may read), a plain path (no empty, `.` or
-`..` segment) and listed once (a key listed twice would be processed twice): anything else is bad input
-naming the line.
+Out: the batch frozen once, before any child runs, into two objects beside the outputs:
+FROZEN_MANIFEST, the normalised lines {"key", and "size" and "etag" when known} in the order given, and
+FROZEN_INDEX, (children + 1) big-endian uint64 byte offsets into it. Child i reads bytes [8i, 8i+16) of the index
+(`index_range`), then only its own byte range of the manifest: two small ranged GETs at any size, no key in job
+parameters. Invariants: every key is under the input prefix (the only objects the job may read), a plain path (no
+empty, `.` or `..` segment) and listed once (twice would process it twice); anything else is a ManifestError naming
+the line.
 """
 
 from __future__ import annotations

@@ -1,23 +1,18 @@
-"""One attempt's directory on a scratch volume that many children share.
+"""One attempt's directory on a scratch volume that many children share: claim, lock, sweep, release, full.
 
-A Batch host runs one child per core, from more than one batch, on one scratch volume; a `--force` rerun
-may start while the first run still runs. So an attempt works in SCRATCH/task-<task id>/ (named by the
-attempt, pipeline.interface.task_dir_name), never in a directory named by its array index alone:
+A host runs children of several batches on one volume, and a `--force` rerun may run beside the first run, so an
+attempt works in a directory named by the attempt (pipeline.interface.task_dir_name), never by its array index:
 
     SCRATCH/.iobatch-scratch-ready     the host's marker: this is the prepared volume (tuning/host.py)
+    SCRATCH/.iobatch-profilers/        the profilers' register of the device (profiling/probes/sharing.py)
     SCRATCH/task-<id>/.lock            flock(2)ed by the job for as long as it runs
-    SCRATCH/task-<id>/profiler.sock    the sidecar's socket
-    SCRATCH/task-<id>/input/, output/, download.cmds, upload.cmds
+    SCRATCH/task-<id>/profiler.sock    the sidecar's socket; .iobatch-calls/ the interposer's records
+    SCRATCH/task-<id>/input/, output/, images.jsonl, download.cmds
 
-`Scratch.claim` checks the volume, sweeps the directories of attempts that are no longer running, makes
-its own directory and locks it; `Scratch.release` removes it, on every exit path of the job. A child
-killed with SIGKILL cannot clean up: the next claim on the host sweeps it. The evidence is the lock, not
-a guess: the kernel drops a flock when the last descriptor of its open file goes, so a `.lock` nobody
-holds belongs to a dead attempt (flock(2): "the lock is released either by an explicit LOCK_UN operation
-on any of these duplicate file descriptors, or when all such file descriptors have been closed"). A
-directory that was never locked (a sidecar made it and its job never started) is swept by age.
-
-`full_error` decides a full volume by evidence: the child's own bytes against the volume's size.
+`Scratch.claim` checks the volume, sweeps the directories of attempts no longer running (a `.lock` nobody holds;
+one never locked, after UNCLAIMED_AGE_S), then makes and locks its own; `Scratch.release` removes it, on every exit
+path of the job. `full_error` decides a full volume by evidence, the child's own bytes against the volume's size:
+permanent when they fill it, else retryable (the neighbours did).
 """
 
 from __future__ import annotations
@@ -36,6 +31,9 @@ from pipeline.interface import ENV, TASK_DIR_PREFIX
 from profiling.probes.sharing import sweep_register
 from tuning.host import SCRATCH_READY_MARKER
 
+# The evidence that an attempt is running: the kernel drops a flock when the last descriptor of its open file goes,
+# "either by an explicit LOCK_UN operation on any of these duplicate file descriptors, or when all such file
+# descriptors have been closed" (flock(2)), so a lock nobody holds is a dead attempt's, SIGKILL included.
 LOCK_NAME = ".lock"
 #: A task directory nobody ever locked is removed after this long (its sidecar made it; the job never came).
 UNCLAIMED_AGE_S = 15 * 60.0

@@ -1,28 +1,17 @@
 """Mistral-style I/O contracts: rule files that say which per-call figures to report, per stage and time frame.
 
-A contract file:
-
     2,monitortimeframe,1000s
     # LABEL,PATH,CALLTYPE,SIZERANGE,MEASUREMENT,THRESHOLD
     mean_lat_write,/,write,all,mean-latency,1us
-    num_write,/,write,all,count,1
-    total_write,/,write,all,bandwidth,1B
 
-- Header: format version 2, then the time frame the rules are evaluated over (us, ms, s, m, h).
-- LABEL names the figure: it is the EMF metric name (dimension Stage) and the heading people read.
-- PATH is a prefix: "/" is every call (sockets and pipes included); "/scratch" only calls on files
-  whose path starts with /scratch (attributed when the file was opened, see profiling/probes).
-- CALLTYPE: read, write, open, close, fsync, or all.
-- SIZERANGE: "all", or LOW-HIGH in bytes with B, kB, MB, GB (binary: kB = 1024 B), a half-open range
-  [LOW, HIGH) of the bytes each call moved, e.g. 0-4kB, 4kB-1MB. Probes keep sizes in power-of-two
-  classes, so a bound that is not a power of two is rounded to the class it falls in.
-- MEASUREMENT: count, bandwidth (bytes moved in the time frame), mean-latency, max-latency,
-  min-latency, total-latency.
-- THRESHOLD: the smallest value worth reporting, with a unit that fits the measurement (count: none,
-  k, M; bandwidth: B, kB, MB, GB; latencies: us, ms, s). The value is reported in that unit; a time
-  frame whose value is below the threshold is not reported.
-
-Pure: parsing and evaluation touch no files except `load_contract`, which reads one.
+In: a contract's text (`parse_contract`); `load_contract` reads one file, the only file this module touches. Out: a
+Contract, then per stage (`evaluate_stage`) each rule's value per time frame, from the profile's per-call cells
+(profiling.probes.callstats), else its procfs totals; a frame is reported when its value reaches the rule's
+threshold, in the threshold's unit, and each label is an EMF metric (`contract_metrics`). Invariants: a malformed
+contract is one ContractError naming the file, line and field; a contract fits one EMF document (at most MAX_RULES
+rules, MAX_FRAMES frames a rule: a longer stage's frames are widened, and its rows say so); a rule a stage's figures
+cannot answer is a row with no value and a note saying why. Every field and unit: docs/profiler.md, "Per-call
+latency and contracts".
 """
 
 from __future__ import annotations

@@ -1,23 +1,16 @@
 """The profiler sidecar: a Unix-socket server speaking profiling/protocol.py, one StageProfile per stage.
 
-At stage_start it starts the per-call probes and a StageSampler (profiling/sampler.py) on the stage's
-pid; at stage_end it closes both and acks; then it finishes the stage (profiling/finish.py: per-call figures
-and contract results) and emits it as EMF and, if asked, as a profile JSON line, when neither the job nor the next
-stage's sampler is waiting for it (FINISH_IDLE_S, FINISH_AFTER_S), and at the latest at the job's end.
-
-Whatever goes wrong here is logged as one warning and never reaches the job: the job only ever sees an
-`ack` or an `error` reply.
-
-Injected, with defaults for the real thing:
-
-- per-call probes (`probes`; default profiling.probes.call_probes_for(scratch_dir), made when the socket is
-  bound): each is started with the stage's pid at stage_start (before the baseline, so attaching is not stage
-  time) and stopped at stage_end (before the ack, so the job's work after the stage is not counted); the
-  interposer takes an exact reading of every recording process at both, waiting at most 200 ms. A probe with a
-  `close()` (eBPF keeps its program loaded for the whole job) is closed when `serve` returns, on every path.
-  Why a probe is not running is said once and kept in every stage's notices. `--no-call-probes`: counters alone.
-- contracts (`rules_loader`; default profiling.finish.contract_rules): called once with the contract
-  file, when one is given; the Evaluator it returns runs at every stage end.
+In: one job's connection (and its sub-stages', profiling/substages.py) and a SidecarConfig. Out: per stage, one EMF
+document and, when asked, one profile JSON line, finished by profiling/finish.py (per-call figures, contract
+results) when neither the job nor the next stage's sampler waits for it (FINISH_IDLE_S, FINISH_AFTER_S), and at the
+latest at the job's end; `job_exit_code`, the code the job's job_end carries. Invariants:
+- At stage_start the per-call probes start on the stage's pid before the StageSampler's baseline, so attaching is
+  not stage time; at stage_end both stop before the ack, so the job's work after the stage is not counted.
+- Whatever goes wrong here is one warning and never reaches the job, which only ever sees an `ack` or an `error`
+  reply; a probe that cannot run is said once and kept in every stage's notices.
+- A probe's `close()` (eBPF keeps its program loaded for the whole job) runs when `serve` returns, on every path.
+Injected, with the real thing by default: `probes` (profiling.probes.call_probes_for, made when the socket is bound;
+none with `--no-call-probes`) and `rules_loader` (profiling.finish.contract_rules, once, for the contract file).
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """From measured stage profiles to a scratch volume, write-cache settings and the CDK context that applies them.
 
-`advise()` is pure: it takes profiles (profiling.metrics.StageProfile) and a Plan (jobs per instance,
-instance memory, jobs per day) and returns an Advice. Reading profile and EMF files is kept apart in
-`load_profiles()`, the one function here that touches files.
-
-How the advice is made:
-
-1. The workload: per stage, the median child's bytes to and from the volume, its block I/O size and the
-   time the stage needs when the volume is not what it waits on (its duration minus PSI io stall).
-2. Each candidate volume replays a day of the plan (tuning.simulator.simulate): ceil(jobs per day / jobs per
-   instance) rounds of jobs, spread over 24 hours, through the recommended write cache.
-3. The recommended volume is the cheapest whose steady-state round (the median of the last quarter of
-   the day, when credits may be gone) takes at most RECOMMEND_SLACK times the fastest candidate's.
-4. The write cache absorbs the largest burst one instance writes in a stage (jobs per instance x bytes
-   per job) without pausing writers, within a memory budget.
-
-The inputs (Plan, Workload, parse_candidate, AdviseError) live in tuning.plan, the prices in tuning.prices,
-and the console text in tuning.advice_text.
+In: StageProfiles (profiling.metrics) and a Plan (jobs per instance, instance memory, jobs per day; tuning.plan).
+Out: an Advice: per candidate volume a day of the plan replayed (tuning.simulator), the recommended volume (the
+cheapest EBS candidate that fits the day, its steady round within RECOMMEND_SLACK of the fastest EBS one's), the
+write cache that lets one instance's largest stage burst pass without pausing writers (within the memory budget),
+the findings (tuning.findings) and the `cdk deploy -c` context. `advise()` is pure; `load_profiles()`, the one
+function here that touches files, reads run directories, profile lines and EMF files. The inputs (Plan, Workload,
+parse_candidate, AdviseError) live in tuning.plan, the prices in tuning.prices, the console text in
+tuning.advice_text; how the model works and where it is weak: docs/advisor.md.
 """
 
 from __future__ import annotations

@@ -1,25 +1,17 @@
 """Named findings, priced: what the profiles say is wrong, what it costs and what setting fixes it. Pure.
 
-In the manner of Darshan's Drishti (a code, a severity, the evidence and the fix per finding), each finding
-also says what it costs: seconds per child, and dollars per month of instance time per instance, as
-`cost_s_per_child x rounds per day (jobs per day / jobs per instance) x 30 days x the instance's hourly price
-/ 3600` (the hosts run only while jobs run). A cost that cannot be worked out from what was measured is
-None, and the evidence says why. `context` holds the CDK context keys that apply the fix (empty when the
-fix is not a stack setting).
-
-`find()` takes what the advisor already computed (the workload, the stack's volume under the plan, the
-recommended volume and write cache) and the profiles themselves; every threshold is a named constant.
-
-What a user can believe:
-- A finding that models the stack's volume (its credits, its HDD accounting, its size, a simulated
-  download) is a cost *now* only when the profiles ran on that volume type; otherwise (a local run: VolumeType
-  `local`) it is a what-if, titled "if this ran on st1 500 GiB: ..." and sorted after every finding of now.
-- Severity follows the cost's share of the median child's time (SEVERITY_SHARES); a finding whose cost is
-  under COST_FLOOR_S or COST_FLOOR_SHARE of that time is dropped; a finding on a stage shorter than
-  profiling.bounds.SHORT_STAGE_S is dropped (too short to judge).
-- Device figures are the scratch disk's, shared by every child on it: evidence built on them says how many
-  children shared it.
-- No network finding when the endpoint was on the host (Plan.network_loopback).
+In: a Situation (tuning.situation: the profiles and what the advisor already computed, the workload, the stack's
+volume and write cache under the plan, the recommended ones). Out: `find()`, the findings worth a change, each a
+code, a severity, the evidence, the fix with the CDK context keys that apply it (`context`; empty when the fix is
+not a stack setting) and its cost in seconds per child and instance dollars per month. The checks are CHECKS, each
+docstring a row of docs/reference/findings.md; every threshold is a named constant. What a user can believe:
+- A cost that cannot be worked out from what was measured is None, and the evidence says why.
+- A finding that models the stack's volume is a cost of now only when the profiles ran on that volume type; else
+  (a local run: VolumeType `local`) it is a what-if ("if this ran on st1 500 GiB: ..."), listed after those of now.
+- Severity follows the cost's share of the median child's time (SEVERITY_SHARES); a finding priced under
+  COST_FLOOR_S or COST_FLOOR_SHARE of that time, or on a stage under profiling.bounds.SHORT_STAGE_S, is dropped.
+- Evidence built on device figures (shared by every child on the disk) says how many children shared it; there is
+  no network finding when the endpoint was on the host (Plan.network_loopback).
 """
 
 from __future__ import annotations
@@ -54,7 +46,7 @@ SYNC_SHARE = 0.1
 METADATA_SHARE = 0.1
 # Severity from the cost's share of the median child's time: high from the first, medium from the second.
 SEVERITY_SHARES = (0.25, 0.05)
-# A priced finding that costs less than both of these is dropped: not worth a change.
+# A priced finding that costs less than either of these (the larger is the floor) is dropped: not worth a change.
 COST_FLOOR_S = 0.5
 COST_FLOOR_SHARE = 0.02
 

@@ -1,27 +1,18 @@
 """One copy of the eBPF programs per host, shared by every profiler on it: pins in bpffs under a lock.
 
-Why pins and not a host service: a pin needs nothing started on the host but bpffs (mounted at boot by
-systemd on Amazon Linux 2023, and bind-mounted into the profiler's container), so `iobatch profile` on a
-laptop, the local run and a Batch task share programs the same way, with no daemon to deploy, version or
-keep alive; and the kernel itself tells a dead profiler (its lock is dropped with its last descriptor).
-
     <root>/                    the host lock: flock(2) on this directory for every join and leave (never removed)
     <root>/<digest>/           one build of the object (sha256 of iobatch.bpf.o): two builds never share maps
         link_<program>         the attached programs (a pinned link stays attached while its pin exists)
         map_<name>             the maps every profiler needs: selection, host, disks and the slot_* maps of maps
         prog_iob_find_task     the task finder (an iterator, run under the host lock)
         slots/<n>/             one per live profiler: it holds flock(LOCK_EX) on the directory while it lives
-    (bpffs refuses names with a dot: kernel/bpf/inode.c, bpf_lookup)
 
-A profiler joins under the lock: reaps the slots whose lock nobody holds (their profiler died: SIGKILL
-included), loads and pins the programs if no profiler has, takes the lowest free slot, makes its own maps
-(ebpf_maps.slot_maps: their memory is its own, charged to its cgroup) and puts them at its slot of the slot_*
-maps of maps. It leaves under the lock: takes its maps and selection out, frees its slot, and the last one out
-removes the pins, so no program stays loaded. A profiler killed with SIGKILL cannot: a watchdog it started
-(profiling/probes/ebpf_watchdog.py, waiting for the profiler's pipe to close) reaps it at once, and
-every later join or leave reaps it too. flock locks belong to the open file description and are released when
-its last descriptor closes, however the process ends (flock(2)); bpffs is one instance per mount, so every
-profiler must see the host's own (`bind-mount /sys/fs/bpf`, not a new `mount -t bpf`).
+In: the built object; <root> is `pin_root()`, in the host's bpffs (where it is not bpffs, `join` hands over to
+ebpf_private: a copy of the profiler's own, said in one note). Out: `join` gives a profiler its Slot (ebpf_slot),
+loading and pinning the programs if no profiler has; its leave frees it. Invariants: every change is made under the
+host lock; the slots whose lock nobody holds (a dead profiler's, SIGKILL included) are reaped at every join and
+leave, and at once by the dead profiler's watchdog (ebpf_watchdog.py); the last profiler out removes the pins, so no
+program stays loaded. Why pins and not a host service: docs/profiler.md, "Sharing, and why pins".
 """
 
 from __future__ import annotations
@@ -41,6 +32,8 @@ from profiling.probes.ebpf_slot import FINDER, SHARED_MAPS, Slot, free_slot, loa
 from profiling.probes.libbpf import BpfError
 
 ENV_PIN = "IOBATCH_BPF_PIN"  # where the host's programs are pinned (a directory in bpffs)
+# bpffs is one instance per mount: every profiler must see the host's own (a bind mount of /sys/fs/bpf), as a
+# container's own `mount -t bpf` is a new, private instance.
 DEFAULT_PIN = Path("/sys/fs/bpf/iobatch")
 
 
@@ -50,6 +43,8 @@ def pin_root() -> Path:
 
 @contextlib.contextmanager
 def host_lock(root: Path) -> Iterator[None]:
+    # A flock belongs to the open file description and is released when its last descriptor closes, however the
+    # process ends (flock(2)): a profiler that dies holding it blocks no one. The same holds for a slot's lock.
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -119,6 +114,7 @@ def _load(obj_path: Path, build: Path, extra: tuple[str, ...]) -> None:
     try:
         build.mkdir()
         (build / "slots").mkdir()
+        # Pin names use `_`, never `.`: bpffs refuses names with a dot (kernel/bpf/inode.c, bpf_lookup).
         for name in obj.attached:
             obj.pin_link(name, build / f"link_{name}")
         for name in SHARED_MAPS:

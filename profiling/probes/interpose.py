@@ -1,27 +1,14 @@
-"""Reader for the LD_PRELOAD interposer's records (profiling/interpose/iobatch_interpose.c).
+"""Reader for the LD_PRELOAD interposer's records (profiling/interpose/iobatch_interpose.c): InterposeProbe.
 
-The job starts its dynamically linked children with `preload_env(scratch)`; every such process appends
-cumulative records to `<scratch>/.iobatch-calls/calls-<pid>-<since_ns>.jsonl` (one file per program run)
-once per interval, at exit, and at once when the profiler asks. `InterposeProbe` turns them into the
-per-call dict of profiling.probes.callstats for one stage, plus "record_bytes": the bytes of record lines
-the processes appended during the stage, which the kernel counts as their writes and the library does not
-(profiling/finish.py counts them as seen).
-
-Stage boundaries are exact: at each one (start() and stop()) the probe appends a byte to
-`<records>/generation` and waits, at most FLUSH_WAIT_S, until every live recording process has written
-a record tagged with the new generation (the library's timer thread looks every FLUSH_POLL_MS). The job is
-blocked waiting for the profiler's ack meanwhile, so that record holds exactly the calls made before
-the boundary. Only processes that still have the library mapped are waited for (one that exec'd a static
-program cannot answer, and its last record stands). A process that does not answer in time leaves its
-figures approximate for the stage (its last record stands for the boundary), and the stage says so in
-one notice.
-
-The names and numbers shared with the library (file names, variables, FLUSH_POLL_MS, the call order)
-are the C source's; tests/unit/test_interpose_protocol.py checks these constants against it.
-
-What it cannot see: statically linked programs and Go binaries such as s5cmd (they make system calls
-directly), stdio's internal reads and writes inside libc, and memory-mapped I/O; nor the calls an
-exec'ing program (`sh -c`) made after its last record before exec.
+In: the records of the processes the job started with `preload_env(scratch)`: each appends its cumulative figures
+to a file of its own under `record_dir(scratch)` (RECORD_GLOB, one per program run) once per interval, at exit and
+when the probe asks. Out: per stage, the per-call dict of profiling.probes.callstats, plus "record_bytes": the
+record lines the processes appended in the stage, which the kernel counts as their writes and the library does not
+(profiling/finish.py counts them as seen). Invariants: a stage boundary (start(), stop()) is exact: the probe bumps
+the generation and waits, at most FLUSH_WAIT_S, until every live process that still has the library mapped has
+written a record of it, while the job waits for the ack; a process that does not answer in time leaves the stage's
+figures approximate, said in one notice. What it cannot see (static programs such as s5cmd, libc's own stdio calls,
+memory-mapped I/O): docs/profiler.md, the interposer.
 """
 
 from __future__ import annotations
@@ -38,6 +25,8 @@ from typing import Any
 from profiling.probes.callstats import CALLS, NO_SIZE, Cells, Stats, add_cells, calls_dict, cells_since
 
 NAME = "interpose"
+# The names and numbers shared with the library are its C source's (file names, variables, FLUSH_POLL_MS, the
+# call order): tests/unit/test_interpose_protocol.py checks them against it.
 RECORD_DIR_NAME = ".iobatch-calls"
 GENERATION_NAME = "generation"  # in the record directory; its size is the generation (see the C header)
 RECORD_GLOB = "calls-*.jsonl"  # the library's record files: calls-<pid>-<since_ns>.jsonl
