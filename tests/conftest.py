@@ -109,8 +109,11 @@ BESIDE_BOOTS = ("unit", "synth", "guest")
 
 @pytest.fixture(autouse=True)
 def _guest_boots_started(request: pytest.FixtureRequest) -> None:
-    if tier_markers(request.node.path)[0] in BESIDE_BOOTS:
-        request.getfixturevalue("guest_boots")
+    tier = tier_markers(request.node.path)[0]
+    if tier in BESIDE_BOOTS:
+        boots = request.getfixturevalue("guest_boots")
+        if tier == "synth":  # the boots' own syntheses done first: jsii is not for two threads at once
+            boots.prepared()
 
 
 @pytest.fixture(scope="session")

@@ -7,9 +7,10 @@ it, as if they had booted it themselves. Not beside the tiers that run and time 
 share with an emulated guest slow both (a demo's first child flagged as a bad apple, the emulated disk short of its
 throttle, both seen).
 
-What a boot needs from this process is made first, in the main thread: the synthesized templates (jsii is not for
-two threads at once), the static write benchmark, the accelerator. No QEMU outlives the suite: each is killed by
-PR_SET_PDEATHSIG when this process ends (tuning/guest/machine.py), whatever the tests did.
+What a boot needs from this process (the synthesized templates, the static write benchmark, the accelerator) is made
+first in that thread; jsii is not for two threads at once, so the synth tier waits for it (`Boots.prepared`).
+No QEMU outlives the suite: each is killed by PR_SET_PDEATHSIG when this process ends (tuning/guest/machine.py),
+whatever the tests did.
 """
 
 from __future__ import annotations
@@ -46,20 +47,22 @@ class Boots:
     def __init__(self, fixtures: Iterable[str], folder: Callable[[str], Path]) -> None:
         names = [name for fixture in BOOTS_OF if fixture in set(fixtures) for name in BOOTS_OF[fixture]]
         self._futures: dict[str, Future[Any]] = {name: Future() for name in names}
+        self._prepared = threading.Event()
         if not names:
+            self._prepared.set()
             return
-        from tests.support.synth import synthesize
-        from tests.support.writebench import writebench
-        from tuning.guest.machine import accelerator
-
-        accelerator()
-        writebench()
-        synthesize()
-        synthesize(hostQualification="fence")
         plan = [(name, _boot(name, folder(name))) for name in names]
         threading.Thread(target=self._run, args=(plan,), name="guest boots", daemon=True).start()
 
     def _run(self, plan: list[tuple[str, Callable[[], Any]]]) -> None:
+        try:
+            _prepare()
+        except BaseException as exc:  # every boot's tests fail (or skip) with it
+            for future in self._futures.values():
+                future.set_exception(exc)
+            return
+        finally:
+            self._prepared.set()
         for name, boot in plan:
             future = self._futures[name]
             try:
@@ -67,8 +70,25 @@ class Boots:
             except BaseException as exc:  # the tests that read this boot fail with it
                 future.set_exception(exc)
 
+    def prepared(self) -> None:
+        """Wait until what the boots need from this process is made: then jsii is free for this thread's tests."""
+        self._prepared.wait()
+
     def result(self, name: str) -> Any:
         """The boot's result (FirstBoot, PackedHost or QualifiedHost), once it is done; its error, raised."""
         if name not in self._futures:
             raise LookupError(f"the {name} boot was not started: no guest test of this session reads it")
         return self._futures[name].result()
+
+
+def _prepare() -> None:
+    """What the boots need from this process, made once (each is cached): the accelerator, the static write
+    benchmark, the two templates the hosts' user data come from. The synth tier waits for it (`Boots.prepared`)."""
+    from tests.support.synth import synthesize
+    from tests.support.writebench import writebench
+    from tuning.guest.machine import accelerator
+
+    accelerator()
+    writebench()
+    synthesize()
+    synthesize(hostQualification="fence")
