@@ -37,6 +37,10 @@ class CommandResult:
     profile: StageProfile
 
 
+#: How soon a signal that landed on another thread has its handler run while the command runs.
+HANDLER_LATENCY_S = 0.1
+
+
 def _wait_unreaped(pid: int) -> None:
     """Wait for `pid` to exit without reaping it: its /proc/<pid>/io stays readable (as a zombie) and
     still holds everything it and its reaped descendants did. Reaping would fold it into our own.
@@ -65,10 +69,6 @@ def _wait_unreaped(pid: int) -> None:
     finally:
         if watch is not None:
             os.close(watch)
-
-
-#: How soon a signal that landed on another thread has its handler run while the command runs.
-HANDLER_LATENCY_S = 0.1
 
 
 #: After a forwarded SIGTERM the command has this long to end before SIGKILL: AWS Batch (ECS) sends SIGKILL
