@@ -98,21 +98,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(f"{item.nodeid}: tests live in a tier folder under tests/ ({', '.join(TIERS)})")
         for marker in markers:
             item.add_marker(marker)
-    items[:] = sorted(items, key=lambda item: TIER_ORDER.index(tier_markers(item.path)[0]))
+    items[:] = sorted(items, key=lambda item: (beside_boots(item), TIER_ORDER.index(tier_markers(item.path)[0])))
 
 
-# The order the tiers run in: the guest's boots run in the background from the first test of BESIDE_BOOTS on
-# (guest_boots), beside tiers that time nothing; the tiers that run batches and time them run before, alone.
+# The order the tiers run in: the tiers that run batches and time them first, alone; then, beside the guest's boots
+# (started in the background by the first of them, guest_boots), the tiers that time nothing and the modules of the
+# timed tiers marked `untimed` (one core at most, no batch: a guest's timing checks share the machine with them).
 TIER_ORDER = ("e2e", "faults", "functional", "localstack", "unit", "synth", "guest")
 BESIDE_BOOTS = ("unit", "synth", "guest")
+# The main thread's tests beside the boots yield the CPU to QEMU: the guest's timing checks see the cores they would
+# see alone, and the tests beside them, which time nothing, only wait longer. Per thread on Linux (setpriority(2)),
+# so the boots' thread and its QEMU keep theirs.
+BESIDE_NICE = 10
+
+
+def beside_boots(item: pytest.Item) -> bool:
+    return tier_markers(item.path)[0] in BESIDE_BOOTS or item.get_closest_marker("untimed") is not None
 
 
 @pytest.fixture(autouse=True)
 def _guest_boots_started(request: pytest.FixtureRequest) -> None:
-    tier = tier_markers(request.node.path)[0]
-    if tier in BESIDE_BOOTS:
+    if beside_boots(request.node):
         boots = request.getfixturevalue("guest_boots")
-        if tier == "synth":  # the boots' own syntheses done first: jsii is not for two threads at once
+        if tier_markers(request.node.path)[0] == "synth":  # the boots' syntheses done first: jsii is for one thread
             boots.prepared()
 
 
@@ -128,7 +136,10 @@ def guest_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
         from tuning.guest.machine import unavailable
 
         fixtures = set() if unavailable() else fixtures
-    return Boots(fixtures, lambda name: tmp_path_factory.mktemp(f"boot-{name}"))
+    boots = Boots(fixtures, lambda name: tmp_path_factory.mktemp(f"boot-{name}"))
+    if boots.booting:
+        os.nice(BESIDE_NICE)
+    return boots
 
 
 @pytest.fixture(scope="session")

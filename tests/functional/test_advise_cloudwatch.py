@@ -30,6 +30,8 @@ from tests.support.profiles import PROPS, child
 from tuning.deployed import make_deploy
 from tuning.plan import back_to_back
 
+pytestmark = pytest.mark.untimed  # runs beside the guest's boots (tests/conftest.py)
+
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
 STACK = "iobatch-advise"

@@ -21,6 +21,8 @@ from pipeline.settings import S3Uri
 from tests.support.cli import CliRunner
 from tests.support.loopback import Quiet, serving
 
+pytestmark = pytest.mark.untimed  # runs beside the guest's boots (tests/conftest.py)
+
 PAGE = b"<html><body><h1>Welcome to nginx!</h1><p>If you see this page, the web server works.</p></body></html>\n"
 
 

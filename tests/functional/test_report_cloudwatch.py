@@ -30,6 +30,8 @@ from profiling.probes.procfs import device_of
 from profiling.sidecar import write_profile_line
 from tests.support.cli import CliRunner
 
+pytestmark = pytest.mark.untimed  # runs beside the guest's boots (tests/conftest.py)
+
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
 GROUP = "/aws/batch/iobatch"

@@ -19,6 +19,8 @@ from profiling import emf
 from profiling.metrics import MIB, StageProfile
 from profiling.report import find_bad_apples, load_cloudwatch, render_html
 
+pytestmark = pytest.mark.untimed  # runs beside the guest's boots (tests/conftest.py)
+
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
 GROUP = "/aws/batch/iobatch-fleet"

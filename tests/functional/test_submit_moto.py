@@ -32,6 +32,8 @@ from pipeline.interface import ENV
 from pipeline.settings import S3Uri
 from tests.support.cli import CliRunner
 
+pytestmark = pytest.mark.untimed  # runs beside the guest's boots (tests/conftest.py)
+
 moto_server = pytest.importorskip("moto.server", reason="moto[server] is not installed (pip install 'moto[server]')")
 
 STACK = "iobatch-test"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from profiling import runfiles
-from tests.support.firstboot import EBPF_EXACT, SCRATCH_OUT, FirstBoot, qemu_running
+from tests.support.firstboot import SCRATCH_OUT, FirstBoot, qemu_running
 from tests.support.guest import pacing, pause_freeruns, stage_profiles
 from tests.support.guestboots import Boots
 from tests.support.packedhost import (
@@ -40,7 +40,7 @@ if reason := unavailable():
     pytest.skip(f"no cgroup v2 guest: {reason}", allow_module_level=True)
 
 
-def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_holds_there(
+def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_btf(
         first_boot: FirstBoot) -> None:
     result, share = first_boot.result, first_boot.share
     assert result.returncode == 0, result.stderr
@@ -49,8 +49,6 @@ def test_guest_runs_the_al2023_kernel_line_with_cgroup_v2_and_the_ebpf_probe_hol
     assert {"io", "memory", "cpu", "pids"} <= set(controllers.split()), controllers
     assert btf == "btf"
     assert (share / "handed-back").read_text() == "made-in-guest\n"
-    log = (share / "ebpf.log").read_text()
-    assert "ebpf=0" in result.stdout and f"{len(EBPF_EXACT)} passed" in log, log[-3000:]
     assert not first_boot.qemu_left
 
 

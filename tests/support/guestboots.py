@@ -7,14 +7,17 @@ it, as if they had booted it themselves. Not beside the tiers that run and time 
 share with an emulated guest slow both (a demo's first child flagged as a bad apple, the emulated disk short of its
 throttle, both seen).
 
-What a boot needs from this process (the synthesized templates, the static write benchmark, the accelerator) is made
-first in that thread; jsii is not for two threads at once, so the synth tier waits for it (`Boots.prepared`).
+What the first boot needs from this process (the static write benchmark, the accelerator) is made first in that
+thread; the two syntheses the hosts' user data come from run in a thread of their own beside the first boot (at a
+lower priority than its QEMU), and the later boots wait for them. jsii is not for two threads at once, so the synth
+tier waits for them too (`Boots.prepared`).
 No QEMU outlives the suite: each is killed by PR_SET_PDEATHSIG when this process ends (tuning/guest/machine.py),
 whatever the tests did.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -24,6 +27,7 @@ from typing import Any
 # The fixture a guest test reads -> the boots it needs, in the order the thread boots them.
 NOMINAL, SLOW_HOST = "i-0000000000000000a", "i-0000000000000000b"
 BOOTS_OF = {"first_boot": ("first",), "packed_host": ("packed",), "hosts": (NOMINAL, SLOW_HOST)}
+SYNTH_NICE = 10  # the syntheses beside the first boot yield the CPU to its QEMU
 
 
 def _boot(name: str, folder: Path) -> Callable[[], Any]:
@@ -47,32 +51,44 @@ class Boots:
     def __init__(self, fixtures: Iterable[str], folder: Callable[[str], Path]) -> None:
         names = [name for fixture in BOOTS_OF if fixture in set(fixtures) for name in BOOTS_OF[fixture]]
         self._futures: dict[str, Future[Any]] = {name: Future() for name in names}
-        self._prepared = threading.Event()
+        self._synthesized: Future[None] = Future()
+        self.booting = bool(names)
         if not names:
-            self._prepared.set()
+            self._synthesized.set_result(None)
             return
         plan = [(name, _boot(name, folder(name))) for name in names]
         threading.Thread(target=self._run, args=(plan,), name="guest boots", daemon=True).start()
 
     def _run(self, plan: list[tuple[str, Callable[[], Any]]]) -> None:
         try:
-            _prepare()
+            _prepare_first()
         except BaseException as exc:  # every boot's tests fail (or skip) with it
+            self._synthesized.set_result(None)
             for future in self._futures.values():
                 future.set_exception(exc)
             return
-        finally:
-            self._prepared.set()
+        threading.Thread(target=self._synthesize, name="guest boots' syntheses", daemon=True).start()
         for name, boot in plan:
             future = self._futures[name]
             try:
+                if name != "first":
+                    self._synthesized.result()  # its error, if any, is this boot's
                 future.set_result(boot())
             except BaseException as exc:  # the tests that read this boot fail with it
                 future.set_exception(exc)
 
+    def _synthesize(self) -> None:
+        os.nice(SYNTH_NICE)  # this thread's, and its jsii's node (setpriority(2) is per thread on Linux)
+        try:
+            _synthesize()
+        except BaseException as exc:
+            self._synthesized.set_exception(exc)
+        else:
+            self._synthesized.set_result(None)
+
     def prepared(self) -> None:
-        """Wait until what the boots need from this process is made: then jsii is free for this thread's tests."""
-        self._prepared.wait()
+        """Wait until the boots' syntheses are done (or failed): then jsii is free for this thread's tests."""
+        self._synthesized.exception()
 
     def result(self, name: str) -> Any:
         """The boot's result (FirstBoot, PackedHost or QualifiedHost), once it is done; its error, raised."""
@@ -81,14 +97,19 @@ class Boots:
         return self._futures[name].result()
 
 
-def _prepare() -> None:
-    """What the boots need from this process, made once (each is cached): the accelerator, the static write
-    benchmark, the two templates the hosts' user data come from. The synth tier waits for it (`Boots.prepared`)."""
-    from tests.support.synth import synthesize
+def _prepare_first() -> None:
+    """What the first boot needs from this process, made once (each is cached): the accelerator, the static write
+    benchmark."""
     from tests.support.writebench import writebench
     from tuning.guest.machine import accelerator
 
     accelerator()
     writebench()
+
+
+def _synthesize() -> None:
+    """The two templates the later hosts' user data come from (cached by tests/support/synth.py)."""
+    from tests.support.synth import synthesize
+
     synthesize()
     synthesize(hostQualification="fence")
