@@ -21,6 +21,7 @@ from typing import Protocol
 
 import profiling.probes.ebpf_maps as layout
 import profiling.probes.libbpf as libbpf
+from profiling.probes.ebpf_watchdog import COMMAND as WATCHDOG
 from profiling.probes.libbpf import BpfError, BpfObject
 
 SHARED_MAPS = ("selection", "host", "disks", *(f"slot_{m.name}" for m in layout.slot_maps(1)))
@@ -174,7 +175,7 @@ class Slot:
         read_end, self._watch_fd = os.pipe()
         try:
             self._watchdog = subprocess.Popen(
-                [sys.executable, "-m", "profiling.probes.ebpf_watchdog", str(root), str(slot_dir)], stdin=read_end,
+                [sys.executable, "-c", WATCHDOG, str(root), str(slot_dir)], stdin=read_end, cwd="/",
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         except OSError:
             self.notes.append("no watchdog: a SIGKILL of this profiler leaves the programs until the next one")
