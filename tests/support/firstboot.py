@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ SMALL_WRITES = ("import mmap, os, time\n"
                 "for i in range(1, 41):\n"
                 "    os.pwrite(fd, block, i * 7919 * 4096 % (1 << 30))\n"
                 "print('small', time.monotonic() - start)\n")
+SCRATCH_CHECKED = "== scratch checked"  # printed once the scratch check ends
 EBPF_OUT, EBPF_ERR = "ebpf.json", "ebpf.err"  # what tests/support/guestprobe.py printed in the guest
 SCRATCH_CHECK = ("dd if=/dev/zero of=/dev/xvdb bs=1M count=40 oflag=direct 2>&1 | tail -1; "
                  f"python3 -c \"{SMALL_WRITES}\"")
@@ -47,19 +49,24 @@ def qemu_running(share: Path) -> bool:
     return subprocess.run(["pgrep", "-f", f"qemu-system.*{share}"], capture_output=True).returncode == 0
 
 
-def boot_first(share: Path) -> FirstBoot:
+def scratch_checked(stream: str, text: str) -> bool:
+    """Whether the first boot's output (Guest.run's on_output) says its scratch check, its timed part, is done."""
+    return stream == "stdout" and SCRATCH_CHECKED in text
+
+
+def boot_first(share: Path, on_output: Callable[[str, str], None] | None = None) -> FirstBoot:
     """Boot the guest once and run, in order, the facts, the scratch disk's check and the eBPF checks; what each
-    printed or wrote is in `share`."""
+    printed or wrote is in `share`. `on_output`: Guest.run's."""
     bench = writebench().with_name("writebench-static")
     facts = ("uname -r; cat /sys/fs/cgroup/cgroup.subtree_control; test -r /sys/kernel/btf/vmlinux && echo btf; "
              f"echo made-in-guest > {share}/handed-back")
     ebpf_checks = (f"cd {REPO} && PYTHONPATH={REPO} {sys.executable} -m tests.support.guestprobe {bench} "
                    f"> {share / EBPF_OUT} 2> {share / EBPF_ERR}; echo ebpf=$?")
-    command = f"{facts}; ({SCRATCH_CHECK}) > {share / SCRATCH_OUT} 2>&1; {ebpf_checks}"
+    command = f"{facts}; ({SCRATCH_CHECK}) > {share / SCRATCH_OUT} 2>&1; echo '{SCRATCH_CHECKED}'; {ebpf_checks}"
     disk = ScratchDisk(scratch_image(share), scratch_throttle(ST1, credits_mib=0))
     try:
         with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
-            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
+            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT, on_output=on_output)
     except GuestError as first:
         # Seen once (2026-11-26) in about ten first boots: both vCPUs of the TCG guest in soft lockup ("watchdog:
         # BUG: soft lockup - CPU#0 stuck for 45s! [python]") from the in-guest pytest's first seconds until the
@@ -67,5 +74,5 @@ def boot_first(share: Path) -> FirstBoot:
         (share / "first-attempt.txt").write_text(str(first))
         print(f"the guest's first boot did not finish; booting once more: {str(first)[:200]}", file=sys.stderr)
         with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
-            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT)
+            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT, on_output=on_output)
     return FirstBoot(result, share, qemu_running(share))

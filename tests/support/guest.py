@@ -109,6 +109,12 @@ def uptime(what: str) -> str:
     return f"echo \"== {what} at $(cut -d' ' -f1 /proc/uptime) s\""
 
 
+def first_wave_started(stream: str, text: str) -> bool:
+    """Whether a guest's output (Guest.run's on_output) says children_script's user data are done: its first wave
+    started."""
+    return stream == "stdout" and "== wave 1 at " in text
+
+
 def children_script(*, work: Path, user_data: Path, python: str, iobatch: str, waves: Sequence[Wave],
                     profiler_memory_mib: int, host_env: str = "IOBATCH_IMDS=",
                     profiler_env: Mapping[str, str] | None = None) -> str:

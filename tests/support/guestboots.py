@@ -1,14 +1,15 @@
 """The guest tier's boots, run in the background beside the tiers that time nothing (tests/conftest.py).
 
 Under TCG the tier's four boots are most of its time, while a unit test runs on one core and leaves the other idle.
-A boot needs nothing of this process's state (a QEMU with its own share), so the boots run one after another in one
-thread, and each guest test waits only for the boot it reads; a boot's error is the error of the tests that read
+A boot needs nothing of this process's state (a QEMU with its own share), so the boots run in threads of their own,
+each starting once the boots it comes after have reached their point (START_AFTER: no two timed parts at once),
+and each guest test waits only for the boot it reads; a boot's error is the error of the tests that read
 it, as if they had booted it themselves. Not beside the tiers that run and time whole batches: the two cores they
 share with an emulated guest slow both (a demo's first child flagged as a bad apple, the emulated disk short of its
 throttle, both seen).
 
-What the first boot needs from this process (the static write benchmark, the accelerator) is made first in that
-thread; the two syntheses the hosts' user data come from run in a thread of their own beside the first boot (at a
+What the first boot needs from this process (the static write benchmark, the accelerator) is made first; the two
+syntheses the hosts' user data come from run meanwhile in a thread of their own, beside the first boot too (at a
 lower priority than its QEMU), and the later boots wait for them. jsii is not for two threads at once, so the synth
 tier waits for them too (`Boots.prepared`).
 No QEMU outlives the suite: each is killed by PR_SET_PDEATHSIG when this process ends (tuning/guest/machine.py),
@@ -30,19 +31,41 @@ BOOTS_OF = {"first_boot": ("first",), "packed_host": ("packed",), "hosts": (NOMI
 SYNTH_NICE = 10  # the syntheses beside the first boot yield the CPU to its QEMU
 
 
-def _boot(name: str, folder: Path) -> Callable[[], Any]:
-    # Imported here: the guest's own pytest (tests/support/firstboot.py) loads tests/conftest.py under emulation.
+# When each boot starts, besides the syntheses (all but the first): once each boot named has reached its point,
+# "ready" (its timed part is done: the first boot's scratch check, the nominal host's user data with its
+# qualification) or "done". What overlaps is never two timed parts: the packed host boots and prepares its scratch
+# beside the first boot's eBPF checks (exact counts, untimed); the slow host (throttled to 1/30: light work for the
+# emulated cores) beside the nominal host's child in containers (untimed). A boot the session does not run is not
+# waited for.
+START_AFTER: dict[str, tuple[tuple[str, str], ...]] = {
+    "first": (),
+    "packed": (("first", "ready"),),
+    NOMINAL: (("first", "done"), ("packed", "done")),
+    SLOW_HOST: ((NOMINAL, "ready"),),
+}
+
+
+def _boot(name: str, folder: Path, on_output: Callable[[str, str], None] | None) -> Callable[[], Any]:
+    # Imported here: tests/support/guestprobe.py imports test modules in the guest, without this suite's conftest.
     from tests.support.firstboot import boot_first
     from tests.support.packedhost import boot_packed_host
     from tests.support.qualifyhost import boot_qualified_host, nominal_throttle, slow_throttle
 
     if name == "first":
-        return lambda: boot_first(folder)
+        return lambda: boot_first(folder, on_output=on_output)
     if name == "packed":
         return lambda: boot_packed_host(folder)
     if name == NOMINAL:
-        return lambda: boot_qualified_host(folder, nominal_throttle(), NOMINAL)
-    return lambda: boot_qualified_host(folder, slow_throttle(), SLOW_HOST, fence=True)
+        return lambda: boot_qualified_host(folder, nominal_throttle(), NOMINAL, on_output=on_output)
+    return lambda: boot_qualified_host(folder, slow_throttle(), SLOW_HOST, fence=True, on_output=on_output)
+
+
+def _ready_when(name: str) -> Callable[[str, str], bool] | None:
+    """What in a boot's output says it is "ready" (START_AFTER); None: ready when done."""
+    from tests.support.firstboot import scratch_checked
+    from tests.support.guest import first_wave_started
+
+    return {"first": scratch_checked, NOMINAL: first_wave_started}.get(name)
 
 
 class Boots:
@@ -56,26 +79,41 @@ class Boots:
         if not names:
             self._synthesized.set_result(None)
             return
-        plan = [(name, _boot(name, folder(name))) for name in names]
+        self._points = {(name, point): threading.Event() for name in names for point in ("ready", "done")}
+        plan = [(name, _boot(name, folder(name), self._watch(name))) for name in names]
         threading.Thread(target=self._run, args=(plan,), name="guest boots", daemon=True).start()
 
+    def _watch(self, name: str) -> Callable[[str, str], None] | None:
+        said, ready = _ready_when(name), self._points[name, "ready"]
+        return None if said is None else (lambda stream, text: ready.set() if said(stream, text) else None)
+
     def _run(self, plan: list[tuple[str, Callable[[], Any]]]) -> None:
+        threading.Thread(target=self._synthesize, name="guest boots' syntheses", daemon=True).start()
         try:
             _prepare_first()
         except BaseException as exc:  # every boot's tests fail (or skip) with it
-            self._synthesized.set_result(None)
             for future in self._futures.values():
                 future.set_exception(exc)
             return
-        threading.Thread(target=self._synthesize, name="guest boots' syntheses", daemon=True).start()
         for name, boot in plan:
-            future = self._futures[name]
-            try:
-                if name != "first":
-                    self._synthesized.result()  # its error, if any, is this boot's
-                future.set_result(boot())
-            except BaseException as exc:  # the tests that read this boot fail with it
-                future.set_exception(exc)
+            threading.Thread(target=self._boot, args=(name, boot), name=f"guest boot {name}", daemon=True).start()
+
+    def _boot(self, name: str, boot: Callable[[], Any]) -> None:
+        """Wait for the points this boot starts after, then boot it (in this thread: QEMU's PR_SET_PDEATHSIG is
+        the thread's that started it, and this one waits for it)."""
+        future = self._futures[name]
+        try:
+            for other, point in START_AFTER[name]:
+                if (other, point) in self._points:
+                    self._points[other, point].wait()
+            if name != "first":
+                self._synthesized.result()  # its error, if any, is this boot's
+            future.set_result(boot())
+        except BaseException as exc:  # the tests that read this boot fail with it
+            future.set_exception(exc)
+        finally:  # whatever happened, the boots waiting for this one go on
+            self._points[name, "ready"].set()
+            self._points[name, "done"].set()
 
     def _synthesize(self) -> None:
         os.nice(SYNTH_NICE)  # this thread's, and its jsii's node (setpriority(2) is per thread on Linux)

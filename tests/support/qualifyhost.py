@@ -17,6 +17,7 @@ import json
 import shlex
 import sys
 import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,8 +106,9 @@ def _read_json(path: Path) -> dict[str, Any]:
     return found if isinstance(found, dict) else {}
 
 
-def boot_qualified_host(work: Path, throttle: Throttle, instance_id: str, *, fence: bool = False) -> QualifiedHost:
-    """Boot the guest as one host (see the module); what it left is in `work`."""
+def boot_qualified_host(work: Path, throttle: Throttle, instance_id: str, *, fence: bool = False,
+                        on_output: Callable[[str, str], None] | None = None) -> QualifiedHost:
+    """Boot the guest as one host (see the module); what it left is in `work`. `on_output`: Guest.run's."""
     template = synthesize().template
     (work / "user-data.sh").write_text(template_user_data(template))
     if fence:
@@ -140,7 +142,7 @@ def boot_qualified_host(work: Path, throttle: Throttle, instance_id: str, *, fen
                       f"cp {QUALIFICATION_FILE} {q(str(work / 'qualification-fence.json'))}"]
         with Guest(vcpus=2, memory_mib=GUEST_MEMORY_MIB, share=work,
                    scratch=ScratchDisk(scratch_image(work, gib=2), throttle)) as guest:
-            result = guest.run("\n".join([relay, script, *after]), timeout=BOOT_TIMEOUT)
+            result = guest.run("\n".join([relay, script, *after]), timeout=BOOT_TIMEOUT, on_output=on_output)
     rc = (work / "fence.rc").read_text().strip() if (work / "fence.rc").exists() else ""
     calls = (work / "fence-calls.log").read_text().splitlines() if (work / "fence-calls.log").exists() else []
     return QualifiedHost(result, work, world, throttle.burst_bps / MIB, _read_json(work / "qualification.json"),
