@@ -21,7 +21,6 @@ from typing import Protocol
 
 import profiling.probes.ebpf_maps as layout
 import profiling.probes.libbpf as libbpf
-from profiling.probes.ebpf_watchdog import COMMAND as WATCHDOG
 from profiling.probes.libbpf import BpfError, BpfObject
 
 SHARED_MAPS = ("selection", "host", "disks", *(f"slot_{m.name}" for m in layout.slot_maps(1)))
@@ -31,6 +30,22 @@ FINDER = "iob_find_task"
 FENTRY_SECTIONS = ("fentry/", "fexit/")
 TRACEPOINT_PROGRAMS = ("iob_sys_enter", "iob_sys_exit")
 MAX_LEVELS = 64  # bits of iob_host.levels
+
+
+# The watchdog (profiling/probes/ebpf_watchdog.py), run as `python -c` in "/" (no module of the job's folder is
+# imported): wait for the pipe to close; only when the slot is still there, import the project and reap it.
+WATCHDOG = """
+import os, sys
+try:
+    while os.read(0, 4096):
+        pass
+except OSError:
+    pass
+if len(sys.argv) == 3 and os.path.exists(sys.argv[2]):
+    from pathlib import Path
+    from profiling.probes.ebpf_watchdog import watch
+    watch(Path(sys.argv[1]), Path(sys.argv[2]))
+"""
 
 
 class Store(Protocol):

@@ -1,7 +1,7 @@
 """A profiler's watchdog: reaps its slot of the host's shared eBPF programs (profiling/probes/ebpf_host.py) when
 the profiler dies without leaving, SIGKILL included, so the last profiler's death leaves nothing loaded.
 
-    python -c COMMAND ROOT SLOT_DIR      (stdin: the read end of the profiler's pipe; COMMAND below)
+    python -c WATCHDOG ROOT SLOT_DIR      (stdin: the read end of the profiler's pipe; ebpf_slot.WATCHDOG)
 
 The profiler starts it in a session of its own and keeps the pipe's write end; the kernel closes it however the
 profiler ends. When the profiler left normally its slot is gone already and the watchdog exits having imported
@@ -16,6 +16,8 @@ import os
 import time
 from pathlib import Path
 
+from profiling.probes.ebpf_host import host_lock, reap
+
 
 def watch(root: Path, slot_dir: Path, patience_s: float = 30.0) -> None:
     """The watchdog: wait until the profiler's pipe closes (it left, or died), then reap under the lock until its
@@ -25,26 +27,8 @@ def watch(root: Path, slot_dir: Path, patience_s: float = 30.0) -> None:
     with contextlib.suppress(OSError):
         while os.read(0, 4096):
             pass
-    from profiling.probes.ebpf_host import host_lock, reap
-
     deadline = time.monotonic() + patience_s
     while slot_dir.exists() and time.monotonic() < deadline:
         with contextlib.suppress(Exception), host_lock(root):
             reap(root)
         time.sleep(0.05)
-
-
-# What the profiler runs (`python -c`, in "/" so that no module of the job's folder is imported): wait for the pipe
-# to close; when the slot is still there, reap it.
-COMMAND = """
-import os, sys
-try:
-    while os.read(0, 4096):
-        pass
-except OSError:
-    pass
-if len(sys.argv) == 3 and os.path.exists(sys.argv[2]):
-    from pathlib import Path
-    from profiling.probes.ebpf_watchdog import watch
-    watch(Path(sys.argv[1]), Path(sys.argv[2]))
-"""
