@@ -1,4 +1,4 @@
-"""The guest tier's first boot (tests/guest/conftest.py boots it once a session): every check that needs no host
+"""The guest tier's first boot (tests/support/guestboots.py boots it once a session): every check that needs no host
 prepared by the user data, since each boot is 10-30 s under TCG: the kernel's facts, the raw scratch disk's
 throttle, and the eBPF checks (tests/support/guestprobe.py: the probe's fentry hooks and this suite's exact-count
 tests, run again inside). The tests that use it read what that boot left."""

@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-# The fixture a guest test reads -> the boots it needs, in the order the thread boots them.
+# The fixture a guest test reads -> the boots it needs.
 NOMINAL, SLOW_HOST = "i-0000000000000000a", "i-0000000000000000b"
 BOOTS_OF = {"first_boot": ("first",), "packed_host": ("packed",), "hosts": (NOMINAL, SLOW_HOST)}
 SYNTH_NICE = 10  # the syntheses beside the first boot yield the CPU to its QEMU
@@ -46,7 +46,7 @@ START_AFTER: dict[str, tuple[tuple[str, str], ...]] = {
 
 
 def _boot(name: str, folder: Path, on_output: Callable[[str, str], None] | None) -> Callable[[], Any]:
-    # Imported here: tests/support/guestprobe.py imports test modules in the guest, without this suite's conftest.
+    # Imported here: a session that boots nothing never loads the hosts' modules (a CDK synthesis among them).
     from tests.support.firstboot import boot_first
     from tests.support.packedhost import boot_packed_host
     from tests.support.qualifyhost import boot_qualified_host, nominal_throttle, slow_throttle
@@ -69,7 +69,7 @@ def _ready_when(name: str) -> Callable[[str, str], bool] | None:
 
 
 class Boots:
-    """The boots `fixtures` need, booting in a thread of their own; `result(name)` waits for one."""
+    """The boots `fixtures` need, booting in threads of their own; `result(name)` waits for one."""
 
     def __init__(self, fixtures: Iterable[str], folder: Callable[[str], Path]) -> None:
         names = [name for fixture in BOOTS_OF if fixture in set(fixtures) for name in BOOTS_OF[fixture]]
