@@ -75,13 +75,17 @@ class Boots:
         names = [name for fixture in BOOTS_OF if fixture in set(fixtures) for name in BOOTS_OF[fixture]]
         self._futures: dict[str, Future[Any]] = {name: Future() for name in names}
         self._synthesized: Future[None] = Future()
-        self.booting = bool(names)
         if not names:
             self._synthesized.set_result(None)
             return
         self._points = {(name, point): threading.Event() for name in names for point in ("ready", "done")}
         plan = [(name, _boot(name, folder(name), self._watch(name))) for name in names]
         threading.Thread(target=self._run, args=(plan,), name="guest boots", daemon=True).start()
+
+    @property
+    def booting(self) -> bool:
+        """Whether any boot was started (the session reads one)."""
+        return bool(self._futures)
 
     def _watch(self, name: str) -> Callable[[str, str], None] | None:
         said, ready = _ready_when(name), self._points[name, "ready"]

@@ -34,11 +34,12 @@ EBPF_EXACT = ("tests/functional/test_ebpf.py::test_counts_every_write_of_the_pro
               "tests/functional/test_ebpf_files.py::test_two_files_exact_per_file_with_their_access_pattern")
 
 
-def run_test(node: str) -> str:
-    """Call one test function with the fixtures these tests take; "passed", or what it raised."""
+def run_test(node: str, workload: Path) -> str:
+    """Call one test function with the fixtures these tests take (`workload`: the writebench fixture's program);
+    "passed", or what it raised."""
     path, name = node.split("::")
     function = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
-    fixtures = {"probe_ok": None, "writebench": writebench(), "tmp_path": Path(tempfile.mkdtemp(dir="/tmp"))}
+    fixtures = {"probe_ok": None, "writebench": workload, "tmp_path": Path(tempfile.mkdtemp(dir="/tmp"))}
     try:
         function(**{arg: fixtures[arg] for arg in inspect.signature(function).parameters})
     except BaseException:  # a failed assertion, or pytest's skip: either is what the guest test reports
@@ -59,7 +60,8 @@ def main(bench: str) -> dict[str, Any]:
         forked = by_call(run_probed(["sh", "-c", f"{bench} /dev/null 500 512 & {bench} /dev/null 700 100; wait"]))
         out["static"] = [static["count"], static["bytes"]]
         out["forked"] = [forked["write"]["count"], forked["write"]["bytes"]]
-        out["tests"] = {node: run_test(node) for node in EBPF_EXACT}
+        workload = writebench()
+        out["tests"] = {node: run_test(node, workload) for node in EBPF_EXACT}
     finally:
         holder.close()
         idle.kill()

@@ -107,21 +107,29 @@ def test_a_signal_that_lands_on_another_thread_stops_the_command_at_once(tmp_pat
     assert result.returncode == -signal.SIGTERM and time.monotonic() - started < 10
 
 
+def _session(pid: int) -> Iterator[tuple[Path, str, list[str]]]:
+    """Each process of the session `pid` leads: its /proc folder, its name and its stat fields after the name."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            comm, rest = stat.read_text().rsplit(")", 1)
+            fields = rest.split()
+            if int(fields[3]) == pid:  # the session id
+                yield stat.parent, comm.split("(", 1)[1], fields
+        except (OSError, ValueError, IndexError):
+            continue
+
+
 def _tree_state(pid: int) -> str:
     """For a failure: each process of the session `pid` leads, with its state, wait channel and signal masks."""
     lines = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc, _, fields in _session(pid):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) != pid:  # the session id
-                continue
-            status = dict(line.split(":\t", 1) for line in (stat.parent / "status").read_text().splitlines()
-                          if ":\t" in line)
-            wchan = (stat.parent / "wchan").read_text()
-            cmd = (stat.parent / "cmdline").read_text().replace("\0", " ")[:80]
-        except (OSError, ValueError, IndexError):
+            status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines() if ":\t" in line)
+            wchan = (proc / "wchan").read_text()
+            cmd = (proc / "cmdline").read_text().replace("\0", " ")[:80]
+        except (OSError, ValueError):
             continue
-        lines.append(f"{stat.parent.name} {fields[0]} {wchan} blk={status.get('SigBlk')} ign={status.get('SigIgn')} "
+        lines.append(f"{proc.name} {fields[0]} {wchan} blk={status.get('SigBlk')} ign={status.get('SigIgn')} "
                      f"cgt={status.get('SigCgt')} "
                      f"pnd={status.get('SigPnd')}/{status.get('ShdPnd')} {cmd}")
     return "\n".join(lines)
@@ -129,14 +137,7 @@ def _tree_state(pid: int) -> str:
 
 def _session_runs(pid: int, name: str) -> bool:
     """Whether a process called `name` is in the session `pid` leads."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            comm, rest = stat.read_text().rsplit(")", 1)
-            if int(rest.split()[3]) == pid and comm.split("(", 1)[1] == name:
-                return True
-        except (OSError, ValueError, IndexError):
-            continue
-    return False
+    return any(comm == name for _, comm, _ in _session(pid))
 
 
 def _at_a_terminal(words: list[str], keys: bytes, after: bytes, timeout_s: float = 30.0,
