@@ -17,7 +17,7 @@ from collections.abc import Iterable
 EXIT_OK = 0  # the child finished (or was already complete and skipped)
 EXIT_BUG = 1  # an unexpected error; a traceback is printed
 EXIT_USAGE = 64  # a flag or variable is wrong; nothing was done
-EXIT_PERMANENT = 65  # bad input (manifest, key, image, bucket): retrying cannot help
+EXIT_PERMANENT = 65  # bad input (manifest, key, image, bucket, damaged profile/EMF/run.json/--advice file): not retried
 EXIT_RETRYABLE = 75  # throttling, network, interruption: a retry can succeed
 
 

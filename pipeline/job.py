@@ -279,6 +279,12 @@ def main(settings: JobSettings | None = None) -> int:
         settings = settings or JobSettings.from_env()
         record_calls(settings)  # before the deadline's timer, which would outlive an exec, and before connecting
         arm_deadline(settings.timeout_s)
+        if settings.socket_path is not None and settings.socket_path.is_relative_to(settings.scratch_root) \
+                and not settings.scratch_root.is_dir():
+            # No profiler can be listening under a scratch root that is not there: the volume's error now, not
+            # after the reporter's wait for a socket that cannot appear (5 s).
+            Scratch(settings.scratch_root, settings.work_dir,
+                    require_prepared=settings.require_prepared_scratch).check_volume()
         reporter = StageReporter(settings.socket_path,
                                  identity={"JobId": settings.job_id, "ArrayIndex": str(settings.array_index)})
         run_stages(settings, reporter)

@@ -114,9 +114,20 @@ def write_images_file(path: Path, files: Sequence[tuple[str, ManifestEntry]]) ->
 
 
 def read_images_file(path: Path) -> list[dict[str, str | int | None]]:
-    """The lines of a PROCESS_ENV.IMAGES file (a regular file: a FIFO there is refused at once, not waited on)."""
+    """The lines of a PROCESS_ENV.IMAGES file (a regular file: a FIFO there is refused at once, not waited on), each
+    of write_images_file's shape: a ValueError naming the first line that is not (JSON of another shape included)."""
+    rows = []
     with open_regular(path) as lines:
-        return [json.loads(line) for line in lines if line.strip()]
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            if not (isinstance(row, dict) and all(isinstance(row.get(k), str) and row[k] for k in ("file", "key"))
+                    and Path(row["file"]).name == row["file"] and isinstance(row.get("etag"), str | None)):
+                raise ValueError(f"line {number} is not {{\"file\": NAME, \"key\": KEY, \"etag\": ETAG}} as the job "
+                                 "writes it")
+            rows.append(row)
+    return rows
 
 
 def check_md5(key: str, data: bytes, etag: str | None, *, bucket: str) -> None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from profiling import emflimits
 from profiling.contract import contract_metrics
 from profiling.files import append_line
 from profiling.metrics import (
@@ -51,17 +53,15 @@ RESERVED_NAMESPACE_PREFIX = "AWS/"
 
 
 def namespace_problem(namespace: str) -> str | None:
-    """Why CloudWatch would not take `namespace` for the metrics, or None: the EMF library's own rule (1-256
-    of A-Z a-z 0-9 . _ # : / -), checked before a stage is measured rather than on every document."""
-    from aws_embedded_metrics.constants import MAX_NAMESPACE_LENGTH
-    from aws_embedded_metrics.exceptions import InvalidNamespaceError
-    from aws_embedded_metrics.validator import validate_namespace
-
-    try:
-        validate_namespace(namespace)
-    except InvalidNamespaceError:
-        return (f"is not a CloudWatch namespace: 1 to {MAX_NAMESPACE_LENGTH} letters, digits or . _ # : / - "
-                f"({len(namespace):,} characters given)")
+    """Why CloudWatch would not take `namespace` for the metrics, or None: the EMF library's own rule
+    (aws_embedded_metrics/validator.py validate_namespace: 1-256 of A-Z a-z 0-9 . _ # : / -, its constants read by
+    profiling.emflimits; tests/unit/test_emf.py checks this against the library's validator), checked before a stage
+    is measured rather than on every document. Not the validator itself: importing it costs ~0.2 s of CPU (the
+    package imports aiohttp), which every job would pay at its start for one check."""
+    if not namespace.strip() or len(namespace) > emflimits.MAX_NAMESPACE_LENGTH \
+            or not re.match(emflimits.VALID_NAMESPACE_REGEX, namespace):
+        return (f"is not a CloudWatch namespace: 1 to {emflimits.MAX_NAMESPACE_LENGTH} letters, digits or "
+                f". _ # : / - ({len(namespace):,} characters given)")
     # "You cannot specify a namespace that begins with AWS/": reserved for AWS's own (CloudWatch API Reference,
     # PutMetricData, Namespace); the library passes it, CloudWatch would not take the metrics.
     if namespace.startswith(RESERVED_NAMESPACE_PREFIX):
@@ -72,16 +72,11 @@ def namespace_problem(namespace: str) -> str | None:
 
 def dimension_value_problem(value: str) -> str | None:
     """Why `value` cannot be a dimension value of every document (the Pipeline dimension), or None: the EMF
-    library's rule (1-1024 ASCII characters, not only blanks), and no control character (a newline splits the
-    log line CloudWatch Logs reads the document from)."""
-    from aws_embedded_metrics.constants import MAX_DIMENSION_VALUE_LENGTH
-    from aws_embedded_metrics.exceptions import InvalidDimensionError
-    from aws_embedded_metrics.validator import validate_dimension_set
-
-    try:
-        validate_dimension_set({"Pipeline": value})
-    except InvalidDimensionError:
-        return f"is not a CloudWatch dimension value: 1 to {MAX_DIMENSION_VALUE_LENGTH} ASCII characters"
+    library's rule (validator.py validate_dimension_set: 1-1024 ASCII characters, not only blanks; checked against
+    the library by tests/unit/test_emf.py), and no control character (a newline splits the log line CloudWatch
+    Logs reads the document from)."""
+    if not value.strip() or len(value) > emflimits.MAX_DIMENSION_VALUE_LENGTH or not value.isascii():
+        return f"is not a CloudWatch dimension value: 1 to {emflimits.MAX_DIMENSION_VALUE_LENGTH} ASCII characters"
     if not value.isprintable():
         return "has a control character (a newline?): CloudWatch Logs would split the document there"
     return None

@@ -388,8 +388,9 @@ class RunProfiles:
 
 
 def read_run_profiles(run_dir: Path, *, timeline: bool = True, workers: int | None = None,
-                      fields: ProfileFields | None = None) -> RunProfiles:
-    """The profiles of a run directory: its profile files when they hold any, else its EMF files.
+                      fields: ProfileFields | None = None, namespace: str = DEFAULT_NAMESPACE) -> RunProfiles:
+    """The profiles of a run directory: its profile files when they hold any, else its EMF files' stage documents
+    of `namespace`.
 
     The result is empty when the run kept neither; damaged files raise DamagedFileError (the first in file
     order). `timeline`: see profile_from_line. A large run's files are read in worker processes
@@ -397,15 +398,16 @@ def read_run_profiles(run_dir: Path, *, timeline: bool = True, workers: int | No
     send back only these of each profile, every line still checked whole (no timeline: see
     profiling.profilefields), and the profiles are built of them: for a reader of a few figures of a fleet.
     """
-    pairs = _read_files(profile_files(run_dir), False, timeline, workers, fields)
+    pairs = _read_files(profile_files(run_dir), None, timeline, workers, fields)
     if pairs:
         return RunProfiles(pairs, from_emf=False)
-    return RunProfiles(_read_files(emf_files(run_dir), True, timeline, workers, fields), from_emf=True)
+    return RunProfiles(_read_files(emf_files(run_dir), namespace, timeline, workers, fields), from_emf=True)
 
 
-def _read_files(files: list[Path], from_emf: bool, timeline: bool, workers: int | None,
+def _read_files(files: list[Path], emf_namespace: str | None, timeline: bool, workers: int | None,
                 fields: ProfileFields | None) -> list[tuple[StageProfile, str]]:
-    tasks = [(chunk, from_emf, timeline, fields) for chunk in fanout.chunked(files)]
+    """Profile files (`emf_namespace` None), or EMF files' stage documents of that namespace."""
+    tasks = [(chunk, emf_namespace, timeline, fields) for chunk in fanout.chunked(files)]
     count = fanout.read_workers(len(files), workers)
     parts = fanout.ordered_map(_read_chunk, tasks, count)
     if fields is None:
@@ -413,16 +415,16 @@ def _read_files(files: list[Path], from_emf: bool, timeline: bool, workers: int 
     return [(fields.profile(values), name) for part in parts for values, name in part]
 
 
-def _read_chunk(task: tuple[Sequence[Path], bool, bool, ProfileFields | None]) -> list[tuple[Any, str]]:
+def _read_chunk(task: tuple[Sequence[Path], str | None, bool, ProfileFields | None]) -> list[tuple[Any, str]]:
     """One chunk of a run's files (in a worker process): their profiles, or the `fields` of each, with the name
     of its file."""
-    files, from_emf, timeline, fields = task
+    files, namespace, timeline, fields = task
     if fields is not None:
-        if from_emf:
-            return [(fields.of_profile(p), file.stem) for file in files for p in read_emf(file)]
+        if namespace is not None:
+            return [(fields.of_profile(p), file.stem) for file in files for p in read_emf(file, namespace=namespace)]
         read = fields.of_line  # of a line checked as profile_from_line checks it, without its timeline
         return [(values, file.stem) for file in files
                 for values in _read_lines(file, lambda line: read(without_timeline(_decoded(line))))]
-    if from_emf:
-        return [(p, file.stem) for file in files for p in read_emf(file)]
+    if namespace is not None:
+        return [(p, file.stem) for file in files for p in read_emf(file, namespace=namespace)]
     return [(p, file.stem) for file in files for p in read_profiles(file, timeline=timeline)]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from profiling import runfiles
+from profiling.emfnamespaces import namespaces_in, no_stage_documents, stage_namespaces
 from profiling.metrics import DEFAULT_NAMESPACE, StageProfile, median
 from tuning.cachedomain import Domains, domains, host_bytes_for_child_limit
 from tuning.ebs import GIB, MIB, Volume
@@ -389,14 +390,16 @@ def _burst_note(result: CandidateResult) -> str:
 
 # ---- reading inputs (the only file I/O here) ---------------------------------------------------------
 
-def profiles_from_emf(documents: Iterable[Mapping[str, Any]], where: str = "the EMF documents") -> list[StageProfile]:
-    """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them: the
-    pipeline's namespace only, their figures checked as a profile's (runfiles.DamagedFileError naming `where`)."""
-    return runfiles.profiles_from_documents(documents, where=where)
+def profiles_from_emf(documents: Iterable[Mapping[str, Any]], where: str = "the EMF documents",
+                      namespace: str = DEFAULT_NAMESPACE) -> list[StageProfile]:
+    """StageProfiles rebuilt from EMF documents (one per stage), as CloudWatch Logs or a local run keep them: of
+    `namespace` only, their figures checked as a profile's (runfiles.DamagedFileError naming `where`)."""
+    return runfiles.profiles_from_documents(documents, where=where, namespace=namespace)
 
 
-def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:
-    """Profiles from run directories, profile .jsonl files and EMF files (.emf, .json or .log).
+def load_profiles(paths: Sequence[Path], *, namespace: str = DEFAULT_NAMESPACE) -> list[StageProfile]:
+    """Profiles from run directories, profile .jsonl files and EMF files (.emf, .json or .log; their stage documents
+    of `namespace`: EMF files of only another namespace are an AdviseError naming what they hold).
 
     A run directory is read as profiling.runfiles reads it: its profiles, else its EMF files.
     """
@@ -408,19 +411,21 @@ def load_profiles(paths: Sequence[Path]) -> list[StageProfile]:
             raise AdviseError(f"{path} does not exist: pass a run directory or profile/EMF files")
         if path.is_dir() and not runfiles.profile_files(path) and not runfiles.emf_files(path):
             raise AdviseError(f"{path} has no profiles/*.jsonl or emf/*.emf: is it a run directory?")
-        out.extend(_read_profiles(path))
+        out.extend(_read_profiles(path, namespace))
     if not out:
         raise AdviseError("the inputs hold no stage profiles: give the profiles or EMF files of a finished run")
     return out
 
 
-def _read_profiles(path: Path) -> list[StageProfile]:
+def _read_profiles(path: Path, namespace: str) -> list[StageProfile]:
     """One input's profiles; a damaged file is an AdviseError naming the file and line."""
     try:
         if path.is_dir():
             # The advisor reads a few per-stage figures only (100,000 children's timelines would not fit): the
             # read workers send back those alone.
-            read = runfiles.read_run_profiles(path, timeline=False, fields=ADVISOR_FIELDS)
+            read = runfiles.read_run_profiles(path, timeline=False, fields=ADVISOR_FIELDS, namespace=namespace)
+            if not read.profiles and read.from_emf and (found := namespaces_in(runfiles.emf_files(path))):
+                raise AdviseError(no_stage_documents(str(path / runfiles.EMF), namespace, found))
             return [profile for profile, _ in read.profiles]
         if path.suffix == ".jsonl":
             return list(runfiles.read_profiles(path, timeline=False))
@@ -429,8 +434,7 @@ def _read_profiles(path: Path) -> list[StageProfile]:
         raise  # bad input, as the report says too (the CLI's exit 65)
     except ValueError as exc:  # bytes that are not UTF-8
         raise AdviseError(str(exc)) from None
-    profiles = profiles_from_emf(docs, str(path))
+    profiles = profiles_from_emf(docs, str(path), namespace)
     if not profiles and docs:
-        raise AdviseError(f"{path}: no EMF stage documents of namespace {DEFAULT_NAMESPACE} (with _aws and Stage) in "
-                          "it: give the EMF files the pipeline's profiler wrote")
+        raise AdviseError(no_stage_documents(str(path), namespace, stage_namespaces(docs)))
     return profiles

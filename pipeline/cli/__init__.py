@@ -18,30 +18,35 @@ tests/unit/test_cli_startup.py).
 
 from __future__ import annotations
 
-# ruff: noqa: E402 (Ctrl-C's handler is installed before the imports below: typer's alone takes 0.05 s)
+# ruff: noqa: E402 (the start-up signal handler is installed before the imports below: typer's alone takes 0.05 s)
 import signal
 
 from pipeline.errors import EXIT_RETRYABLE, print_error
 
 
 def _interrupted_while_starting(signum: int, frame: object) -> None:
-    """Ctrl-C before a command line is parsed: the one line and code of any interrupted command, not a
-    traceback of whatever was being imported."""
+    """Ctrl-C or SIGTERM before a command line is parsed: the one line and code of any interrupted command, not a
+    traceback of whatever was being imported (Ctrl-C) nor a bare 143 (SIGTERM's default action)."""
     print_error("interrupted")
     raise SystemExit(EXIT_RETRYABLE)
 
 
-# Until IobatchGroup.main hands Ctrl-C back to KeyboardInterrupt; a SIGINT ignored (a background job) stays ignored.
-_SIGINT_BEFORE = signal.getsignal(signal.SIGINT)
-if _SIGINT_BEFORE is signal.default_int_handler:
-    signal.signal(signal.SIGINT, _interrupted_while_starting)
+# Until IobatchGroup.main hands them on (Ctrl-C to KeyboardInterrupt, SIGTERM to the same, as handles_errors does): a
+# signal ignored (a background job's SIGINT, a SIGTERM a parent set to SIG_IGN) or handled by an embedding program
+# stays as it was.
+_BEFORE = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+for _sig, _default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL)):
+    if _BEFORE[_sig] is _default:
+        signal.signal(_sig, _interrupted_while_starting)
+del _sig, _default
 
 
 def end_start_up_handling() -> None:
-    """Give Ctrl-C back to what it was before this module was imported: for a program (a test runner) that imports
-    the CLI without running it. Running a command does it itself."""
-    if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
-        signal.signal(signal.SIGINT, _SIGINT_BEFORE)
+    """Give Ctrl-C and SIGTERM back to what they were before this module was imported: for a program (a test runner)
+    that imports the CLI without running it. Running a command does it itself."""
+    for sig, before in _BEFORE.items():
+        if signal.getsignal(sig) is _interrupted_while_starting:
+            signal.signal(sig, before)
 
 import errno
 import math
@@ -114,12 +119,15 @@ class IobatchGroup(TyperGroup):
             if standalone_mode:
                 sys.exit(EXIT_USAGE)
             return EXIT_USAGE
-        found = signal.getsignal(signal.SIGINT)
-        after = _SIGINT_BEFORE if found is _interrupted_while_starting else found  # what the caller had
+        found = {sig: signal.getsignal(sig) for sig in _BEFORE}
+        after = {sig: _BEFORE[sig] if handler is _interrupted_while_starting else handler  # what the caller had
+                 for sig, handler in found.items()}
         try:
-            # From here Ctrl-C is a KeyboardInterrupt, after which every `with` block cleans up.
-            if found is _interrupted_while_starting:
-                signal.signal(signal.SIGINT, signal.default_int_handler)
+            # From here Ctrl-C (and SIGTERM, as handles_errors makes it) is a KeyboardInterrupt, after which every
+            # `with` block cleans up.
+            for sig, during in ((signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, _sigterm_as_interrupt)):
+                if found[sig] is _interrupted_while_starting:
+                    signal.signal(sig, during)
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
         except ClickException as exc:
@@ -128,8 +136,9 @@ class IobatchGroup(TyperGroup):
         except (typer.Abort, KeyboardInterrupt):  # end of input at a prompt, or Ctrl-C before a command ran
             print_error("interrupted")
             code = EXIT_RETRYABLE
-        finally:  # a caller in the same process (a test, an embedding program) gets its handler back
-            signal.signal(signal.SIGINT, after)
+        finally:  # a caller in the same process (a test, an embedding program) gets its handlers back
+            for sig, handler in after.items():
+                signal.signal(sig, handler)
         code = code if isinstance(code, int) else 0
         if standalone_mode:
             sys.exit(code)

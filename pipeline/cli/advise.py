@@ -166,7 +166,9 @@ def advise(
                                      "read over the time AWS Batch says it ran unless --since is given."),
     since: str | None = typer.Option(None, metavar="DURATION", help="With --stack or --from-cloudwatch: how far back "
                                      "to read (90s, 30m, 1h, 2d; default 1h, or the run of --job-id)."),
-    namespace: str = typer.Option("IoBatch", metavar="NAME", help="With CloudWatch Logs: the EMF namespace to keep."),
+    namespace: str = typer.Option("IoBatch", metavar="NAME", help="The EMF namespace to keep, of EMF files or "
+                                  "CloudWatch Logs: the one the sidecar wrote (its --namespace, else "
+                                  "AWS_EMF_NAMESPACE)."),
     region: str | None = typer.Option(None, metavar="REGION", help="With --stack or --from-cloudwatch: the AWS region "
                                       "(default: AWS_REGION, then AWS_DEFAULT_REGION)."),
     logs_endpoint: str | None = typer.Option(None, metavar="URL", help="With CloudWatch Logs: a CloudWatch Logs "
@@ -242,8 +244,10 @@ def advise(
     if job_id and not (stack or from_cloudwatch):
         raise UsageError("--job-id selects a batch in CloudWatch Logs: give it with --stack NAME or --from-cloudwatch")
     if inputs:  # read from files: the CloudWatch Logs flags would be silently ignored
-        checks.unused_flags({"since": "--since", "namespace": "--namespace", "region": "--region",
-                             "logs_endpoint": "--logs-endpoint"}, "with --stack or --from-cloudwatch")
+        checks.unused_flags({"since": "--since", "region": "--region", "logs_endpoint": "--logs-endpoint"},
+                            "with --stack or --from-cloudwatch")
+        if all(path.suffix == ".jsonl" and not path.is_dir() for path in inputs):  # a profile carries no namespace
+            checks.unused_flags({"namespace": "--namespace"}, "with EMF files, run directories or CloudWatch Logs")
     logs_endpoint = checks.endpoint_url(logs_endpoint, "--logs-endpoint")  # given, it is checked, used or not
     checks.emf_namespace(namespace)
     job_ids = checks.job_ids(job_id)
@@ -293,7 +297,7 @@ def advise(
             cache_budget_pct=cache_budget_pct,
             io_size_kib=io_size_kib, random_pct=random_pct, instance_usd_per_hour=instance_usd_per_hour,
             instance_network_mibps=instance_network_mibps, current_volume=scratch, current_tuning=stacked.tuning)
-        profiles = cloud.profiles if cloud is not None else load_profiles(list(inputs or []))
+        profiles = cloud.profiles if cloud is not None else load_profiles(list(inputs or []), namespace=namespace)
         result = make_advice(profiles, plan, volumes or None)
     except DamagedFileError as exc:  # one rule with the report: a damaged or newer-schema file is bad input, 65
         raise PermanentError(f"{exc}: {exc.fix}") from None

@@ -33,19 +33,20 @@ def _read_advice(path: Path | None) -> Any:
     return body
 
 
-def _all_profiles(run_dir: Path, data: Any) -> list[Any]:
+def _all_profiles(run_dir: Path, data: Any, namespace: str) -> list[Any]:
     """Every stage profile of a local run: a large run keeps no whole profiles (profiling.report.fleet), so the
     advisor reads them without timelines."""
     from profiling import runfiles
 
     if data.complete:
         return [x.profile for x in data.entries]
-    return [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
+    return [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False, namespace=namespace).profiles]
 
 
-def _run_dir_advice(run_dir: Path, given: Any = None) -> Any:
+def _run_dir_advice(run_dir: Path, given: Any, namespace: str) -> Any:
     """The advice the demo gave for a local run directory, computed the same way (pipeline.local.demo.run_advice),
-    from its profiles without timelines and its run.json; None when run.json does not say the children at once.
+    from its profiles without timelines (its EMF files' of `namespace` when it kept none) and its run.json; None when
+    run.json does not say the children at once.
     `given` (--advice) when there is one; run.json is checked strictly either way (pipeline.local.runjson: 65)."""
     from pipeline.local.demo import run_advice
     from pipeline.local.runjson import read_run
@@ -57,7 +58,7 @@ def _run_dir_advice(run_dir: Path, given: Any = None) -> Any:
     if run is None or not isinstance(run.get("workers"), int):
         return None
     try:  # a missing or damaged profile is named by the report's own reading, with its exit code
-        profiles = [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False).profiles]
+        profiles = [p for p, _ in runfiles.read_run_profiles(run_dir, timeline=False, namespace=namespace).profiles]
     except (OSError, ValueError):
         return None
     return run_advice(profiles, run)
@@ -162,8 +163,8 @@ def _compare_report(sides: tuple[str, str], out: Path, namespace: str, region: s
                                                                namespace=namespace)))
                 advice.append(None)
                 continue
-            data = load_run_dir(side)
-            advice.append(run_advice(_all_profiles(side, data), checked_run(data.run, side)))
+            data = load_run_dir(side, namespace=namespace)
+            advice.append(run_advice(_all_profiles(side, data, namespace), checked_run(data.run, side)))
             runs.append(data)
         names = [p.text if isinstance(p, CloudWatchRange) else (p.name or str(p)) for p in parsed]
         path = write_comparison(runs[0], runs[1], out, names=names, advice=advice)
@@ -187,7 +188,9 @@ def report(
                                      "--from-cloudwatch does."),
     since: str = typer.Option(DEFAULT_SINCE, metavar="DURATION", help="With --from-cloudwatch or --stack: how far "
                               "back to read (90s, 30m, 1h, 2d)."),
-    namespace: str = typer.Option("IoBatch", metavar="NAME", help="With CloudWatch Logs: the EMF namespace to keep."),
+    namespace: str = typer.Option("IoBatch", metavar="NAME", help="The EMF namespace to keep, of a run directory's EMF "
+                                  "files (read when it kept no profiles) or CloudWatch Logs: the one the sidecar "
+                                  "wrote (its --namespace, else AWS_EMF_NAMESPACE)."),
     region: str | None = typer.Option(None, metavar="REGION", help="With CloudWatch Logs: the AWS region (default: "
                                       "AWS_REGION, then AWS_DEFAULT_REGION)."),
     logs_endpoint: str | None = typer.Option(None, metavar="URL", help="With CloudWatch Logs: a CloudWatch Logs "
@@ -221,9 +224,9 @@ def report(
             raise UsageError("give --stack NAME alone, without a run directory, --from-cloudwatch or --compare: it "
                              "reads the stack's own log group")
         checks.stack_name(stack)
-    # The CloudWatch Logs flags, given where nothing is read from CloudWatch Logs, would be silently ignored.
-    cloud_flags = {"since": "--since", "namespace": "--namespace", "region": "--region",
-                   "logs_endpoint": "--logs-endpoint"}
+    # The CloudWatch Logs flags, given where nothing is read from CloudWatch Logs, would be silently ignored
+    # (--namespace is also a local run's: its EMF files').
+    cloud_flags = {"since": "--since", "region": "--region", "logs_endpoint": "--logs-endpoint"}
     if compare is not None:
         if run_dir is not None or from_cloudwatch is not None or advice is not None:
             raise UsageError("give --compare RUN_A RUN_B alone, without a run directory, --from-cloudwatch or "
@@ -258,7 +261,7 @@ def report(
                                       checks.region(region), logs_endpoint, given)
         else:
             local = run_dir or Path(".iobatch/demo")
-            path = write_report(local, out, advice=_run_dir_advice(local, given),
+            path = write_report(local, out, advice=_run_dir_advice(local, given, namespace), namespace=namespace,
                                 progress=Progress(lambda done, files: f"read {done:,} of {files:,} profile files"))
     except DamagedInputError as exc:
         raise PermanentError(str(exc)) from None

@@ -315,14 +315,15 @@ def render_html(data: ReportData, *, advice: Any = None, title: str = "iobatch r
 
 
 def write_report(run_dir: Path, out: Path | None = None, *, advice: Mapping[str, Any] | Any | None = None,
-                 progress: Callable[[int, int], None] | None = None) -> Path:
+                 progress: Callable[[int, int], None] | None = None, namespace: str = DEFAULT_NAMESPACE) -> Path:
     """Write the HTML report of a local run directory and return its path.
 
     `out` defaults to <run_dir>/report.html. `advice` is the advisor's recommendation (a mapping, a
     dataclass or an object with to_dict(), e.g. from tuning.advise); it is rendered as given, and the
-    report says so when there is none. Raises ReportInputError when the run directory is unusable.
+    report says so when there is none. A run without profile files is read from its EMF files' stage documents of
+    `namespace`. Raises ReportInputError when the run directory is unusable.
     """
-    data = load_run_dir(Path(run_dir), progress=progress)
+    data = load_run_dir(Path(run_dir), progress=progress, namespace=namespace)
     target = Path(out) if out is not None else runfiles.report_path(Path(run_dir))
     return runfiles.write_text_atomic(target, render_html(data, advice=advice))
 

@@ -8,12 +8,14 @@ time. A small batch (PER_CHILD_LIMIT children, whose whole profiles the page sho
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 from profiling import fanout, runfiles
-from profiling.metrics import StageProfile
+from profiling.emfnamespaces import namespaces_in, no_stage_documents
+from profiling.metrics import DEFAULT_NAMESPACE, StageProfile
 from profiling.report.fleet import PER_CHILD_LIMIT, Fleet
 from profiling.report.sources import DamagedInputError, Entry, Reader, ReportData, ReportInputError
 
@@ -44,31 +46,33 @@ def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]
     return _reading(file, runfiles.read_profile_points)
 
 
-def _emf_in(file: Path) -> Iterator[tuple[StageProfile, str]]:
-    return ((profile, file.stem) for profile in _reading(file, runfiles.read_emf))
+def _emf_in(file: Path, namespace: str = DEFAULT_NAMESPACE) -> Iterator[tuple[StageProfile, str]]:
+    read = functools.partial(runfiles.read_emf, namespace=namespace)
+    return ((profile, file.stem) for profile in _reading(file, read))
 
 
-def _add_file(add: Callable[..., None], file: Path, from_emf: bool) -> None:
-    """Every profile of one file given to `add` (a Fleet's or a Reader's), as the report names it."""
-    if from_emf:
-        for profile, name in _emf_in(file):
+def _add_file(add: Callable[..., None], file: Path, emf_namespace: str | None) -> None:
+    """Every profile of one file given to `add` (a Fleet's or a Reader's), as the report names it: a profile file's
+    (`emf_namespace` None), or an EMF file's stage documents of that namespace."""
+    if emf_namespace is not None:
+        for profile, name in _emf_in(file, emf_namespace):
             add(profile, name, file)
     else:
         for profile, points in _points_in(file):
             add(profile, file.stem, file, points)
 
 
-def _read_chunk(task: tuple[Sequence[Path], bool]) -> Fleet:
+def _read_chunk(task: tuple[Sequence[Path], str | None]) -> Fleet:
     """One chunk of files in a worker process: its own Fleet, its traffic summed as one chunk."""
-    files, from_emf = task
+    files, emf_namespace = task
     fleet = Fleet()
     for file in files:
-        _add_file(fleet.add, file, from_emf)
+        _add_file(fleet.add, file, emf_namespace)
     fleet.end_chunk()
     return fleet
 
 
-def _read_files(files: list[Path], from_emf: bool, progress: Progress | None, workers: int | None) -> Reader:
+def _read_files(files: list[Path], emf_namespace: str | None, progress: Progress | None, workers: int | None) -> Reader:
     """Every profile of `files` in a Reader, in file order; in worker processes when there are many files
     (profiling.fanout.read_workers). Errors are the first file's in order, as one process would raise them."""
     chunks = fanout.chunked(files)
@@ -79,7 +83,7 @@ def _read_files(files: list[Path], from_emf: bool, progress: Progress | None, wo
     if count > 1:
         reader = Reader(keep=False)
         done = 0
-        tasks = [(chunk, from_emf) for chunk in chunks]
+        tasks = [(chunk, emf_namespace) for chunk in chunks]
         with contextlib.closing(fanout.ordered_map(_read_chunk, tasks, count)) as fleets:
             for chunk, fleet in zip(chunks, fleets, strict=True):
                 reader.fleet.extend(fleet)
@@ -91,7 +95,7 @@ def _read_files(files: list[Path], from_emf: bool, progress: Progress | None, wo
         # Many files but a small batch (files without profiles): read again here, its profiles kept whole.
     reader = Reader()
     for done, file in enumerate(files, 1):
-        _add_file(reader.add, file, from_emf)
+        _add_file(reader.add, file, emf_namespace)
         if done % fanout.CHUNK_FILES == 0:
             reader.fleet.end_chunk()
         if progress is not None:
@@ -99,18 +103,22 @@ def _read_files(files: list[Path], from_emf: bool, progress: Progress | None, wo
     return reader
 
 
-def load_run_dir(run_dir: Path, *, progress: Progress | None = None, workers: int | None = None) -> ReportData:
+def load_run_dir(run_dir: Path, *, progress: Progress | None = None, workers: int | None = None,
+                 namespace: str = DEFAULT_NAMESPACE) -> ReportData:
     """Read a local run directory one profile line at a time: profile JSON when present (with timelines),
-    else the EMF files. `progress(files read, files)` is called as the files are read. `workers`: the
-    processes that read a large run (default: profiling.fanout.read_workers's choice; 1 reads here)."""
+    else the EMF files' stage documents of `namespace`. `progress(files read, files)` is called as the files are
+    read. `workers`: the processes that read a large run (default: profiling.fanout.read_workers's choice; 1 reads
+    here)."""
     if not run_dir.is_dir():
         raise ReportInputError(f"run directory {run_dir} does not exist: pass the --run-dir of a finished run")
     from_emf = False
-    reader = _read_files(runfiles.profile_files(run_dir), False, progress, workers)
+    reader = _read_files(runfiles.profile_files(run_dir), None, progress, workers)
     if not reader.fleet.profiles:
         from_emf = True
-        reader = _read_files(runfiles.emf_files(run_dir), True, progress, workers)
+        reader = _read_files(runfiles.emf_files(run_dir), namespace, progress, workers)
     count = reader.fleet.profiles
+    if not count and from_emf and (found := namespaces_in(runfiles.emf_files(run_dir))):
+        raise ReportInputError(no_stage_documents(str(run_dir / runfiles.EMF), namespace, found))
     if not count:
         raise ReportInputError(
             f"{run_dir} holds no {runfiles.PROFILES}/*.jsonl or {runfiles.EMF}/*.emf files: "
@@ -131,7 +139,8 @@ def load_run_dir(run_dir: Path, *, progress: Progress | None = None, workers: in
     fleet = reader.fleet
 
     def reread(children: set[str]) -> list[Entry]:
-        found = fleet.profiles_of(children, _emf_in if from_emf else _profiles_in)
+        found = fleet.profiles_of(children, functools.partial(_emf_in, namespace=namespace) if from_emf
+                                  else _profiles_in)
         return [Entry(child, p, p.properties.get("InstanceId") or None) for child, p in found]
 
     data = reader.data(source=source, has_timelines=not from_emf, reread=reread)

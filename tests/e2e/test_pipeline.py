@@ -17,7 +17,7 @@ from pipeline.local.dataset import DatasetSpec
 from pipeline.local.proxy import ThrottledProxy
 from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
-from pipeline.settings import ENV, S3Uri
+from pipeline.settings import ENV, PROFILER_OFF, S3Uri
 from profiling import runfiles
 from tests.support.data import upload_dir
 
@@ -103,7 +103,8 @@ def test_child_killed_mid_download_is_redone_without_duplicates(
     scratch.mkdir()
     env = {**os.environ, **s3_server.env(), ENV.INPUT: str(run.input), ENV.OUTPUT: str(run.output),
            ENV.MANIFEST: str(frozen.manifest), ENV.IMAGES_PER_CHILD: "2", ENV.ARRAY_INDEX: "1",
-           ENV.SCRATCH: str(scratch), ENV.TRAIN_SIZE: "64x48"}
+           ENV.SCRATCH: str(scratch), ENV.TRAIN_SIZE: "64x48",
+           ENV.PROFILER_SOCKET: PROFILER_OFF}  # no profiler runs beside it: the job would wait 5 s for one
     with ThrottledProxy(s3_server.port, 128 * 1024) as slow:
         proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "job"],
                                 env={**env, ENV.S3_ENDPOINT: slow.endpoint, ENV.TASK_ID: "attempt-1"},

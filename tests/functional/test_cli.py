@@ -87,6 +87,8 @@ def test_unwritable_scratch_names_the_directory(s3_server: EmbeddedS3, s3: Any, 
            ENV.IMAGES_PER_CHILD: "1", ENV.SCRATCH: str(tmp_path / "absent"), ENV.S3_ENDPOINT: s3_server.endpoint}
     result = iobatch("job", env=env)
     assert_one_line_error(result, 65, f"scratch directory {tmp_path / 'absent'} does not exist")
+    # Said at once: no profiler can listen under a root that is not there, so the job does not wait for one.
+    assert "no profiler at" not in result.stderr, result.stderr
 
 
 def _processes_mentioning(text: str) -> list[str]:

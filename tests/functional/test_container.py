@@ -19,7 +19,8 @@ import pytest
 from tests.support import images
 from tests.support.images import run
 
-pytestmark = [pytest.mark.container, pytest.mark.root]
+# untimed: one child, nothing timed: it runs beside the guest's boots (tests/conftest.py)
+pytestmark = [pytest.mark.container, pytest.mark.root, pytest.mark.untimed]
 
 if os.geteuid() != 0:
     pytest.skip("needs root: podman/buildah with chroot isolation, debootstrap", allow_module_level=True)

@@ -24,7 +24,8 @@ from tuning.host import HostTuning
 from tuning.lab import Lab, LabConfig, damon, fusedev, recover
 from tuning.lab.restore import BLKIO_ROOT, DIRTY_SYSCTLS, read_state, read_sysctl
 
-pytestmark = pytest.mark.root
+# untimed: it restores settings and times nothing: it runs beside the guest's boots (tests/conftest.py)
+pytestmark = [pytest.mark.root, pytest.mark.untimed]
 
 ROOT_OK = os.geteuid() == 0
 TOOLS_OK = all(shutil.which(t) for t in ("losetup", "mkfs.xfs", "mount", "umount"))

@@ -21,11 +21,14 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import SSLError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline import aws
+from pipeline.cli import app
 from pipeline.endpoints import checked_endpoint
 from pipeline.errors import EXIT_PERMANENT, EXIT_RETRYABLE, EXIT_USAGE, UsageError
-from pipeline.interface import ENV
+from pipeline.interface import ENV, PROCESS_ENV
 from pipeline.s5cmd import CopyResult, classify_failure
 from profiling import emf, runfiles
 from tests.support import cli
@@ -166,6 +169,15 @@ def test_process_refuses_an_input_that_is_not_a_regular_file(tmp_path: Path, odd
     assert not (out / "shard.tar").exists() and not (out / "index.json").exists()
 
 
+@pytest.mark.parametrize("line", ['{"volume": "gp3", "why": "any object"}', "[1, 2]",
+                                  '{"file": "../a.png", "key": "k"}', '{"file": "a.png", "key": "a.png", "etag": 5}'])
+def test_process_refuses_an_images_file_of_another_shape(tmp_path: Path, line: str) -> None:
+    images, listed = _image_folder(tmp_path), tmp_path / "images.jsonl"
+    listed.write_text(line + "\n")
+    refused(["process", str(images), str(tmp_path / "out")], EXIT_USAGE, "line 1 is not",  # was a KeyError traceback
+            {PROCESS_ENV.IMAGES: str(listed)})
+
+
 # ---- EMF: the profile reader's value check, the pipeline's namespace -------------------------------------
 
 
@@ -213,6 +225,37 @@ def test_another_namespace_is_not_read_as_the_pipelines(tmp_path: Path) -> None:
             EXIT_USAGE, "no EMF stage documents of namespace IoBatch")
 
 
+PLAN = ["--jobs-per-instance", "4", "--memory-gib", "32", "--jobs-per-day", "8"]
+
+
+def test_a_custom_namespace_is_named_then_read_back_by_advise_and_report(tmp_path: Path) -> None:
+    """EMF the sidecar wrote with --namespace Foo: without --namespace the error names Foo and the flag; with it both
+    commands read the files (it was refused for local files before, as CloudWatch's alone)."""
+    file, run = tmp_path / "x.emf", tmp_path / "run"
+    file.write_text("\n".join(emf.serialize(full_profile(), namespace="Foo")) + "\n")
+    (run / runfiles.EMF).mkdir(parents=True)
+    runfiles.write_run(run, {"job_id": "t"})
+    (run / runfiles.EMF / "part-00000.emf").write_text(file.read_text())
+    fix = "its stage documents are of namespace Foo: give --namespace Foo"
+    for args in (["advise", str(file), *PLAN], ["advise", str(run), *PLAN],
+                 ["report", str(run), "--out", str(tmp_path / "r.html")]):
+        refused(args, EXIT_USAGE, fix)
+    for args in (["advise", str(file), "--namespace", "Foo", *PLAN, "--json"],
+                 ["advise", str(run), "--namespace", "Foo", *PLAN, "--json"]):
+        result = cli.CliRunner().invoke(app, args)
+        assert result.exit_code == 0 and json.loads(result.stdout)["recommended"], (args, result.output[-600:])
+    result = cli.CliRunner().invoke(app, ["report", str(run), "--namespace", "Foo", "--out", str(tmp_path / "r.html")])
+    assert result.exit_code == 0 and (tmp_path / "r.html").stat().st_size > 0, result.output[-600:]
+    compare = ["report", "--compare", str(run), str(run), "--namespace", "Foo", "--out", str(tmp_path / "c.html")]
+    assert cli.CliRunner().invoke(app, compare).exit_code == 0
+
+
+def test_namespace_given_with_only_profile_files_is_refused_not_ignored(tmp_path: Path) -> None:
+    profiles = tmp_path / "p.jsonl"
+    profiles.write_text(json.dumps(full_profile().to_dict()) + "\n")
+    refused(["advise", str(profiles), "--namespace", "Foo", *PLAN], EXIT_USAGE, "--namespace applies only with EMF")
+
+
 # ---- a log group, checked before the network; --kernel, whole ----------------------------------------
 
 
@@ -220,6 +263,9 @@ def test_another_namespace_is_not_read_as_the_pipelines(tmp_path: Path) -> None:
 def test_a_log_group_name_is_checked_before_the_network(stubbed: None, tmp_path: Path, group: str) -> None:
     refused(["report", "--from-cloudwatch", group, "--out", str(tmp_path / "r.html")], EXIT_USAGE,
             "is not a log group name")
+    refused(["advise", "--from-cloudwatch", group], EXIT_USAGE, "is not a log group name")  # the same one check
+    refused(["advise", "--from-cloudwatch", group, "--jobs-per-instance", "4", "--memory-gib", "32", "--jobs-per-day",
+             "8", "--json"], EXIT_USAGE, "is not a log group name")
 
 
 @pytest.mark.parametrize("kernel", ["6.1.0;rm -rf /", "6.1.0 extra", "latest", "6.1.0-18-amd64\x7f", "6" * 70])
@@ -235,24 +281,55 @@ def test_a_uname_release_is_taken(kernel: str) -> None:
     assert parse_kernel_release(kernel, "--kernel") == tuple(int(x) for x in kernel.split(".")[:2])
 
 
-# ---- Ctrl-C while the CLI imports ------------------------------------------------------------------------
+# ---- Ctrl-C or SIGTERM while the CLI imports ------------------------------------------------------------
 
-# Sends this process SIGINT when `module` is first imported: the Ctrl-C lands inside the CLI's imports.
-EARLY_SIGINT = """
+# Sends this process a signal (argv[2]) when `module` (argv[1]) is first imported: it lands inside the CLI's imports.
+# The rest of argv is the command line.
+EARLY_SIGNAL = """
 import os, signal, sys
+module, sig, argv = sys.argv[1], getattr(signal, sys.argv[2]), sys.argv[3:]
 class Hook:
     def find_spec(self, name, path=None, target=None):
-        if name == sys.argv[1]:
-            os.kill(os.getpid(), signal.SIGINT)
+        if name == module:
+            os.kill(os.getpid(), sig)
         return None
 sys.meta_path.insert(0, Hook())
 from pipeline.cli import main
-main(["--help"])
+main(argv)
 """
+# Modules `import pipeline.cli` imports after its start-up handler is installed, first to last.
+START_UP_MODULES = ["typer", "typer._click.core", "typer.main", "pipeline.cli.checks", "pipeline.cli.batch",
+                    "pipeline.settings", "pipeline.cli.local", "pipeline.endpoints", "profiling.metrics",
+                    "pipeline.cli.profiler", "tuning.instances", "pipeline.cli.qualify", "pipeline.cli.report",
+                    "pipeline.cli.tuning", "profiling.numbers"]
 
 
+def _interrupted_at(module: str, sig: signal.Signals, argv: list[str]) -> None:
+    """The CLI given `sig` while it imports `module` exits 75 with one line, no traceback (the signals' default
+    actions are restored for it: a runner that ignores them would pass that on)."""
+
+    def defaults() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    result = subprocess.run([sys.executable, "-c", EARLY_SIGNAL, module, sig.name, *argv], cwd=ROOT,
+                            capture_output=True, text=True, timeout=60, preexec_fn=defaults)
+    assert (result.returncode, result.stderr) == (EXIT_RETRYABLE, "error: interrupted\n"), \
+        (module, sig.name, argv, result.returncode, result.stderr[-600:])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 @pytest.mark.parametrize("module", ["typer", "pipeline.cli.local", "profiling.numbers"])
-def test_ctrl_c_during_the_clis_imports_is_one_line_and_75(module: str) -> None:
-    result = subprocess.run([sys.executable, "-c", EARLY_SIGINT, module], cwd=ROOT, capture_output=True, text=True,
-                            timeout=60, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    assert (result.returncode, result.stderr) == (EXIT_RETRYABLE, "error: interrupted\n"), result.stderr[-600:]
+def test_ctrl_c_during_the_clis_imports_is_one_line_and_75(module: str, sig: signal.Signals) -> None:
+    _interrupted_at(module, sig, ["--help"])  # SIGTERM was its default action before: 143, no line
+
+
+def _commands() -> list[str]:
+    return sorted(c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands)
+
+
+@settings(max_examples=12, deadline=None)
+@given(command=st.sampled_from(_commands()), module=st.sampled_from(START_UP_MODULES),
+       sig=st.sampled_from([signal.SIGINT, signal.SIGTERM]))
+def test_any_early_signal_to_any_command_is_one_line_and_75(command: str, module: str, sig: signal.Signals) -> None:
+    _interrupted_at(module, sig, [command])

@@ -395,12 +395,12 @@ def test_more_jobs_than_the_instance_runs_never_reach_the_cdk_context(tmp_path: 
 
 @pytest.mark.parametrize(("args", "fragment"), [
     (["report", "RUN", "--since", "2h"], "--since applies only with --from-cloudwatch or --stack"),
-    (["report", "RUN", "--namespace", "Other", "--region", "us-east-1"], "--namespace, --region apply only"),
+    (["report", "RUN", "--namespace", "Other", "--region", "us-east-1"], "error: --region applies only"),
     (["report", "RUN", "--logs-endpoint", "http://127.0.0.1:4566"], "--logs-endpoint applies only"),
     (["report", "--compare", "RUN", "RUN", "--since", "1h"], "--since applies only"),
     (["report", "--compare", "RUN", "RUN", "--region", "us-east-1"], "a cw: side of --compare"),
     (["advise", "RUN", "--since", "2h"], "--since applies only with --stack or --from-cloudwatch"),
-    (["advise", "RUN", "--region", "us-east-1", "--namespace", "X"], "--namespace, --region apply only"),
+    (["advise", "RUN", "--region", "us-east-1", "--namespace", "X"], "error: --region applies only"),
     (["submit", "--stack", "iobatch", "--prefix", "s3://bkt/i/", "-k", "1", "--workers", "3"],
      "--workers applies only with --local"),
     (["submit", "--stack", "iobatch", "--prefix", "s3://bkt/i/", "-k", "1", "--run-dir", "RUN"],

@@ -14,9 +14,11 @@ import os
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest import mock
 from urllib.parse import urlsplit
 
 import pytest
+import typer.main
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -213,9 +215,29 @@ def _bad_endpoint(words: list[str]) -> str | None:
     return None
 
 
+# The folders _odd_files makes that hold entries no shard can be made of (a FIFO, a link to a device, a folder), and
+# those entries: `process` given one as IN refuses it (65) naming the entry, never writes a shard without it.
+ODD_ENTRIES = {Path("folder"): ("a.png", "b.png"), Path("."): ("badrun", "fifo", "folder")}
+PROCESS = typer.main.get_command(app).commands["process"]  # type: ignore[attr-defined]
+
+
+def _odd_input(words: list[str]) -> tuple[str, ...] | None:
+    """For `process` given one of ODD_ENTRIES' folders as IN (as click parses the words), its odd entries."""
+    if words[0] != "process":
+        return None
+    try:
+        ctx = PROCESS.make_context("process", words[1:], resilient_parsing=True)
+    except Exception:  # no command line click can parse: refused before anything is read
+        return None
+    given = ctx.params.get("input_dir")
+    return None if given is None else ODD_ENTRIES.get(Path(given))
+
+
 def _check(words: list[str], result: Any) -> None:
+    odd = _odd_input(words)
     if isinstance(result.exception, cli.Reached):
         assert _bad_endpoint(words) is None, ("acted on a bad endpoint", words)
+        assert odd is None, ("process reached its write step with a FIFO or device among its inputs", words)
         return  # every check passed: the command would act now
     assert result.exception is None or isinstance(result.exception, SystemExit), (words, result.exception)
     assert result.exit_code in DOCUMENTED, (words, result.exit_code, result.stderr)
@@ -227,6 +249,10 @@ def _check(words: list[str], result: Any) -> None:
         assert len(errors) == 1, (words, result.stderr)
     if "--json" in words and result.exit_code == EXIT_OK and result.stdout.startswith("{"):
         json.loads(result.stdout)
+    if odd is not None and not result.stdout.startswith("Usage:"):  # past the flags' checks: 65 naming the entry
+        assert result.exit_code in (EXIT_USAGE, EXIT_PERMANENT), ("process wrote a shard without its odd inputs",
+                                                                 words, result.exit_code, result.stderr)
+        assert result.exit_code == EXIT_USAGE or any(name in errors[0] for name in odd), (words, result.stderr)
 
 
 @pytest.mark.parametrize("words", [["profile", "--device", "\x00", "--interval", "0", "0"],
@@ -235,3 +261,17 @@ def test_a_nul_byte_in_any_argument_is_a_usage_error(words: list[str]) -> None:
     # Found by the fuzz test above: `--device` with a NUL byte reached os.stat, which raises ValueError.
     result = CliRunner().invoke(app, words)
     assert result.exit_code == EXIT_USAGE and "NUL byte" in result.output, (words, result.output)
+
+
+@pytest.mark.parametrize(("words", "entry"), [(["process", "folder", "out"], "a.png"),
+                                             (["process", ".", "out", "--train-size", "64x64"], "badrun")])
+def test_a_process_run_past_a_fifo_or_device_among_its_inputs_fails_the_check(words: list[str], entry: str) -> None:
+    """What the fuzz tests hold `process` to: a shard written of a folder holding a FIFO and a link to /dev/null (its
+    write step reached, or exit 0) is a failure; 65 naming the entry is the answer."""
+    reached = mock.Mock(exception=cli.Reached(), exit_code=1, stdout="", stderr="")
+    wrote = mock.Mock(exception=None, exit_code=EXIT_OK, stdout='{"event": "processed"}\n', stderr="")
+    for result in (reached, wrote):
+        with pytest.raises(AssertionError, match="process"):
+            _check(words, result)
+    refused = f"error: image {entry} ({words[1]}/{entry}) is a FIFO (named pipe), not a regular file\n"
+    _check(words, mock.Mock(exception=SystemExit(65), exit_code=EXIT_PERMANENT, stdout="", stderr=refused))

@@ -84,3 +84,20 @@ def test_the_cost_tables_metric_count_is_the_metric_lists() -> None:
     text = (ROOT / "docs" / "aws.md").read_text(encoding="utf-8")
     (count, stages, total), = re.findall(r"up to (\d+) metrics .*? x (\d+) stages = (\d+) per pipeline", text)
     assert (int(count), int(stages), int(total)) == (len(METRICS), len(STAGES), len(METRICS) * len(STAGES))
+
+
+def test_the_readmes_exit_code_table_has_the_owners_codes() -> None:
+    """README's table is hand-written (its meanings are longer than the owner's comments): its codes are exactly
+    pipeline/interface.py's EXIT_* codes, which docs/reference/exit-codes.md is written from, and only 75 is retried."""
+    import re
+
+    from pipeline import interface
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = readme.split("| code | meaning | Batch retries? |\n|---|---|---|\n", 1)[1].split("\n\n", 1)[0]
+    rows = [re.fullmatch(r"\| (\d+) \| (.+) \| (yes|no|-) \|", line) for line in table.splitlines()]
+    assert rows and all(rows), table
+    owned = {value for name, value in vars(interface).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    codes = {int(row[1]): row[3] for row in rows if row}
+    assert set(codes) == owned
+    assert {code for code, retried in codes.items() if retried == "yes"} == {interface.EXIT_RETRYABLE}

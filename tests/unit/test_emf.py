@@ -8,9 +8,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipeline.cli import app
-from profiling.emf import FileSink, RecordingSink, StreamSink, emit_profile, namespace_problem, serialize, sink_for
+from profiling.emf import (
+    FileSink,
+    RecordingSink,
+    StreamSink,
+    dimension_value_problem,
+    emit_profile,
+    namespace_problem,
+    serialize,
+    sink_for,
+)
 from profiling.metrics import DIMENSIONS, METRICS, METRICS_BY_NAME, PROPERTY_KEYS, StageProfile
 from tests.support.cli import CliRunner
 from tests.support.profiles import PROPS, STARTED_AT, full_profile
@@ -133,3 +144,34 @@ def test_a_namespace_under_aws_is_refused_by_the_one_rule_every_command_uses(tmp
         assert result.exit_code == 64, result.output
         assert result.output == "error: --namespace 'AWS/IoBatch' begins with AWS/, which CloudWatch keeps for AWS's " \
             "own metrics: give e.g. IoBatch\n"
+
+
+# Names near the rules' edges: the namespace alphabet and its neighbours, blanks, non-ASCII, and both lengths.
+_EDGE_TEXT = st.one_of(
+    st.text(alphabet=st.sampled_from("aZ09._#:/- \t\u00e9+"), max_size=8),
+    st.builds(lambda c, n: c * n, st.sampled_from("a- \u00e9"), st.sampled_from([255, 256, 257, 1023, 1024, 1025])),
+    st.text(max_size=6),
+)
+
+
+@given(_EDGE_TEXT)
+def test_the_namespace_and_dimension_checks_agree_with_the_emf_librarys_validator(text: str) -> None:
+    # The checks apply the library's rules without importing it (~0.2 s at every job's start): they must refuse
+    # exactly what its validator refuses, besides the rules of their own (AWS/, control characters).
+    from aws_embedded_metrics.exceptions import InvalidDimensionError, InvalidNamespaceError
+    from aws_embedded_metrics.validator import validate_dimension_set, validate_namespace
+
+    try:
+        validate_namespace(text)
+        library_takes_namespace = True
+    except InvalidNamespaceError:
+        library_takes_namespace = False
+    ours = namespace_problem(text)
+    assert (ours is None or ours.startswith("begins with AWS/")) == library_takes_namespace, (text, ours)
+    try:
+        validate_dimension_set({"Pipeline": text})
+        library_takes_value = True
+    except InvalidDimensionError:
+        library_takes_value = False
+    ours = dimension_value_problem(text)
+    assert (ours is None or ours.startswith("has a control character")) == library_takes_value, (text, ours)
