@@ -106,8 +106,9 @@ class PipelineStack(Stack):
             "input_prefix": settings.input_prefix,
             "output_prefix": settings.output_prefix,
             # Every setting as the context that rebuilds it (one owner: StackSettings.to_context), for `iobatch
-            # advise --stack` to read the plan from and to print the deploy that applies its advice.
-            "deploy_context": json.dumps(settings.to_context(), separators=(",", ":")),
+            # advise --stack` to read the plan from and to print the deploy that applies its advice; less the alarm
+            # keys, which anyone allowed DescribeStacks would read there (infra.settings.UNPUBLISHED_KEYS).
+            "deploy_context": json.dumps(settings.published_context(), separators=(",", ":")),
         }
         for field, key in STACK_OUTPUT_KEYS.items():
             CfnOutput(self, key, value=outputs[field])

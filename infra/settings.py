@@ -49,6 +49,13 @@ S3_GATEWAY_ENDPOINT_KEY = "s3GatewayEndpoint"
 # Who hears the stack's alarms (infra/notify.py): an existing SNS topic, or an address the stack's own topic e-mails.
 ALARM_TOPIC_KEY = "alarmTopicArn"
 ALARM_EMAIL_KEY = "alarmEmail"
+# Keys the stack's DeployContext output leaves out (StackSettings.published_context): an output is readable by anyone
+# allowed cloudformation:DescribeStacks on the stack, and "CloudFormation doesn't redact or obfuscate any information
+# you include in the Outputs section" (CloudFormation User Guide, "CloudFormation template Outputs syntax"). Who hears
+# the alarms is the owner's business and the advisor needs neither; a `cdk deploy` whose -c pairs lack them keeps the
+# values cdk.json gives ("If you specify a context variable using both the AWS CDK CLI and cdk.json file, the AWS CDK
+# CLI value takes precedence": AWS CDK v2 Developer Guide, "Save and retrieve context variable values").
+UNPUBLISHED_KEYS = (ALARM_TOPIC_KEY, ALARM_EMAIL_KEY)
 # An SNS topic's ARN (arn:PARTITION:sns:REGION:ACCOUNT:NAME; a name is 1-256 letters, digits, - and _) and an e-mail
 # address as SNS takes one for the email protocol (one @, a dot in the domain, no blanks).
 _TOPIC_ARN = re.compile(r"^arn:aws[a-z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}$")
@@ -330,6 +337,10 @@ class StackSettings:
         if self.alarm_email:
             ctx[ALARM_EMAIL_KEY] = self.alarm_email
         return {**ctx, **self.volume.to_context(), **self.host.to_context()}
+
+    def published_context(self) -> dict[str, str]:
+        """to_context less UNPUBLISHED_KEYS: what the stack's DeployContext output says it was deployed with."""
+        return {key: value for key, value in self.to_context().items() if key not in UNPUBLISHED_KEYS}
 
 
 def _text(ctx: Mapping[str, Any], key: str, default: str) -> str:

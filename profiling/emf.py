@@ -149,9 +149,12 @@ def serialize(profile: StageProfile, *, namespace: str = DEFAULT_NAMESPACE) -> l
     return [_queried_first(line) for line in (head, *rest)]
 
 
-# Logs Insights discovers at most 200 fields of an event, a nested value's leaves each one field: the library writes
-# the contract's rows first and the metric directive (two fields a metric) before the figures, so ten contract rules
-# pushed InstanceId and Throughput, which the dashboard's queries read, out of reach. Those bulky fields go last.
+# Logs Insights extracts at most 200 fields of a JSON log event, a nested value's leaves each one field in dot
+# notation (CloudWatch Logs User Guide, "Supported logs and discovered fields", section "Fields in JSON logs":
+# https://docs.aws.amazon.com/AmazonCloudWatch/latest/logs/CWL_AnalyzeLogData-discoverable-fields.html; the page's
+# 2019 copy in awsdocs/amazon-cloudwatch-logs-user-guide said 100): the library writes the contract's rows first and
+# the metric directive (two fields a metric) before the figures, so ten contract rules pushed InstanceId and
+# Throughput, which the dashboard's queries read, out of reach. Those bulky fields go last.
 FIELDS_LAST = ("_aws", "Contract", "Scopes", "Notices")
 
 

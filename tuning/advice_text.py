@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tuning.advise import CACHE_HEADROOM, RECOMMEND_SLACK, Advice, range_ends, shows_range
 from tuning.cachedomain import domains
+from tuning.deployed import KEPT_FROM_CDK_JSON
 from tuning.ebs import GIB, MIB
 from tuning.prices import PRICES_AS_OF, PRICES_REGION
 
@@ -64,7 +65,8 @@ def render(advice: Advice, *, deploy: str | None = None) -> str:
         f"{cache.tuning.mount_option_string()}",
         "",
         *(["CDK context:", f"  cdk deploy {advice.cdk_args}"] if deploy is None else
-          ["To apply it (the stack's deployed context with the advice's keys in place):", f"  {deploy}"]),
+          [f"To apply it (the stack's deployed context with the advice's keys in place; {KEPT_FROM_CDK_JSON}):",
+           f"  {deploy}"]),
     ]
     return "\n".join(lines)
 

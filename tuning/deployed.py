@@ -5,6 +5,7 @@ The stack publishes its settings as CDK context (infra.settings.StackSettings.to
 output); `Deployed.from_context` reads back what the advisor needs of them through the owners of each key: the hosts'
 keys (tuning.instances), the scratch volume's (tuning.ebs.Volume) and host tuning's (tuning.host.HostTuning).
 `Deployed.apply` is that context with an advice's keys in place, and `make_deploy` the command line that deploys it.
+The alarm keys are not in the output (UNPUBLISHED_KEYS): the command keeps what cdk.json says of them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ from tuning.plan import AdviseError
 # own value of a key the advice leaves out (its default) does not survive beside it.
 _ADVISED_KEYS = (*VOLUME_CONTEXT_KEYS, *HOST_CONTEXT_KEYS)
 _HOST_KEYS = (INSTANCE_TYPES_KEY, CHILDREN_PER_HOST_KEY)
+# The keys the stack leaves out of its DeployContext output (infra.settings.UNPUBLISHED_KEYS, which
+# tests/unit/test_deployed.py holds this to): who hears its alarms. A deploy printed from that output has no -c pair
+# for them, so `cdk deploy` takes them from cdk.json (or none); the advice says so beside the command.
+UNPUBLISHED_KEYS = ("alarmTopicArn", "alarmEmail")
+KEPT_FROM_CDK_JSON = (f"{' and '.join(UNPUBLISHED_KEYS)} are not published by the stack, so this keeps the values "
+                      "cdk.json gives them; if you deployed them with -c, add those -c pairs")
 
 
 class DeployedError(AdviseError):

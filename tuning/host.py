@@ -265,9 +265,10 @@ class HostTuning:
         With scratch "instance-store" the device is the one NVMe device of model STORE_MODEL (none or several:
         the setup fails, and the host is fenced like any other failed setup).
 
-        Six variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
+        Seven variables exist for tests on a machine that is not a Batch host: IOBATCH_SYSCTL_CONF
         (where the sysctl file goes), IOBATCH_FSTAB (empty: do not touch fstab), IOBATCH_IMDS (empty: no IMDS),
-        IOBATCH_SYS_BLOCK (the sysfs block folder the instance store is looked for in), IOBATCH_LOGS_ENDPOINT
+        IOBATCH_SYS_BLOCK (the sysfs block folder the disks' NVMe models are read from), IOBATCH_DEVICE_WAIT (how
+        many seconds the EBS volume may take to attach; default 120), IOBATCH_LOGS_ENDPOINT
         (a stand-in for CloudWatch Logs, on a loopback address only: tuning/hostpost.py) and
         IOBATCH_QUALIFICATION_FILE (where the qualification's figures go: tuning/hostqualify.py).
 

@@ -14,6 +14,8 @@ DEFAULT_DEVICE={default_device}
 SCRATCH={scratch}
 STORE_MODEL={store_model}
 SYS_BLOCK="${{IOBATCH_SYS_BLOCK:-/sys/block}}"
+# How long an EBS volume may take to attach before the setup fails, in seconds.
+DEVICE_WAIT="${{IOBATCH_DEVICE_WAIT:-120}}"
 MOUNT_POINT={mount_point}
 MOUNT_OPTIONS={options}
 FILESYSTEM={filesystem}
@@ -87,13 +89,25 @@ fence_host() {{
 }}
 trap fence_host EXIT
 
+# A disk's NVMe model as sysfs shows it (padded with blanks; read trims them); empty where it shows none.
+model_of() {{
+  local model=""
+  if [ -r "$SYS_BLOCK/$1/device/model" ]; then read -r model < "$SYS_BLOCK/$1/device/model" || true; fi
+  echo "$model"
+}}
+
 # The scratch device: the name the launch template gave it, or else the one NVMe/xvd disk that has
-# no partitions, no filesystem and is not mounted (the root disk always has one of those).
+# no partitions, no filesystem and is not mounted (the root disk always has one of those), and is not an instance
+# store: a store is blank at boot too, and would be formatted while the EBS volume is still attaching. An EBS
+# volume's NVMe model is "Amazon Elastic Block Store" (EC2 User Guide, "Amazon EBS and NVMe": nvme id-ctrl's mn), an
+# instance store's STORE_MODEL (amazonlinux/amazon-ec2-utils, 70-ec2-nvme-devices.rules, which the AMI's udev applies:
+# ATTRS{{model}} of each); a disk that shows no model (xvd, not NVMe) is never a store.
 find_device() {{
   if [ -b "$DEFAULT_DEVICE" ]; then readlink -f "$DEFAULT_DEVICE"; return 0; fi
   local dev
   for dev in $(lsblk -dnpo NAME,TYPE | awk '$2 == "disk" {{print $1}}'); do
-    if [ "$(lsblk -npo NAME "$dev" | wc -l)" -eq 1 ] \
+    if [ "$(model_of "${{dev##*/}}")" != "$STORE_MODEL" ] \
+       && [ "$(lsblk -npo NAME "$dev" | wc -l)" -eq 1 ] \
        && [ -z "$(blkid -p -s TYPE -o value "$dev" || true)" ] \
        && ! findmnt -rn -S "$dev" >/dev/null; then
       echo "$dev"; return 0
@@ -102,14 +116,11 @@ find_device() {{
   return 1
 }}
 
-# The instance store devices: those whose NVMe model is STORE_MODEL (sysfs pads it with blanks; read trims them).
+# The instance store devices: those whose NVMe model is STORE_MODEL.
 find_stores() {{
-  local dir model
+  local dir
   for dir in "$SYS_BLOCK"/*; do
-    [ -r "$dir/device/model" ] || continue
-    model=""
-    read -r model < "$dir/device/model" || true
-    if [ "$model" = "$STORE_MODEL" ]; then echo "/dev/${{dir##*/}}"; fi
+    if [ "$(model_of "${{dir##*/}}")" = "$STORE_MODEL" ]; then echo "/dev/${{dir##*/}}"; fi
   done
 }}
 
@@ -123,14 +134,14 @@ if [ -z "$DEVICE" ] && [ "$SCRATCH" = "instance-store" ]; then
            "with one store device"
   DEVICE="${{stores[0]}}"
 elif [ -z "$DEVICE" ]; then
-  # EBS volumes can attach a little after boot: wait up to two minutes.
-  for _ in $(seq 1 60); do
-    DEVICE="$(find_device || true)"
-    [ -n "$DEVICE" ] && break
+  # EBS volumes can attach a little after boot: look at once, then every 2 s for up to DEVICE_WAIT seconds.
+  waited=0
+  until DEVICE="$(find_device)"; do
+    [ "$waited" -lt "$DEVICE_WAIT" ] \
+      || die "no scratch device ($DEFAULT_DEVICE or a blank disk); not running jobs on the root disk"
     sleep 2
+    waited=$((waited + 2))
   done
-  [ -n "$DEVICE" ] \
-    || die "no scratch device ($DEFAULT_DEVICE or a blank disk); not running jobs on the root disk"
 fi
 [ -b "$DEVICE" ] || die "scratch device $DEVICE is not a block device"
 log "scratch device $DEVICE ($SCRATCH)"

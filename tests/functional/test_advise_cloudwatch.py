@@ -1,7 +1,7 @@
 """`iobatch advise --stack` and `--from-cloudwatch`, and `report --stack`, against moto (CloudFormation, Logs, Batch).
 
 The stack is a CloudFormation stack on moto whose outputs are the ones the deployed stack emits, its DeployContext
-written by the one owner (infra.settings.StackSettings.to_context). The documents are the sidecar's own EMF
+written by the one owner (infra.settings.StackSettings.published_context). The documents are the sidecar's own EMF
 (profiling.emf through aws-embedded-metrics), shipped one log stream per child as the awslogs driver writes them; the
 same documents are written as a local run's EMF files, and the advice from either is the same.
 """
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -20,12 +22,13 @@ from typing import Any
 import boto3
 import pytest
 
+import profiling.report
 from infra.settings import StackSettings
 from pipeline.cli import app
 from pipeline.interface import STACK_OUTPUT_KEYS
 from profiling import emf
 from profiling.metrics import StageProfile
-from tests.support.cli import CliRunner
+from tests.support.cli import CliRunner, without_provenance
 from tests.support.profiles import PROPS, child
 from tuning.deployed import make_deploy
 from tuning.plan import back_to_back
@@ -82,7 +85,7 @@ def deploy_stack(name: str, settings: StackSettings | None, log_group: str = GRO
               "JobDefinitionArn": "arn:definition", "LogGroupName": log_group, "PipelineName": name,
               "DashboardName": name, "VolumeType": "st1", "InputPrefix": "images/", "OutputPrefix": "shards/"}
     if settings is not None:
-        values["DeployContext"] = json.dumps(settings.to_context(), separators=(",", ":"))
+        values["DeployContext"] = json.dumps(settings.published_context(), separators=(",", ":"))
     assert set(values) <= set(STACK_OUTPUT_KEYS.values())
     template = {"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}},
                 "Outputs": {key: {"Value": value} for key, value in values.items()}}
@@ -131,12 +134,6 @@ def advise_json(*args: str) -> dict[str, Any]:
     result = runner.invoke(app, ["advise", *args, "--json"])
     assert result.exit_code == 0, result.output
     return dict(json.loads(result.stdout))
-
-
-def without_provenance(body: dict[str, Any]) -> dict[str, Any]:
-    """The advice, less the words that say where the plan came from and how to deploy it."""
-    plan = {k: v for k, v in body["plan"].items() if k not in ("assumed", "summary")}
-    return {**{k: v for k, v in body.items() if k not in ("source", "deploy_context", "make_deploy")}, "plan": plan}
 
 
 def test_advise_stack_reads_the_plan_it_was_deployed_with_and_equals_the_run_dirs(aws: str, tmp_path: Path) -> None:
@@ -254,37 +251,51 @@ def test_a_stack_that_publishes_no_plan_and_one_that_does_not_exist_are_one_line
 
 FLEET = 20_000
 STREAMS = 40  # children per stream: FLEET / STREAMS, as many hosts' profilers would
+UPLOADS = 10  # every tenth child's upload stage is shipped too, so each stage's documents are counted apart
 
 
-def test_20000_childrens_documents_are_read_in_pages_and_slices_at_once(aws: str,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_20000_childrens_documents_are_read_in_pages_and_slices_at_once_each_once(
+        aws: str, monkeypatch: pytest.MonkeyPatch) -> None:
     logs = boto3.client("logs")
     logs.create_log_group(logGroupName=GROUP)
     now = time.time()
     per_stream = FLEET // STREAMS
+    shipped: Counter[tuple[str, str]] = Counter()
     for stream in range(STREAMS):
         events = []
         for i in range(stream * per_stream, (stream + 1) * per_stream):
-            (download, *_) = child(i, download_s=1.5 + (i * 7919 % 101) / 100)
+            download, _, upload = child(i, download_s=1.5 + (i * 7919 % 101) / 100)
             # The batch over 23 minutes of the last hour: more than a page (10,000 events) in one slice of it.
             ended = now - 1700 + i * 0.07
             props = {**PROPS, "JobId": f"{JOB}:{i}", "ArrayIndex": str(i), "InstanceType": "m6i.2xlarge"}
-            (doc,) = emf.serialize(replace(download, started_at=ended - download.duration_s, properties=props))
-            events.append({"timestamp": json.loads(doc)["_aws"]["Timestamp"], "message": doc})
+            stages = [replace(download, started_at=ended - download.duration_s, properties=props)]
+            if i % UPLOADS == 0:
+                stages.append(replace(upload, started_at=ended + 30, properties=props))
+            for stage in stages:
+                (doc,) = emf.serialize(stage)
+                events.append({"timestamp": json.loads(doc)["_aws"]["Timestamp"], "message": doc})
+                shipped[(props["JobId"], stage.stage)] += 1
+        events.sort(key=lambda e: e["timestamp"])
         name = f"iobatch/profiler/{stream}"
         logs.create_log_stream(logGroupName=GROUP, logStreamName=name)
         for start in range(0, len(events), 250):  # PutLogEvents: at most 1 MiB a call
-            logs.put_log_events(logGroupName=GROUP, logStreamName=name,
-                                logEvents=sorted(events[start:start + 250], key=lambda e: e["timestamp"]))
+            logs.put_log_events(logGroupName=GROUP, logStreamName=name, logEvents=events[start:start + 250])
+    documents = FLEET + FLEET // UPLOADS
+    assert sum(shipped.values()) == documents and set(shipped.values()) == {1}
+    lock = threading.Lock()
     flight = {"now": 0, "most": 0, "calls": 0}
+    returned: Counter[str] = Counter()  # every event FilterLogEvents gave back, by its eventId
 
     def sent(**_: Any) -> None:
-        flight["now"] += 1
-        flight["calls"] += 1
-        flight["most"] = max(flight["most"], flight["now"])
+        with lock:
+            flight["now"] += 1
+            flight["calls"] += 1
+            flight["most"] = max(flight["most"], flight["now"])
 
-    def answered(**_: Any) -> None:
-        flight["now"] -= 1
+    def answered(parsed: dict[str, Any], **_: Any) -> None:
+        with lock:
+            flight["now"] -= 1
+            returned.update(str(event["eventId"]) for event in parsed.get("events", []))
 
     real = __import__("pipeline.cli.report", fromlist=["_logs_client"])._logs_client
 
@@ -294,11 +305,26 @@ def test_20000_childrens_documents_are_read_in_pages_and_slices_at_once(aws: str
         client.meta.events.register("after-call.cloudwatch-logs.FilterLogEvents", answered)
         return client
 
+    # What reached the advisor: each stage profile the reader gave out, by child and stage.
+    read: Counter[tuple[str, str]] = Counter()
+    real_profiles = profiling.report.cloudwatch_profiles
+
+    def recorded(*args: Any, **kwargs: Any) -> Iterator[StageProfile]:
+        for profile in real_profiles(*args, **kwargs):
+            read[(str(profile.properties.get("JobId")), profile.stage)] += 1
+            yield profile
+
     monkeypatch.setattr("pipeline.cli.report._logs_client", counted)
+    monkeypatch.setattr("profiling.report.cloudwatch_profiles", recorded)
     began = time.monotonic()
     body = advise_json("--from-cloudwatch", GROUP, "--instance-type", "m6i.2xlarge", "--jobs-per-day", "500")
     took = time.monotonic() - began
-    assert body["workload"]["children_profiled"] == FLEET
-    assert body["source"] == f"log group {GROUP}: {FLEET:,} stage documents from the last 1h"
     assert flight["calls"] > 4 and flight["most"] > 1  # paged, and the slices read at once
+    # Every event came back once, from one slice's page only: none lost at a slice's edge or read by two slices.
+    assert sum(returned.values()) == documents and set(returned.values()) == {1}
+    # Every child's documents reached the advisor exactly once per stage: none dropped, doubled or merged away.
+    assert read == shipped
+    assert body["workload"]["children_profiled"] == FLEET
+    assert {s["stage"] for s in body["workload"]["stages"]} == {"download", "upload"}
+    assert body["source"] == f"log group {GROUP}: {documents:,} stage documents from the last 1h"
     print(f"advise read {FLEET:,} children's documents in {took:.1f} s ({flight['calls']} FilterLogEvents calls)")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tuning.host import SCRATCH_READY_MARKER, STORE_MODEL, HostTuning, sysctl_path
+from tuning.host import SCRATCH_DEVICE_NAME, SCRATCH_READY_MARKER, STORE_MODEL, HostTuning, sysctl_path
 
 pytestmark = pytest.mark.root
 
@@ -72,11 +72,12 @@ def loop_device(tmp_path: Path) -> Iterator[str]:
         subprocess.run(["losetup", "-d", device], check=False)
 
 
-def run_script(script: str, tmp_path: Path, sys_block: Path | None = None) -> subprocess.CompletedProcess[str]:
+def run_script(script: str, tmp_path: Path, sys_block: Path | None = None,
+               **more: str) -> subprocess.CompletedProcess[str]:
     # No IMDS: this machine is no EC2 instance, and its link-local address is never a target.
     env = {**os.environ, "IOBATCH_SYSCTL_CONF": str(tmp_path / "90-iobatch.conf"), "IOBATCH_FSTAB": "",
            "IOBATCH_IMDS": "", "IOBATCH_SYS_BLOCK": str(sys_block or tmp_path / "no-sys-block"),
-           "IOBATCH_QUALIFICATION_FILE": str(tmp_path / "qualification.json")}
+           "IOBATCH_QUALIFICATION_FILE": str(tmp_path / "qualification.json"), **more}
     return subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
@@ -166,4 +167,36 @@ def test_instance_store_scratch_fails_loudly_without_exactly_one_store(
     result = run_script(tuning.render_script(), tmp_path, fake_sys_block(tmp_path, models))
     assert result.returncode == 1
     assert f"FATAL: {fatal}" in result.stderr
+    assert not (tmp_path / "90-iobatch.conf").exists()
+
+
+@pytest.mark.parametrize(("model", "taken"), [(STORE_MODEL, False), ("Amazon Elastic Block Store", True)])
+def test_ebs_scratch_never_formats_a_blank_instance_store_while_the_volume_attaches(
+    tmp_path: Path, loop_device: str, saved_sysctls: dict[str, str], model: str, taken: bool
+) -> None:
+    # EBS scratch on a type with an instance store, the volume not attached yet (no /dev/xvdb): the one blank disk is
+    # the store, blank at boot, which must be left alone; the same disk showing EBS's model is the volume under its
+    # NVMe name, which is taken. lsblk shows the loop device as the host's one disk (it lists a loop device as TYPE
+    # loop, which the script never takes).
+    if Path(SCRATCH_DEVICE_NAME).exists():
+        pytest.skip(f"{SCRATCH_DEVICE_NAME} exists on this machine: the script would take it")
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "lsblk").write_text(f'#!/bin/sh\ncase "$*" in -dnpo*) echo "{loop_device} disk";; *) echo "$3";; esac\n')
+    (shims / "lsblk").chmod(0o755)
+    sys_block = fake_sys_block(tmp_path, {Path(loop_device).name: model})
+    mount_point = tmp_path / "scratch"
+    result = run_script(HostTuning(mount_point=str(mount_point)).render_script(), tmp_path, sys_block,
+                        IOBATCH_DEVICE_WAIT="2", PATH=f"{shims}:{os.environ['PATH']}")
+    if taken:
+        assert result.returncode == 0, result.stderr
+        assert f"scratch device {loop_device} (ebs)" in result.stderr
+        assert f"making xfs on blank {loop_device}" in result.stderr
+        return
+    assert result.returncode == 1, result.stderr
+    assert (f"FATAL: no scratch device ({SCRATCH_DEVICE_NAME} or a blank disk); not running jobs on the root disk"
+            in result.stderr)
+    assert "making xfs" not in result.stderr
+    assert subprocess.run(["blkid", "-p", "-s", "TYPE", "-o", "value", loop_device], capture_output=True,
+                          text=True, check=False).stdout == ""  # the store is as blank as it was
     assert not (tmp_path / "90-iobatch.conf").exists()

@@ -1,7 +1,8 @@
 """The demo against LocalStack, as a user with LocalStack would run it: the batch's data in LocalStack's S3
 (`iobatch demo --s3-endpoint`), the profilers' EMF documents put into LocalStack's CloudWatch Logs as the awslogs
 driver ships them, and `iobatch report --from-cloudwatch` and `--compare` with a `cw:` side reading them back with
-the same figures as the local run's own report."""
+the same figures as the local run's own report, and `iobatch advise --from-cloudwatch` with the same advice as the
+run's own EMF files."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from profiling import runfiles
 from profiling.metrics import METRICS, STAGES, summarize
 from profiling.report.cloudwatch import load_cloudwatch
 from profiling.report.rundir import load_run_dir
-from tests.support.cli import CliRunner
+from tests.support.cli import CliRunner, without_provenance
 from tests.support.localstack import CREDENTIALS, LocalStack
 
 GROUP = "/aws/batch/iobatch-localstack"
@@ -118,6 +119,21 @@ def test_compare_the_local_run_with_its_documents_in_localstack(
     assert page.count(f"{CHILDREN} and {CHILDREN} children") == len(STAGES)
     ratios = [cells for _, cells in _rows(page)]
     assert ratios and all(r in ("1.00x", "same") for r in ratios), ratios
+
+
+def test_advise_from_cloudwatch_gives_the_advice_of_the_demos_own_emf_files(
+        localstack: LocalStack, demo_run: Path, shipped: str) -> None:
+    # A real demo's documents, shipped one stream per child: the tuning loop after a batch reads them back from the
+    # log group and advises as it does from the files they came from, given the same plan.
+    plan = ["--instance-type", "m6i.2xlarge", "--jobs-per-day", "900", "--json"]
+    cloud = runner.invoke(app, ["advise", "--from-cloudwatch", GROUP, "--since", "1d", "--logs-endpoint",
+                                localstack.endpoint, *plan])
+    assert cloud.exit_code == 0, cloud.output
+    local = runner.invoke(app, ["advise", *map(str, runfiles.emf_files(demo_run)), *plan])
+    assert local.exit_code == 0, local.output
+    body = json.loads(cloud.stdout)
+    assert body["workload"]["children_profiled"] == CHILDREN
+    assert without_provenance(body) == without_provenance(json.loads(local.stdout))
 
 
 def _rows(page: str) -> list[tuple[str, str]]:

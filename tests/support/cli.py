@@ -55,3 +55,10 @@ def refused(args: list[str], code: int, fragment: str, env: dict[str, str]) -> t
     assert len(errors) == 1 and fragment in errors[0], result.stderr
     assert "Traceback" not in result.output
     return result.output, errors[0]
+
+
+def without_provenance(body: dict[str, Any]) -> dict[str, Any]:
+    """`advise --json`'s advice, less the words that say where the plan came from and how to deploy it: what two
+    sources of the same documents must agree on."""
+    plan = {k: v for k, v in body["plan"].items() if k not in ("assumed", "summary")}
+    return {**{k: v for k, v in body.items() if k not in ("source", "deploy_context", "make_deploy")}, "plan": plan}

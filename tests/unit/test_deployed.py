@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from infra.settings import StackSettings
+from infra import settings as settings_keys
+from infra.settings import ALARM_EMAIL_KEY, ALARM_TOPIC_KEY, StackSettings
 from tests.support.profiles import batch
+from tuning import deployed as deployed_keys
+from tuning.advice_text import render
 from tuning.advise import advise
-from tuning.deployed import Deployed, DeployedError, make_deploy
+from tuning.deployed import KEPT_FROM_CDK_JSON, Deployed, DeployedError, make_deploy
 from tuning.ebs import Volume
 from tuning.host import HostTuning
 from tuning.instances import lookup
@@ -29,7 +32,7 @@ CONTEXT = {"instanceTypes": "m6i.4xlarge,r6i.4xlarge", "vcpusPerJob": "4", "chil
 
 def published(context: dict[str, str]) -> str:
     """The DeployContext output of a stack deployed with `context` (infra/pipeline_stack.py writes it so)."""
-    return json.dumps(StackSettings.from_context(context).to_context(), separators=(",", ":"))
+    return json.dumps(StackSettings.from_context(context).published_context(), separators=(",", ":"))
 
 
 def test_the_published_context_gives_back_what_the_stack_was_deployed_with() -> None:
@@ -87,6 +90,26 @@ def test_the_advice_replaces_the_stacks_volume_and_host_tuning_whole_and_keeps_t
     assert json.loads(kept["instanceTypes"]) == ["m6i.4xlarge", "r6i.4xlarge"]
     assert (kept["pipelineName"], kept["vpcId"], kept["vcpusPerJob"]) == ("batch-a", "vpc-0123456789abcdef0", "4")
     assert deployed.apply(advised, keep_hosts=False)["instanceTypes"] == "m6i.4xlarge"
+
+
+def test_who_hears_the_alarms_is_not_published_and_the_advice_says_the_deploy_keeps_cdk_jsons() -> None:
+    # Anyone allowed DescribeStacks reads the output: no alarm key in it, so none in the printed deploy, and the text
+    # says where the user's alarm setting comes from then (above the command, which stays the last line).
+    context = {**CONTEXT, ALARM_EMAIL_KEY: "ops@example.com",
+               ALARM_TOPIC_KEY: "arn:aws:sns:us-east-1:123456789012:iobatch-alarms"}
+    assert set(deployed_keys.UNPUBLISHED_KEYS) == set(settings_keys.UNPUBLISHED_KEYS) == {ALARM_EMAIL_KEY,
+                                                                                            ALARM_TOPIC_KEY}
+    text = published(context)
+    assert "ops@example.com" not in text and "iobatch-alarms" not in text
+    deployed = Deployed.from_output(text, "batch-a")
+    assert StackSettings.from_context(deployed.context) == StackSettings.from_context(
+        {**CONTEXT, "volumeThroughput": "125"})  # everything else, as before
+    advice = advise(batch(), Plan(jobs_per_instance=4, memory_gib=64, jobs_per_day=100))
+    command = make_deploy(deployed.apply(advice.context, keep_hosts=True))
+    assert "alarm" not in command
+    lines = render(advice, deploy=command).splitlines()
+    assert lines[-1] == f"  {command}"
+    assert lines[-2].startswith("To apply it (") and KEPT_FROM_CDK_JSON in lines[-2]
 
 
 def test_the_advised_cache_keeps_the_stacks_own_host_settings() -> None:
