@@ -124,6 +124,16 @@ def _guest_boots_started(request: pytest.FixtureRequest) -> None:
             boots.prepared()
 
 
+_BOOTS = pytest.StashKey["Boots"]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    """Every guest boot that hung and was booted again, in the run's summary (see tests/support/guestboots.py)."""
+    boots = config.stash.get(_BOOTS, None)
+    for line in boots.retried if boots is not None else ():
+        terminalreporter.write_line(line)
+
+
 @pytest.fixture(scope="session")
 def guest_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Boots:
     """The boots the session's guest tests read, started in the background (tests/support/guestboots.py) when the
@@ -137,6 +147,7 @@ def guest_boots(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPat
 
         fixtures = set() if unavailable() else fixtures
     boots = Boots(fixtures, lambda name: tmp_path_factory.mktemp(f"boot-{name}"))
+    request.config.stash[_BOOTS] = boots
     if boots.booting:
         os.nice(BESIDE_NICE)
     return boots

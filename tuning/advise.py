@@ -352,7 +352,7 @@ def _evaluate(volume: Volume, workload: Workload, plan: Plan, cache: WriteCache,
     ebs_cap = plan.instance_ebs_mibps and not isinstance(volume, InstanceStore)
     cap = plan.instance_ebs_mibps * MIB if ebs_cap and plan.instance_ebs_mibps else None
     sim = simulate(volume, workload.stages, concurrency=plan.jobs_per_instance, waves=rounds, gap_s=gap,
-                   cache=cache, instance_cap_bps=cap, sample_every_s=60.0)
+                   cache=cache, instance_cap_bps=cap, sample_every_s=None)
     first = sim.waves[0]
     tail = sim.waves[-max(1, len(sim.waves) // 4):]
     downloads = [w.stage_s.get("download", 0.0) for w in tail]

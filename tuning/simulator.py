@@ -171,9 +171,10 @@ def simulate(
     instance_cap_bps: float | None = None,
     initial_credits: float | None = None,
     dt: float | None = None,
-    sample_every_s: float = 10.0,
+    sample_every_s: float | None = 10.0,
     baseline_only: bool = False,
     removes_scratch: bool = True,
+    replay_every_wave: bool = False,
 ) -> SimResult:
     """Replay `waves` rounds of `concurrency` jobs on one volume, back to back with `gap_s` between.
 
@@ -184,7 +185,8 @@ def simulate(
     spent in the volume's accounting (HDD: sequential I/O merged into 1 MiB units, a random I/O < 1 MiB
     costs 1 MiB) and refill at baseline, also between rounds. A stage steps in `dt`
     (default: 1/40 of its floor time, 0.05-2 s); idle time is solved in closed form. `baseline_only`
-    holds the volume at baseline throughout (a bucket kept empty, as the lab's --after-cliff does).
+    holds the volume at baseline throughout (a bucket kept empty, as the lab's --after-cliff does). `sample_every_s`
+    None: no samples (what reads only the rounds' times: a sample's phase would keep rounds from repeating, below).
 
     With `removes_scratch` (what the job does: pipeline.scratch.Scratch.release, on every exit path), what a
     round leaves dirty when its children end is dropped, never written: the kernel discards the dirty pages
@@ -192,6 +194,12 @@ def simulate(
     the second round's peak dirty pages stayed at the first round's alone (244 MiB), where a model that kept
     the first round's dirty pages paused the second round 1.7 s and the children were not paused at all
     (BENCHMARKS.md). A round's durable time is then when its writes were on the volume or dropped.
+
+    A round that starts from the state the previous one started from (the same credits, dirty bytes and writeback
+    figures, nothing pending: a bucket that refills to full, or stays empty, between rounds) runs as that one did,
+    later: the rounds from there to the last but one are that round shifted in time, not replayed (a day of a small
+    plan is ~2,000 rounds); the last is replayed, so the day ends as it would. `replay_every_wave` replays them all
+    (the tests' reference).
     """
     if concurrency < 1 or waves < 1:
         raise ValueError("concurrency and waves must be at least 1")
@@ -202,8 +210,19 @@ def simulate(
     state = _State(credits=0.0 if baseline_only else
                    volume.credit_capacity if initial_credits is None else initial_credits)
     state.wb_rates = rates[stages[0].pattern]
+    if sample_every_s is None:
+        state.next_sample = sample_every_s = math.inf
     results: list[WaveResult] = []
-    for wave in range(waves):
+    last_start: tuple[float, float, int, float] | None = None  # the previous round's start, when one could repeat it
+    first_sample = 0
+    wave = 0
+    while wave < waves:
+        start = _start(state)
+        if not replay_every_wave and start is not None and start == last_start and wave < waves - 1:
+            wave = _repeat(results, state, first_sample, waves - 1)
+            last_start = None
+            continue
+        last_start, first_sample = start, len(state.samples)
         started, credits_at_start = state.t, state.credits
         state.ratelimit_bps = INIT_BW_BPS
         stage_s: dict[str, float] = {}
@@ -221,11 +240,40 @@ def simulate(
         results.append(WaveResult(wave, started, stage_s, None, credits_at_start))
         if wave < waves - 1:
             _idle(gap_s, cache, state, sample_every_s)
+        wave += 1
     # Let the last wave's writes reach the volume.
     _idle(math.inf, cache, state, sample_every_s)
     final = [WaveResult(w.index, w.started_at, w.stage_s, state.durable.get(w.index), w.credits_at_start)
              for w in results]
     return SimResult(volume, final, state.samples, state.empty_at, state.t)
+
+
+def _start(state: _State) -> tuple[float, float, int, float] | None:
+    """What a round's course depends on at its start, its time aside (the next sample's is taken relative to it, to
+    the nanosecond); None while a round's writes are pending."""
+    if state.pending_durable:
+        return None
+    return (state.credits, state.dirty, id(state.wb_rates), round(max(0.0, state.next_sample - state.t), 9))
+
+
+def _repeat(results: list[WaveResult], state: _State, first_sample: int, until: int) -> int:
+    """The rounds from len(results) to `until` (excluded) as copies of the last one, shifted by its period (it
+    started from the state they would start from: simulate's docstring); returns `until`."""
+    last = results[-1]
+    period = state.t - last.started_at
+    durable = state.durable.get(last.index)
+    samples = state.samples[first_sample:]
+    for shift_waves, index in enumerate(range(len(results), until), start=1):
+        shift = period * shift_waves
+        results.append(WaveResult(index, last.started_at + shift, dict(last.stage_s), None, last.credits_at_start))
+        if durable is not None:
+            state.durable[index] = durable + shift
+        state.samples.extend(Sample(x.t + shift, x.throughput_bps, x.credits, x.dirty_bytes) for x in samples)
+    skipped = period * (until - last.index - 1)
+    state.t += skipped
+    state.next_sample += skipped
+    state.last_wb_t += skipped
+    return until
 
 
 def _spend(state: _State, r: _Rates, dt: float, moved: float) -> None:

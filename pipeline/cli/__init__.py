@@ -51,16 +51,15 @@ def end_start_up_handling() -> None:
 import errno
 import math
 import sys
-import types
-import typing
 from collections.abc import Callable, Sequence
 from functools import wraps
 from types import FrameType
-from typing import Any, NoReturn, TypeVar, Union
+from typing import Any, NoReturn, TypeVar
 
 import typer
 from typer._click.core import Context, HelpFormatter
 from typer._click.exceptions import BadParameter, ClickException, NoArgsIsHelpError
+from typer._click.types import FloatParamType, IntParamType
 from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from pipeline.cli import batch, local, profiler, qualify, report, tuning
@@ -70,39 +69,14 @@ from profiling.numbers import number, shown, whole_number
 __all__ = ["app", "end_start_up_handling", "fail", "handles_errors", "main", "usage_headline"]
 
 
-def usage_headline(exc: typer.TyperException, given: Sequence[str] = ()) -> str:
-    """The one line a parse error prints: click's message (one line, no trailing period) and where help is.
-    A NaN or infinity given to a number option says so (the range check would call nan "more than" its
-    maximum)."""
+def usage_headline(exc: typer.TyperException) -> str:
+    """The one line a parse error prints: click's message (one line, no trailing period) and where help is."""
     ctx = getattr(exc, "ctx", None)
     command = ctx.command_path if ctx is not None else "iobatch"
     if isinstance(exc, NoArgsIsHelpError):
         return f"no command given: run `{command} --help` for the commands"
     message = " ".join(exc.format_message().split()).rstrip(".")
-    param = getattr(exc, "param", None)
-    value = _option_value(param, given)
-    if param is not None and value is not None and _not_finite(value):
-        message = f"Invalid value for '{param.opts[0]}': {shown(value)} is not a finite number"
     return f"{message}: see `{command} --help`"
-
-
-def _option_value(param: Any, given: Sequence[str]) -> str | None:
-    """What the command line gave an option (`--opt VALUE` or `--opt=VALUE`), if it can be found."""
-    opts = getattr(param, "opts", None) or []
-    for index, arg in enumerate(given):
-        if arg == "--":
-            break
-        for opt in opts:
-            if arg == opt and index + 1 < len(given):
-                return given[index + 1]
-            if arg.startswith(opt + "="):
-                return arg[len(opt) + 1:]
-    return None
-
-
-def _not_finite(text: str) -> bool:
-    value = number(text)
-    return value is not None and not math.isfinite(value)
 
 
 class IobatchGroup(TyperGroup):
@@ -131,7 +105,7 @@ class IobatchGroup(TyperGroup):
             code = super().main(args, prog_name, complete_var, standalone_mode=False,
                                 windows_expand_args=windows_expand_args, **extra)
         except ClickException as exc:
-            print_error(usage_headline(exc, given))
+            print_error(usage_headline(exc))
             code = EXIT_USAGE
         except (typer.Abort, KeyboardInterrupt):  # end of input at a prompt, or Ctrl-C before a command ran
             print_error("interrupted")
@@ -179,14 +153,12 @@ class IobatchCommand(TyperCommand):
 
 
 def _number_parser(param: Any) -> Callable[[str], Any] | None:
-    """The parser for `param`'s text when it takes a number (int or float, optional or not), else None."""
-    descriptor = getattr(param, "type_descriptor", None)
-    annotation = getattr(descriptor, "annotation", None)
-    kinds = set(typing.get_args(annotation)) if typing.get_origin(annotation) in (Union, types.UnionType) \
-        else {annotation}
-    if kinds & {int} and annotation is not bool:
+    """The parser for `param`'s text when it takes a number (int or float, in a range or not), else None: from the
+    click type typer gave it (an int annotation is click's INT or an IntRange, a bool flag neither)."""
+    kind = getattr(param, "type", None)
+    if isinstance(kind, IntParamType):
         return whole_number
-    return number if kinds & {float} else None
+    return number if isinstance(kind, FloatParamType) else None
 
 
 def _checked_number(param: Any, parse: Callable[[str], Any]) -> Callable[[Context, Any], Any]:
@@ -194,8 +166,12 @@ def _checked_number(param: Any, parse: Callable[[str], Any]) -> Callable[[Contex
     what = "a whole number" if parse is whole_number else "a number"
 
     def process_value(ctx: Context, value: Any) -> Any:
-        if isinstance(value, str) and parse(value) is None:
-            raise BadParameter(f"{shown(value)} is not {what} (ASCII digits)", ctx=ctx, param=param)
+        if isinstance(value, str):
+            parsed = parse(value)
+            if parsed is None:
+                raise BadParameter(f"{shown(value)} is not {what} (ASCII digits)", ctx=ctx, param=param)
+            if not math.isfinite(parsed):  # before the range check: it would call nan "more than" its maximum
+                raise BadParameter(f"{shown(value)} is not a finite number", ctx=ctx, param=param)
         return original(ctx, value)
 
     return process_value

@@ -312,7 +312,7 @@ BAD_INPUTS = [
     pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/nothing-here/"], EXIT_PERMANENT,
                  "holds no images", id="empty-prefix"),
     pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/", "-k", "0"], EXIT_USAGE,
-                 "'--images-per-job' / '-k': Input should be greater than or equal to 1", id="k-below-one"),
+                 "'--images-per-job' / '-k': 0 is not in the range 1<=x<=", id="k-below-one"),
     pytest.param(["--prefix", f"s3://{INPUT_BUCKET}/images/", "--stack", PARTIAL_STACK], EXIT_USAGE,
                  "stack not-iobatch has no output OutputBucketName, JobQueueArn, JobDefinitionArn, "
                  "LogGroupName, PipelineName, DashboardName, VolumeType", id="stack-without-outputs"),

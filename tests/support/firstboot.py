@@ -13,12 +13,12 @@ from pathlib import Path
 
 from tests.support.packedhost import ST1, scratch_image
 from tests.support.writebench import writebench
-from tuning.guest.machine import Guest, GuestError, GuestResult
+from tuning.guest.machine import Guest, GuestResult
 from tuning.guest.qemu import ScratchDisk, scratch_throttle
 
 REPO = Path(__file__).resolve().parents[2]
 # A boot, a first load of the programs with fentry hooks (verified under TCG: ~10 s), the eBPF checks and small runs:
-# 60-120 s on two cores. A boot past this is killed and booted once more (see boot_first).
+# 60-120 s on two cores. A boot past this is killed (and booted once more: tests/support/guestboots.py).
 FIRST_BOOT_TIMEOUT = 420
 
 # The scratch disk, raw, as st1 500 GiB past its cliff (credits 0): 40 MiB in 1 MiB writes, then 40 small random
@@ -64,15 +64,6 @@ def boot_first(share: Path, on_output: Callable[[str, str], None] | None = None)
                    f"> {share / EBPF_OUT} 2> {share / EBPF_ERR}; echo ebpf=$?")
     command = f"{facts}; ({SCRATCH_CHECK}) > {share / SCRATCH_OUT} 2>&1; echo '{SCRATCH_CHECKED}'; {ebpf_checks}"
     disk = ScratchDisk(scratch_image(share), scratch_throttle(ST1, credits_mib=0))
-    try:
-        with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
-            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT, on_output=on_output)
-    except GuestError as first:
-        # Seen once (2026-11-26) in about ten first boots: both vCPUs of the TCG guest in soft lockup ("watchdog:
-        # BUG: soft lockup - CPU#0 stuck for 45s! [python]") from the in-guest pytest's first seconds until the
-        # kill, the tests' output empty. The second boot is the check; the first one's console is kept beside it.
-        (share / "first-attempt.txt").write_text(str(first))
-        print(f"the guest's first boot did not finish; booting once more: {str(first)[:200]}", file=sys.stderr)
-        with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
-            result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT, on_output=on_output)
+    with Guest(vcpus=2, memory_mib=2048, share=share, scratch=disk) as guest:
+        result = guest.run(command, timeout=FIRST_BOOT_TIMEOUT, on_output=on_output)
     return FirstBoot(result, share, qemu_running(share))

@@ -12,18 +12,23 @@ What the first boot needs from this process (the static write benchmark, the acc
 syntheses the hosts' user data come from run meanwhile in a thread of their own, beside the first boot too (at a
 lower priority than its QEMU), and the later boots wait for them. jsii is not for two threads at once, so the synth
 tier waits for them too (`Boots.prepared`).
+A boot whose guest kernel hangs (tuning.guest.machine.GuestHung: under TCG on busy cores, now and then) is booted
+once more from nothing, and the session's summary says so (`Boots.retried`); a second hang is the tests' error.
 No QEMU outlives the suite: each is killed by PR_SET_PDEATHSIG when this process ends (tuning/guest/machine.py),
 whatever the tests did.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
+
+from tuning.guest.machine import GuestHung
 
 # The fixture a guest test reads -> the boots it needs.
 NOMINAL, SLOW_HOST = "i-0000000000000000a", "i-0000000000000000b"
@@ -45,19 +50,20 @@ START_AFTER: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-def _boot(name: str, folder: Path, on_output: Callable[[str, str], None] | None) -> Callable[[], Any]:
+def _boot(name: str, folder: Callable[[], Path], on_output: Callable[[str, str], None] | None) -> Callable[[], Any]:
+    """The boot `name`, in a new folder each time it is called."""
     # Imported here: a session that boots nothing never loads the hosts' modules (a CDK synthesis among them).
     from tests.support.firstboot import boot_first
     from tests.support.packedhost import boot_packed_host
     from tests.support.qualifyhost import boot_qualified_host, nominal_throttle, slow_throttle
 
     if name == "first":
-        return lambda: boot_first(folder, on_output=on_output)
+        return lambda: boot_first(folder(), on_output=on_output)
     if name == "packed":
-        return lambda: boot_packed_host(folder)
+        return lambda: boot_packed_host(folder())
     if name == NOMINAL:
-        return lambda: boot_qualified_host(folder, nominal_throttle(), NOMINAL, on_output=on_output)
-    return lambda: boot_qualified_host(folder, slow_throttle(), SLOW_HOST, fence=True, on_output=on_output)
+        return lambda: boot_qualified_host(folder(), nominal_throttle(), NOMINAL, on_output=on_output)
+    return lambda: boot_qualified_host(folder(), slow_throttle(), SLOW_HOST, fence=True, on_output=on_output)
 
 
 def _ready_when(name: str) -> Callable[[str, str], bool] | None:
@@ -75,11 +81,12 @@ class Boots:
         names = [name for fixture in BOOTS_OF if fixture in set(fixtures) for name in BOOTS_OF[fixture]]
         self._futures: dict[str, Future[Any]] = {name: Future() for name in names}
         self._synthesized: Future[None] = Future()
+        self.retried: list[str] = []  # one line per boot that hung and was booted again
         if not names:
             self._synthesized.set_result(None)
             return
         self._points = {(name, point): threading.Event() for name in names for point in ("ready", "done")}
-        plan = [(name, _boot(name, folder(name), self._watch(name))) for name in names]
+        plan = [(name, _boot(name, functools.partial(folder, name), self._watch(name))) for name in names]
         threading.Thread(target=self._run, args=(plan,), name="guest boots", daemon=True).start()
 
     @property
@@ -112,7 +119,12 @@ class Boots:
                     self._points[other, point].wait()
             if name != "first":
                 self._synthesized.result()  # its error, if any, is this boot's
-            future.set_result(boot())
+            try:
+                result = boot()
+            except GuestHung as hung:  # the emulator's fault, not the host's under test: once more, from nothing
+                self.retried.append(f"guest boot {name}: {str(hung).splitlines()[0]}; booted once more")
+                result = boot()
+            future.set_result(result)
         except BaseException as exc:  # the tests that read this boot fail with it
             future.set_exception(exc)
         finally:  # whatever happened, the boots waiting for this one go on

@@ -1,15 +1,19 @@
-"""The guest's pure parts: QEMU's command line, the volume's throttle, the initramfs archive, the lab's inner call."""
+"""The guest's pure parts: QEMU's command line, the volume's throttle, the initramfs archive, the lab's inner call;
+and a run's hang watch, against a stand-in QEMU."""
 
 from __future__ import annotations
 
 import json
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tuning.ebs import MIB, Volume
-from tuning.guest.assets import Cpio, module_closure
+from tuning.guest.assets import Cpio, GuestAssets, module_closure
+from tuning.guest.machine import HUNG_AFTER_S, QEMU, Guest, GuestHung
 from tuning.guest.qemu import (
     HOST_ADDRESS,
     GuestConfigError,
@@ -171,3 +175,29 @@ def test_lab_json_in_the_guest_leaves_stdout_to_the_json(monkeypatch: pytest.Mon
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {"runs": []}
     assert "lab: in the cgroup v2 guest" in result.stderr
+
+
+def test_a_guest_whose_kernel_hangs_is_killed_when_it_says_so_not_at_the_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in QEMU prints what the kernel's watchdog prints of a stuck CPU (twice: under HUNG_AFTER_S, then
+    over it) and would sleep for ten minutes: the run ends within seconds with GuestHung naming the CPU."""
+    fake = tmp_path / "bin" / QEMU
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\n"
+                    'for a; do case "$a" in file:*) console="${a#file:}";; esac; done\n'
+                    f'echo $$ > {tmp_path}/pid\n'
+                    'echo "watchdog: BUG: soft lockup - CPU#1 stuck for 22s! [bash:141]" >> "$console"\n'
+                    "sleep 1\n"
+                    f'echo "watchdog: BUG: soft lockup - CPU#0 stuck for {HUNG_AFTER_S + 4}s! [bash:1]" >> "$console"\n'
+                    "exec sleep 600\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    assets = GuestAssets(kernel=tmp_path / "vmlinuz", modules=tmp_path / "modules", initramfs=tmp_path / "initrd",
+                         release="6.1.0")
+    start = time.monotonic()
+    guest = Guest(vcpus=1, memory_mib=512, share=tmp_path / "share", assets=assets, accel="tcg")
+    with guest, pytest.raises(GuestHung, match=f"CPU#0 stuck for {HUNG_AFTER_S + 4} s"):
+        guest.run("true", timeout=300)
+    assert time.monotonic() - start < 15
+    pid = int((tmp_path / "pid").read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]

@@ -174,3 +174,60 @@ def test_baseline_only_ignores_a_full_bucket() -> None:
     sim = simulate(Volume("st1", 500), [stage], baseline_only=True, dt=0.05)
     assert sim.waves[0].stage_s["download"] == pytest.approx(1024 / BASE_MIBPS, rel=0.02)
     assert sim.credits_empty_at is None
+
+
+REPEATING = [
+    # A bucket that refills to full between rounds (a day of small rounds: the demo's plans).
+    dict(volume=Volume("st1", 500), stages=[StageLoad("download", 64 * MIB, floor_s=2), StageLoad("upload", 0,
+         read_bytes=8 * MIB, floor_s=1)], concurrency=2, waves=400, gap_s=60.0, cache=WriteCache(512 * MIB, 256 * MIB)),
+    # A bucket that runs dry over the hours, then starts each round with what one stage earned.
+    dict(volume=Volume("st1", 500), stages=[StageLoad("download", 2 * GIB, floor_s=10), StageLoad("process", 0,
+         floor_s=20)], concurrency=2, waves=300, cache=WriteCache(0, 0)),
+    # Rounds that keep their files: what is dirty at a round's end is written in the gap.
+    dict(volume=Volume("sc1", 500), stages=[StageLoad("download", 300 * MIB, floor_s=3, random_share=0.2)],
+         concurrency=3, waves=200, gap_s=120.0, cache=WriteCache(256 * MIB, 64 * MIB), removes_scratch=False),
+    # A volume without a bucket, behind the instance's cap.
+    dict(volume=Volume("gp3", 100), stages=[StageLoad("download", GIB, floor_s=4)], concurrency=4, waves=150,
+         gap_s=30.0, cache=WriteCache(GIB, GIB // 2), instance_cap_bps=200 * MIB),
+]
+
+
+@pytest.mark.parametrize("case", REPEATING, ids=["refills", "runs-dry", "keeps-files", "no-bucket"])
+def test_rounds_that_repeat_their_start_are_what_replaying_them_gives(case: dict[str, object]) -> None:
+    """Every round's times, credits and durability, the day's end and its samples: the same whether the rounds that
+    start as the previous one did are shifted copies or replayed."""
+    shifted = simulate(**case)  # type: ignore[arg-type]
+    replayed = simulate(**case, replay_every_wave=True)  # type: ignore[arg-type]
+    assert len(shifted.waves) == len(replayed.waves)
+    for ours, theirs in zip(shifted.waves, replayed.waves, strict=True):
+        assert ours.index == theirs.index
+        assert ours.started_at == pytest.approx(theirs.started_at, rel=1e-9, abs=1e-6)
+        assert ours.credits_at_start == pytest.approx(theirs.credits_at_start, rel=1e-9, abs=1e-6)
+        assert ours.stage_s == pytest.approx(theirs.stage_s, rel=1e-9, abs=1e-6)
+        durable = theirs.durable_at
+        assert ours.durable_at == (None if durable is None else pytest.approx(durable, rel=1e-9, abs=1e-6))
+    empty = replayed.credits_empty_at
+    assert shifted.credits_empty_at == (None if empty is None else pytest.approx(empty, rel=1e-9))
+    assert shifted.ended_at == pytest.approx(replayed.ended_at, rel=1e-9)
+    assert [s.t for s in shifted.samples] == pytest.approx([s.t for s in replayed.samples], rel=1e-9, abs=1e-6)
+    assert [s.credits for s in shifted.samples] == pytest.approx([s.credits for s in replayed.samples], rel=1e-9,
+                                                                  abs=1e-6)
+
+
+def test_a_day_of_rounds_that_repeat_replays_three_of_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first round (a full bucket, a sample due at once), the second (a full bucket, a sample due 10 s in, as
+    for every later round: they are the second shifted in time) and the last."""
+    from tuning import simulator
+
+    replayed: list[str] = []
+    real = simulator._run_stage
+
+    def counting(stage: StageLoad, *args: object, **kwargs: object) -> float:
+        replayed.append(stage.name)
+        return real(stage, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulator, "_run_stage", counting)
+    case = REPEATING[0]
+    result = simulate(**case)  # type: ignore[arg-type]
+    assert len(result.waves) == case["waves"]
+    assert replayed == ["download", "upload"] * 3

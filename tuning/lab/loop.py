@@ -147,7 +147,7 @@ def predict_download(workload: Workload, plan: ComparePlan, config: LabConfig, c
     rounds = -(-children // at_once)
     initial = config.initial_credits / config.time_scale
     sim = simulate(config.volume, workload.stages, concurrency=at_once, waves=rounds, cache=cache,
-                   initial_credits=initial, baseline_only=config.hold_empty, sample_every_s=60.0)
+                   initial_credits=initial, baseline_only=config.hold_empty, sample_every_s=None)
     # Each round stands for the children it ran; the last round may run fewer.
     per_child: list[float] = []
     for index, wave in enumerate(sim.waves):
