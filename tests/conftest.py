@@ -128,9 +128,9 @@ _BOOTS = pytest.StashKey["Boots"]()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
-    """Every guest boot that hung and was booted again, in the run's summary (see tests/support/guestboots.py)."""
+    """When each guest boot ran, and every one that hung and was booted again (tests/support/guestboots.py)."""
     boots = config.stash.get(_BOOTS, None)
-    for line in boots.retried if boots is not None else ():
+    for line in boots.summary() if boots is not None else ():
         terminalreporter.write_line(line)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -82,6 +83,8 @@ class Boots:
         self._futures: dict[str, Future[Any]] = {name: Future() for name in names}
         self._synthesized: Future[None] = Future()
         self.retried: list[str] = []  # one line per boot that hung and was booted again
+        self.began = time.monotonic()
+        self.spans: dict[str, tuple[float, float]] = {}  # each boot's (start, end), seconds after `began`
         if not names:
             self._synthesized.set_result(None)
             return
@@ -119,11 +122,14 @@ class Boots:
                     self._points[other, point].wait()
             if name != "first":
                 self._synthesized.result()  # its error, if any, is this boot's
+            started = time.monotonic() - self.began
             try:
                 result = boot()
             except GuestHung as hung:  # the emulator's fault, not the host's under test: once more, from nothing
                 self.retried.append(f"guest boot {name}: {str(hung).splitlines()[0]}; booted once more")
                 result = boot()
+            finally:
+                self.spans[name] = (started, time.monotonic() - self.began)
             future.set_result(result)
         except BaseException as exc:  # the tests that read this boot fail with it
             future.set_exception(exc)
@@ -139,6 +145,11 @@ class Boots:
             self._synthesized.set_exception(exc)
         else:
             self._synthesized.set_result(None)
+
+    def summary(self) -> list[str]:
+        """Lines for the session's summary: when each boot ran, and each one booted again."""
+        spans = ", ".join(f"{name} {start:.0f}-{end:.0f}" for name, (start, end) in self.spans.items())
+        return ([f"guest boots (s after the first test beside them): {spans}"] if spans else []) + self.retried
 
     def prepared(self) -> None:
         """Wait until the boots' syntheses are done (or failed): then jsii is free for this thread's tests."""
