@@ -153,10 +153,10 @@ def test_the_model_takes_a_container_paced_childs_own_write_cache_default_and_ad
         assert run.slept_s > 0 and run.pause_s > 0, numbers  # paced, and predicted to be
         assert abs(run.modelled_limit_bytes - own) <= 0.10 * own, numbers
     # The advised child's new writeback context held its count past the setpoint (what the range's optimistic end
-    # models: tuning.writecache, fresh), its dirty_ratelimit still near the 100 MiB/s it started at.
+    # models: tuning.writecache, fresh). How far its dirty_ratelimit fell meanwhile is timed work: a guest tier whose
+    # packed host took 143 s saw 81 -> 41 MiB/s where quieter ones stayed above 80; bench.guest_packed records it.
     paced = pacing(packed_host.work / RUNS["advised"][1])
     assert paced is not None and paced.dirty_mib[0] > runs[1].model.effective.setpoint_bytes / MIB, paced
-    assert paced.ratelimit_mibps[1] > 80, paced
     [default] = runfiles.read_profiles(packed_host.work / RUNS["default"][0])
     assert default.dirty_threshold_bytes and default.dirty_background_threshold_bytes, default.notices
     workload = workload_from_profiles([default])
