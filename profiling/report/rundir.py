@@ -46,7 +46,7 @@ def _points_in(file: Path) -> Iterator[tuple[StageProfile, list[dict[str, Any]]]
     return _reading(file, runfiles.read_profile_points)
 
 
-def _emf_in(file: Path, namespace: str = DEFAULT_NAMESPACE) -> Iterator[tuple[StageProfile, str]]:
+def _emf_in(file: Path, namespace: str) -> Iterator[tuple[StageProfile, str]]:
     read = functools.partial(runfiles.read_emf, namespace=namespace)
     return ((profile, file.stem) for profile in _reading(file, read))
 

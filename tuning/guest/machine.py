@@ -5,8 +5,8 @@
 
 Each `run` is one boot: QEMU starts, the guest's stage 2 runs the command in the share (a host folder that is
 the same path inside the guest, read-write), writes its stdout, stderr and exit code there, and powers off.
-QEMU is killed when the timeout passes, when the caller is interrupted, and (PR_SET_PDEATHSIG) when the
-process that started it dies: no QEMU outlives a run.
+QEMU is killed when the timeout passes, when the guest's kernel says a CPU is stuck (GuestHung), when the caller
+is interrupted, and (PR_SET_PDEATHSIG) when the process that started it dies: no QEMU outlives a run.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ class GuestError(RuntimeError):
 
 
 class GuestHung(GuestError):
-    """The guest's kernel said a CPU was stuck for HUNG_AFTER_S or more: QEMU was killed then, not at the timeout."""
+    """The guest's kernel said a CPU was stuck for HUNG_AFTER_S or more: QEMU was killed then (the console is read
+    every half second), not at the timeout."""
 
 
 # Seen under TCG on two busy host cores (in the test suite's boots, a few times in a hundred): both vCPUs stop making
@@ -53,7 +54,7 @@ class GuestHung(GuestError):
 # while it stays stuck (Documentation/admin-guide/lockup-watchdogs.rst); a CPU stuck this long in a guest that
 # runs a shell script is not coming back.
 HUNG_AFTER_S = 60
-_SOFT_LOCKUP = re.compile(rb"soft lockup - CPU#(\d+) stuck for (\d+)s")
+_SOFT_LOCKUP = re.compile(r"soft lockup - CPU#(\d+) stuck for (\d+)s")
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,17 @@ class Guest:
         start = time.monotonic()
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 preexec_fn=_die_with_parent)
-        follow = _Follower(control, on_output) if on_output is not None else None
-        hang = _HangWatch(console, proc)
+        stuck: list[str] = []  # what the console said of a stuck CPU, once QEMU was killed for it
+
+        def seen(stream: str, text: str) -> None:
+            if stream != "console":
+                if on_output is not None:
+                    on_output(stream, text)
+            elif not stuck and (why := _stuck(text)) is not None:
+                stuck.append(why)
+                proc.kill()
+
+        follow = _Follower({name: control / name for name in ("stdout", "stderr", "console")}, seen)
         try:
             qemu_out, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -132,12 +142,10 @@ class Guest:
             if proc.poll() is None:  # interrupted: never leave a QEMU behind
                 proc.kill()
                 proc.wait()
-            if follow is not None:
-                follow.stop()
-            hang.stop()
+            follow.stop()
         seconds = time.monotonic() - start
-        if hang.stuck is not None:
-            raise GuestHung(f"the guest's kernel hung ({hang.stuck}) after {seconds:.0f} s; QEMU killed; console "
+        if stuck:
+            raise GuestHung(f"the guest's kernel hung ({stuck[0]}) after {seconds:.0f} s; QEMU killed; console "
                             "tail:\n" + _tail(console))
         booted = control / "booted"
         boot_seconds = booted.stat().st_mtime - (time.time() - (time.monotonic() - start)) \
@@ -153,11 +161,12 @@ class Guest:
 
 
 class _Follower:
-    """Hands on what the guest's command writes to its stdout and stderr files (the share is not cached by the
-    guest, so the host sees them grow), every half second and once more at the end."""
+    """Hands on what grows in `paths` ({stream: file}: the command's stdout and stderr, the serial console), whole
+    lines every half second and once more at the end (the share is not cached by the guest, so the host sees them
+    grow)."""
 
-    def __init__(self, control: Path, on_output: Callable[[str, str], None]) -> None:
-        self._paths = {name: control / name for name in ("stdout", "stderr")}
+    def __init__(self, paths: Mapping[str, Path], on_output: Callable[[str, str], None]) -> None:
+        self._paths = dict(paths)
         self._offsets = dict.fromkeys(self._paths, 0)
         self._on_output = on_output
         self._done = threading.Event()
@@ -187,35 +196,12 @@ class _Follower:
         self._poll()
 
 
-class _HangWatch:
-    """Kills QEMU once the guest's console says a CPU has been stuck for HUNG_AFTER_S (checked every 2 s);
-    `stuck` then says which and how long."""
-
-    def __init__(self, console: Path, proc: subprocess.Popen[bytes]) -> None:
-        self.stuck: str | None = None
-        self._console, self._proc, self._offset = console, proc, 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
-        self._thread.start()
-
-    def _loop(self) -> None:
-        while not self._done.wait(2.0):
-            try:
-                with self._console.open("rb") as stream:
-                    stream.seek(self._offset)
-                    data = stream.read()
-            except OSError:
-                continue
-            self._offset += data.rfind(b"\n") + 1
-            for cpu, seconds in _SOFT_LOCKUP.findall(data):
-                if int(seconds) >= HUNG_AFTER_S:
-                    self.stuck = f"soft lockup: CPU#{cpu.decode()} stuck for {int(seconds)} s"
-                    self._proc.kill()
-                    return
-
-    def stop(self) -> None:
-        self._done.set()
-        self._thread.join()
+def _stuck(console: str) -> str | None:
+    """A soft lockup of HUNG_AFTER_S or more that these console lines report, said in words; else None."""
+    for cpu, seconds in _SOFT_LOCKUP.findall(console):
+        if int(seconds) >= HUNG_AFTER_S:
+            return f"soft lockup: CPU#{cpu} stuck for {int(seconds)} s"
+    return None
 
 
 def _read(path: Path) -> str:
