@@ -120,6 +120,7 @@ def beside_boots(item: pytest.Item) -> bool:
 def _guest_boots_started(request: pytest.FixtureRequest) -> None:
     if beside_boots(request.node):
         boots = request.getfixturevalue("guest_boots")
+        boots.first_checked()  # no test beside the first boot's timed part
         if tier_markers(request.node.path)[0] == "synth":  # the boots' syntheses done first: jsii is for one thread
             boots.prepared()
 
