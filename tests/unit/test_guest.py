@@ -201,3 +201,45 @@ def test_a_guest_whose_kernel_hangs_is_killed_when_it_says_so_not_at_the_timeout
     assert time.monotonic() - start < 15
     pid = int((tmp_path / "pid").read_text())
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
+def test_the_accelerator_is_probed_once_a_boot_and_read_after(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """The probe's answer is kept for this boot (`make guest` probes, the suite and the lab read it): a record of
+    another boot, or none, is probed again and rewritten."""
+    import tuning.guest.machine as machine
+
+    boot = tmp_path / "boot_id"
+    boot.write_text("boot-b\n")
+    monkeypatch.setattr(machine, "_BOOT_ID", boot)
+    monkeypatch.delenv("IOBATCH_GUEST_ACCEL", raising=False)
+    monkeypatch.setattr(machine.os, "access", lambda path, mode: True)  # a /dev/kvm that opens
+    probes: list[str] = []
+
+    class Probe:
+        def __init__(self, **kwargs: object) -> None:
+            probes.append(str(kwargs["accel"]))
+
+        def __enter__(self) -> Probe:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def run(self, command: str, *, timeout: float) -> object:
+            raise machine.GuestError("the console stayed silent")
+
+    monkeypatch.setattr(machine, "Guest", Probe)
+    record = tmp_path / machine.ACCELERATOR_RECORD
+    record.write_text("boot-a kvm\n")
+    machine.accelerator.cache_clear()
+    try:
+        assert machine.accelerator(record) == "tcg" and probes == ["kvm"]  # another boot's answer: probed again
+        assert record.read_text() == "boot-b tcg\n"
+        machine.accelerator.cache_clear()
+        assert machine.accelerator(record) == "tcg" and probes == ["kvm"]  # this boot's: read, no probe
+        record.write_text("boot-b kvm\n")
+        machine.accelerator.cache_clear()
+        assert machine.accelerator(record) == "kvm" and probes == ["kvm"]
+    finally:
+        machine.accelerator.cache_clear()

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuning.guest.assets import STAGE2_SCRIPT, GuestAssets
+from tuning.guest.assets import STAGE2_SCRIPT, TOOLS, GuestAssets
 from tuning.guest.qemu import MachineSpec, ScratchDisk, qemu_argv
 
 QEMU = "qemu-system-x86_64"
@@ -212,16 +212,48 @@ def _tail(path: Path, lines: int = 25) -> str:
     return "\n".join(_read(path).splitlines()[-lines:])
 
 
+# The probe's answer for this boot of this machine (a boot id, then the accelerator): `make guest` probes once, and
+# every later process reads it instead of paying up to _KVM_PROBE_SECONDS again (what /dev/kvm can do changes only
+# with a reboot or a new machine, and a new boot id comes with either).
+ACCELERATOR_RECORD = ".accelerator"
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
 @functools.cache
-def accelerator() -> str:
-    """'kvm' where /dev/kvm boots a stock kernel to a first command, 'tcg' otherwise (IOBATCH_GUEST_ACCEL forces)."""
+def accelerator(record: Path | None = None) -> str:
+    """'kvm' where /dev/kvm boots a stock kernel to a first command, 'tcg' otherwise (IOBATCH_GUEST_ACCEL forces).
+    The probe's answer is kept for this boot in `record` (the guest assets' folder's ACCELERATOR_RECORD)."""
     forced = os.environ.get("IOBATCH_GUEST_ACCEL")
     if forced in ("kvm", "tcg"):
         return forced
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
+    record = record or TOOLS / ACCELERATOR_RECORD
+    boot = _read(_BOOT_ID).strip()
+    kept = _read(record).split()
+    if boot and len(kept) == 2 and kept[0] == boot and kept[1] in ("kvm", "tcg"):
+        return kept[1]
     try:
         with Guest(vcpus=1, memory_mib=512, accel="kvm") as probe:
-            return "kvm" if probe.run("true", timeout=_KVM_PROBE_SECONDS).returncode == 0 else "tcg"
+            found = "kvm" if probe.run("true", timeout=_KVM_PROBE_SECONDS).returncode == 0 else "tcg"
     except GuestError:
-        return "tcg"
+        found = "tcg"
+    if boot and record.parent.is_dir():
+        tmp = record.with_name(f"{record.name}.{os.getpid()}")
+        tmp.write_text(f"{boot} {found}\n")
+        os.replace(tmp, record)
+    return found
+
+
+def main() -> int:
+    """`python -m tuning.guest.machine`: probe the accelerator once for this boot; say which the guest uses when
+    it was probed (once a boot: `make guest` runs this each time)."""
+    kept = _read(TOOLS / ACCELERATOR_RECORD)
+    found = accelerator()
+    if kept != _read(TOOLS / ACCELERATOR_RECORD):
+        print(f"guest accelerator: {found} (probed once for this boot: {TOOLS / ACCELERATOR_RECORD})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
