@@ -241,5 +241,8 @@ def test_the_accelerator_is_probed_once_a_boot_and_read_after(monkeypatch: pytes
         record.write_text("boot-b kvm\n")
         machine.accelerator.cache_clear()
         assert machine.accelerator(record) == "kvm" and probes == ["kvm"]
+        machine.accelerator.cache_clear()  # a record that cannot be written: probed, answered, nothing raised
+        assert machine.accelerator(tmp_path / "absent" / machine.ACCELERATOR_RECORD) == "tcg"
+        assert probes == ["kvm", "kvm"] and not (tmp_path / "absent").exists()
     finally:
         machine.accelerator.cache_clear()

@@ -238,10 +238,13 @@ def accelerator(record: Path | None = None) -> str:
             found = "kvm" if probe.run("true", timeout=_KVM_PROBE_SECONDS).returncode == 0 else "tcg"
     except GuestError:
         found = "tcg"
-    if boot and record.parent.is_dir():
-        tmp = record.with_name(f"{record.name}.{os.getpid()}")
-        tmp.write_text(f"{boot} {found}\n")
-        os.replace(tmp, record)
+    tmp = record.with_name(f"{record.name}.{os.getpid()}")
+    try:  # only a saving: a folder this user cannot write probes again next time
+        if boot:
+            tmp.write_text(f"{boot} {found}\n")
+            os.replace(tmp, record)
+    except OSError:
+        tmp.unlink(missing_ok=True)
     return found
 
 
