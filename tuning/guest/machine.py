@@ -219,6 +219,13 @@ ACCELERATOR_RECORD = ".accelerator"
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
+def _recorded(record: Path) -> str | None:
+    """The accelerator `record` keeps for this boot; None when there is none, or it is another boot's."""
+    boot = _read(_BOOT_ID).strip()
+    kept = _read(record).split()
+    return kept[1] if boot and len(kept) == 2 and kept[0] == boot and kept[1] in ("kvm", "tcg") else None
+
+
 @functools.cache
 def accelerator(record: Path | None = None) -> str:
     """'kvm' where /dev/kvm boots a stock kernel to a first command, 'tcg' otherwise (IOBATCH_GUEST_ACCEL forces).
@@ -229,15 +236,15 @@ def accelerator(record: Path | None = None) -> str:
     if not os.access("/dev/kvm", os.R_OK | os.W_OK):
         return "tcg"
     record = record or TOOLS / ACCELERATOR_RECORD
-    boot = _read(_BOOT_ID).strip()
-    kept = _read(record).split()
-    if boot and len(kept) == 2 and kept[0] == boot and kept[1] in ("kvm", "tcg"):
-        return kept[1]
+    kept = _recorded(record)
+    if kept is not None:
+        return kept
     try:
         with Guest(vcpus=1, memory_mib=512, accel="kvm") as probe:
             found = "kvm" if probe.run("true", timeout=_KVM_PROBE_SECONDS).returncode == 0 else "tcg"
     except GuestError:
         found = "tcg"
+    boot = _read(_BOOT_ID).strip()
     tmp = record.with_name(f"{record.name}.{os.getpid()}")
     try:  # only a saving: a folder this user cannot write probes again next time
         if boot:
@@ -251,10 +258,11 @@ def accelerator(record: Path | None = None) -> str:
 def main() -> int:
     """`python -m tuning.guest.machine`: probe the accelerator once for this boot; say which the guest uses when
     it was probed (once a boot: `make guest` runs this each time)."""
-    kept = _read(TOOLS / ACCELERATOR_RECORD)
-    found = accelerator()
-    if kept != _read(TOOLS / ACCELERATOR_RECORD):
-        print(f"guest accelerator: {found} (probed once for this boot: {TOOLS / ACCELERATOR_RECORD})")
+    record = TOOLS / ACCELERATOR_RECORD
+    probed = _recorded(record) is None
+    found = accelerator(record)
+    if probed and _recorded(record) is not None:  # nothing is probed (or kept) where /dev/kvm does not open
+        print(f"guest accelerator: {found} (probed once for this boot: {record})")
     return 0
 
 
