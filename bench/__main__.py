@@ -66,6 +66,8 @@ RUNS: tuple[Run, ...] = (
     Run("percall_overhead", "Per-call probes: overhead and truth", needs_root=True, needs_tools=("strace",)),
     Run("probe_sharing", "Per-call probes: other children's probes on the same host", needs_root=True),
     Run("probe_cost", "Per-call probes: where the eBPF probe's cost goes", needs_root=True, needs_tools=("bpftool",)),
+    Run("percall_guest", "Per-call probes: where the kernel gives fentry (the cgroup v2 guest)", args=("--rounds", "9"),
+        needs_tools=("qemu-system-x86_64",)),
     Run("lab_case_study", "The case study in the lab", args=("--with-burst",), needs_root=True,
         needs_tools=("mkfs.xfs", "losetup")),
     Run("lab_advise", "The advisor in the lab: predicted vs measured", args=("--full",), needs_root=True,

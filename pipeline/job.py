@@ -31,13 +31,13 @@ from types import FrameType
 from typing import Any
 
 from pipeline import s3 as s3io
-from pipeline.errors import IntegrityError, Interrupted, IobatchError, ManifestError, ScratchError, print_error
+from pipeline.downloadcheck import DownloadCheck
+from pipeline.errors import Interrupted, IobatchError, ManifestError, ScratchError, print_error
 from pipeline.interface import EXIT_BUG, EXIT_OK, soft_deadline_s
 from pipeline.manifest import ManifestEntry, shard_bounds
 from pipeline.process import (
     Command,
     Output,
-    check_md5,
     collect_outputs,
     failure,
     find_command,
@@ -105,22 +105,6 @@ def child_entries(s3: Any, settings: JobSettings) -> list[ManifestEntry]:
     return listing[start:stop]
 
 
-_CHANGED = "the object changed after the batch was frozen: restore it, or submit the batch again to refreeze it"
-
-
-def verify_size(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
-    """The downloaded file has the size the batch was frozen with (download stage: a stat, no read)."""
-    size = path.stat().st_size
-    if entry.size is not None and size != entry.size:
-        raise IntegrityError(f"s3://{bucket}/{entry.key} is {size} bytes, the batch listed {entry.size}: {_CHANGED}")
-
-
-def verify_content(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
-    """The downloaded bytes have the MD5 the batch was frozen with (single-part objects): for a process command
-    other than the built-in one, which checks the bytes it reads anyway (so each image is read once there)."""
-    check_md5(entry.key, path.read_bytes(), entry.etag, bucket=bucket)
-
-
 def local_name(key: str, position: int) -> str:
     """A flat, unique file name on scratch for an object key."""
     return f"{position:05d}-{key.rsplit('/', 1)[-1]}"
@@ -165,18 +149,18 @@ def _run_claimed(settings: JobSettings, scratch: Scratch, command: Command, repo
         profiled=reporter.active, scratch=str(settings.work_dir))
     log("stage_start", stage="download")
     with reporter.stage("download") as stage:
-        copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(incoming / local_name(e.key, i)))
-                  for i, e in enumerate(entries)]
-        try:
-            results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
-                                 endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
-                                 retries=settings.s5cmd_retries)
-        except ScratchError:
-            raise scratch.full_error("downloading", at_least=needed) from None
-        for i, entry in enumerate(entries):
-            verify_size(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
-            if not command.is_builtin:
-                verify_content(entry, incoming / local_name(entry.key, i), bucket=settings.input.bucket)
+        paths = [incoming / local_name(e.key, i) for i, e in enumerate(entries)]
+        copies = [Copy(f"s3://{settings.input.bucket}/{e.key}", str(path))
+                  for e, path in zip(entries, paths, strict=True)]
+        # The built-in command checks the bytes as it reads them; another's are checked here as each lands.
+        with DownloadCheck(entries, paths, bucket=settings.input.bucket, content=not command.is_builtin) as check:
+            try:
+                results = run_copies(copies, command_file=settings.work_dir / "download.cmds",
+                                     endpoint=settings.s3_endpoint, workers=settings.s5cmd_workers,
+                                     retries=settings.s5cmd_retries, on_copied=check.copied)
+            except ScratchError:
+                raise scratch.full_error("downloading", at_least=needed) from None
+            check.finish()
         bytes_in = sum(r.size or 0 for r in results)
         stage.items = len(entries)
     log("stage_end", stage="download", images=len(entries), bytes=bytes_in)

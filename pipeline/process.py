@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import os
 import shutil
@@ -130,14 +131,21 @@ def read_images_file(path: Path) -> list[dict[str, str | int | None]]:
     return rows
 
 
-def check_md5(key: str, data: bytes, etag: str | None, *, bucket: str) -> None:
-    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with."""
+# The end of every message of a file that is not what the batch was frozen with (its size or its bytes).
+CHANGED_AFTER_FREEZE = ("the object changed after the batch was frozen: restore it, or submit the batch again to "
+                        "refreeze it")
+
+
+def check_md5(key: str, data: bytes | io.BufferedReader, etag: str | None, *, bucket: str) -> None:
+    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with: `data`
+    itself, or all an open binary file gives (read in blocks, never whole)."""
     if etag and "-" not in etag and len(etag) == 32:
-        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        digest = hashlib.md5(data, usedforsecurity=False) if isinstance(data, bytes) else \
+            hashlib.file_digest(data, lambda: hashlib.md5(usedforsecurity=False))
+        md5 = digest.hexdigest()
         if md5 != etag.lower():
-            raise IntegrityError(f"s3://{bucket}/{key} has MD5 {md5}, the batch listed ETag {etag}: the object "
-                                 "changed after the batch was frozen: restore it, or submit the batch again to "
-                                 "refreeze it")
+            raise IntegrityError(f"s3://{bucket}/{key} has MD5 {md5}, the batch listed ETag {etag}: "
+                                 f"{CHANGED_AFTER_FREEZE}")
 
 
 # ---- running it --------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -180,27 +181,48 @@ def run_copies(
     env: Mapping[str, str] | None = None,
     flags: Sequence[str] = (),
     retries: int | None = None,
+    on_copied: Callable[[CopyResult], None] | None = None,
 ) -> list[CopyResult]:
     """Run the copies through one s5cmd process; raise the first failure as a named error.
 
-    Every object must come back with a success line; a copy s5cmd did not report is a failure too.
+    Every object must come back with a success line; a copy s5cmd did not report is a failure too. `on_copied` is
+    handed each success as s5cmd prints it, while the others are still copying (the job checks what has landed).
+    s5cmd is killed and waited for on every way out before its end (an interruption in this thread included).
     """
     if not copies:
         return []
     command_file.write_text(run_file(copies, flags=flags), encoding="utf-8")
     args = s5cmd_args(s5cmd_binary(), command_file, endpoint=endpoint, workers=workers, retries=retries)
-    proc = subprocess.run(args, capture_output=True, text=True, env=dict(env) if env is not None else None,
-                          preexec_fn=die_with_parent,
-                          check=False)
-    results = parse_json_lines(proc.stdout.splitlines() + proc.stderr.splitlines())
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=dict(env) if env is not None else None, preexec_fn=die_with_parent) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        errors: list[str] = []  # stderr, read beside stdout so neither pipe fills
+        reader = threading.Thread(target=errors.extend, args=(proc.stderr,), daemon=True, name="s5cmd-stderr")
+        reader.start()
+        out: list[str] = []
+        try:
+            for line in proc.stdout:
+                out.append(line)
+                if on_copied is not None:
+                    for result in parse_json_lines([line]):
+                        if result.ok:
+                            on_copied(result)
+            proc.wait()
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join()
+    stderr = "".join(errors)
+    results = parse_json_lines(out + errors)
     failures = [r for r in results if not r.ok]
     if failures:
         raise classify_failure(sorted(failures, key=lambda r: r.source)[0])
     done = {r.source for r in results}
     missing = [c.source for c in copies if c.source not in done]
     if missing or proc.returncode != 0:
-        detail = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"
+        detail = stderr.strip().splitlines()[-1] if stderr.strip() else f"exit {proc.returncode}"
         what = missing[0] if missing else "the batch"
         raise TransferError(f"s5cmd did not copy {what}: {detail[:200]}")
     return results
-

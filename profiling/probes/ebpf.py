@@ -265,6 +265,12 @@ class EbpfProbe:
         self._ticker: threading.Thread | None = None
         self._stop_ticks = threading.Event()
 
+    @property
+    def hooks(self) -> str | None:
+        """The watched calls' hooks of the host's programs: "fentry", "tracepoint" (where the kernel refuses
+        fentry), None before prepare() or start() or after close()."""
+        return self._loaded.slot.hooks if self._loaded is not None else None
+
     # -- lifecycle
 
     def prepare(self) -> None:

@@ -182,6 +182,12 @@ def test_object_changed_after_freezing_fails_permanent_naming_the_key(
     code, output = run_child(batch, 0, tmp_path / "run", sidecar=False)
     assert code == EXIT_PERMANENT, output
     assert f"error: s3://{bucket}/{same_size} has MD5" in output and "refreeze" in output
+    # A command of the user's own: the download stage checks the bytes (the command, which would fail otherwise,
+    # never runs).
+    code, output = run_child(batch, 0, tmp_path / "run", sidecar=False,
+                             **{ENV.PROCESS_COMMAND: "sh -c 'exit 99' {input} {output}"})
+    assert code == EXIT_PERMANENT, output
+    assert f"error: s3://{bucket}/{same_size} has MD5" in output and "refreeze" in output
     code, output = run_child(batch, 1, tmp_path / "run", sidecar=False)
     assert code == EXIT_PERMANENT, output
     assert f"error: s3://{bucket}/{ordered[2]} is 5 bytes, the batch listed" in output

@@ -103,3 +103,21 @@ def test_throttled_proxy_limits_all_connections_together(
     # 2 MiB at 1 MiB/s shared by four parallel connections: ~2 s less the 0.1 s burst. A limit per
     # connection would let the four finish in ~0.5 s. Load on the machine only makes it slower.
     assert elapsed >= 1.5
+
+
+def test_each_success_is_handed_on_as_s5cmd_prints_it(s3_server: EmbeddedS3, s3: Any, bucket: str,
+                                                      tmp_path: Path) -> None:
+    from pipeline.local.proxy import ThrottledProxy
+
+    s3.put_object(Bucket=bucket, Key="soon", Body=os.urandom(4096))
+    s3.put_object(Bucket=bucket, Key="late", Body=os.urandom(2 * 1024 * 1024))
+    copies = [Copy(f"s3://{bucket}/{key}", str(tmp_path / key)) for key in ("soon", "late")]
+    handed: dict[str, float] = {}
+    with ThrottledProxy(s3_server.port, 1024 * 1024) as slow:
+        run_copies(copies, command_file=tmp_path / "cmds", endpoint=slow.endpoint, workers=2,
+                   on_copied=lambda result: handed.setdefault(result.source, time.monotonic()))
+        ended = time.monotonic()
+    assert set(handed) == {c.source for c in copies}
+    # 2 MiB at 1 MiB/s: the small object lands and is handed on about two seconds before s5cmd ends.
+    assert ended - handed[f"s3://{bucket}/soon"] >= 1.0
+    assert (tmp_path / "soon").stat().st_size == 4096
