@@ -23,6 +23,7 @@ ratio (each round's against the same round's other client) beside the ratio of m
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -30,8 +31,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from pipeline.downloadcheck import checkers
 from pipeline.interface import DEFAULT_PROCESS_COMMAND
 from pipeline.job import local_name
 from pipeline.local.dataset import DatasetSpec, generate
@@ -78,6 +81,24 @@ def job_view_s(log: Path) -> float:
             if event.get("stage") == "download" and event.get("event") in ("stage_start", "stage_end"):
                 times[event["event"]] = float(event["time"])
     return times["stage_end"] - times["stage_start"]
+
+
+def md5_rates(files: list[Path], total: int) -> tuple[float, float, int]:
+    """Bytes a second MD5 gets through `files` in one thread and in as many as the download check uses here
+    (medians of 3)."""
+    def digest(path: Path) -> None:
+        with path.open("rb") as stream:
+            hashlib.file_digest(stream, lambda: hashlib.md5(usedforsecurity=False))
+
+    threads = checkers()
+    rates: list[list[float]] = [[], []]
+    for _ in range(3):
+        for slot, workers in enumerate((1, threads)):
+            began = time.perf_counter()
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(digest, files))
+            rates[slot].append(total / (time.perf_counter() - began))
+    return median(rates[0]), median(rates[1]), threads
 
 
 def main() -> None:
@@ -162,6 +183,9 @@ def main() -> None:
               f"{best}, measured {median(rates[view]) / median(rates[best]):.2f}x (paired "
               f"{paired(view, best):.2f}x); against the same command (what the wrapper, its checks and the profiler "
               f"cost) {median(rates[view]) / base:.2f}x (paired {paired(view, same):.2f}x)")
+    one, many, threads = md5_rates([source / spec.key(i) for i in range(spec.images)], total)
+    print(f"MD5 of the same {total / 2**20:,.0f} MiB from the page cache (what {OWN_VIEW!r} adds): {one / 2**20:,.0f} "
+          f"MiB/s in one thread, {many / 2**20:,.0f} MiB/s in {threads} (pipeline/downloadcheck.py's most here)")
     run_file_ratio = median(rates[same]) / median(rates[wildcard])
     print(f"the run file against the wildcard at the same workers: {run_file_ratio:.2f}x "
           f"(paired {paired(same, wildcard):.2f}x); each of its single-object cps sends a HEAD before its GET (s5cmd "

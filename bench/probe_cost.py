@@ -10,7 +10,10 @@ so they are upper bounds. Three kinds of call, each --calls times:
   unwatched              getppid() by another process (with the raw-tracepoint fallback every system call of the
                          host runs the programs; with fentry only the watched calls do)
 
-beside the bare write's CPU time per call (user + system, wait4), alternating, medians. Root only.
+beside the bare write's CPU time per call (user + system, wait4), alternating, medians. Then what a host's first
+profiler waits for to load the programs (what `iobatch profile -- true` pays each time it is the host's only
+profiler), each way the loader tries: with fentry hooks (refused by some kernels, after the whole CO-RE relocation),
+then with the raw tracepoints. Root only.
 
     sudo .venv/bin/python -m bench.probe_cost [--calls 200000] [--rounds 3]
 """
@@ -24,6 +27,7 @@ import os
 import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -115,6 +119,37 @@ def main() -> None:
         if statistics.median(runs_per_call[(kind, name)]) >= 0.5:  # the call's own programs, not stray runs
             print(f"| {kind} | {name} | {statistics.median(runs_per_call[(kind, name)]):.2f} | "
                   f"{statistics.median(values):,.0f} |")
+    print()
+    print(load_table(opts.rounds + 2))
+
+
+def load_table(rounds: int) -> str:
+    """What loading the programs costs a host's first profiler (libbpf's open and load: CO-RE relocation against
+    the kernel's BTF, then the verifier), each way ebpf_slot.load tries: fentry first, then the raw tracepoints
+    where the kernel refuses fentry. Loaded and closed, never attached."""
+    from profiling.probes.ebpf_slot import FENTRY_SECTIONS, TRACEPOINT_PROGRAMS
+    from profiling.probes.libbpf import BpfError, BpfObject
+
+    path = ebpf.object_path()
+    assert path is not None, "the eBPF object is not built: run `make setup`"
+    times: dict[str, list[float]] = {"fentry": [], "tracepoint": []}
+    outcome: dict[str, str] = {}
+    for _ in range(rounds):
+        for hooks, kw in (("fentry", {"skip": TRACEPOINT_PROGRAMS}),
+                          ("tracepoint", {"skip_sections": FENTRY_SECTIONS})):
+            began = time.perf_counter()
+            try:
+                BpfObject(path, **kw).close()  # type: ignore[arg-type]
+                outcome[hooks] = "loaded"
+            except BpfError as exc:
+                outcome[hooks] = f"refused ({str(exc).rsplit(': ', 1)[-1]})"
+            times[hooks].append(time.perf_counter() - began)
+    lines = ["| loading the programs (a host's first profiler) | runs (ms) | median ms | outcome |",
+             "|---|---|---:|---|"]
+    for hooks, values in times.items():
+        lines.append(f"| with {hooks} hooks | {', '.join(f'{v * 1e3:.0f}' for v in values)} | "
+                     f"{statistics.median(values) * 1e3:.0f} | {outcome[hooks]} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,11 @@ from pipeline.s5cmd import CopyResult
 MAX_CHECKERS = 4
 
 
+def checkers() -> int:
+    """How many files are read at once: MAX_CHECKERS, or the CPUs this process may run on when fewer."""
+    return min(MAX_CHECKERS, len(os.sched_getaffinity(0)))
+
+
 def verify_size(entry: ManifestEntry, path: Path, *, bucket: str) -> None:
     """The downloaded file has the size the batch was frozen with (a stat, no read)."""
     size = path.stat().st_size
@@ -53,7 +58,7 @@ class DownloadCheck:
         self._entries, self._paths, self._bucket, self._content = entries, paths, bucket, content
         self._index = {f"s3://{bucket}/{entry.key}": i for i, entry in enumerate(entries)}
         self._pending: dict[int, Future[None]] = {}
-        self._pool = ThreadPoolExecutor(max_workers=min(MAX_CHECKERS, len(os.sched_getaffinity(0))),
+        self._pool = ThreadPoolExecutor(max_workers=checkers(),
                                         thread_name_prefix="download-check") if content else None
 
     def __enter__(self) -> DownloadCheck:
