@@ -328,7 +328,7 @@ def _commands() -> list[str]:
     return sorted(c.name or (c.callback.__name__ if c.callback else "") for c in app.registered_commands)
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12)
 @given(command=st.sampled_from(_commands()), module=st.sampled_from(START_UP_MODULES),
        sig=st.sampled_from([signal.SIGINT, signal.SIGTERM]))
 def test_any_early_signal_to_any_command_is_one_line_and_75(command: str, module: str, sig: signal.Signals) -> None:

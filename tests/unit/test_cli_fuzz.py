@@ -117,7 +117,7 @@ def stubbed() -> Any:
     patch.undo()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(words=argv())
 def test_any_flags_give_a_documented_code_and_no_traceback(stubbed: Any, words: list[str]) -> None:
     # In a folder of its own: a relative path the fuzzer gives (`--scratch-dir abc`) lands there.
@@ -143,7 +143,7 @@ def _odd_files(folder: Path) -> None:
     (folder / "advice.json").write_text('{"volume": "gp3", "why": "any object"}')
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(env=st.dictionaries(st.sampled_from(JOB_VARIABLES), st.sampled_from(ODD_VALUES) | st.text(max_size=12),
                            max_size=6))
 def test_any_job_variables_give_a_documented_code_and_no_traceback(stubbed: Any, env: dict[str, str]) -> None:
@@ -173,7 +173,7 @@ COMMAND_VARIABLES = {
 }
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=120, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), command=st.sampled_from(sorted(COMMAND_VARIABLES)))
 def test_any_variables_of_any_command_give_a_documented_code(stubbed: Any, data: st.DataObject,
                                                               command: str) -> None:

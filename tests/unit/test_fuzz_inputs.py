@@ -31,7 +31,7 @@ from profiling.numbers import MAX_DIGITS, whole_number
 # timeout's failure is caught by Hypothesis, which shrinks by running the hanging case again.
 pytestmark = pytest.mark.timeout(300, method="thread")
 
-FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 
 
 def one_line(headline: str) -> None:

@@ -100,7 +100,7 @@ manifest_text = st.lists(st.one_of(manifest_line(), manifest_line(), manifest_li
                          min_size=0, max_size=24)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(manifest_text, st.booleans(), st.sampled_from(["", "images/", "images/a"]), st.integers(1, 4),
        st.integers(1, 200))
 def test_the_block_path_freezes_any_manifest_as_the_line_by_line_path_does(
@@ -110,7 +110,7 @@ def test_the_block_path_freezes_any_manifest_as_the_line_by_line_path_does(
         reference(data, prefix=prefix, per_child=per_child, chunk=chunk)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(st.lists(st.tuples(st.text(alphabet="abc/.é", min_size=1, max_size=6), st.none() | st.integers(0, 99)),
                 min_size=1, max_size=40), st.integers(1, 5), st.integers(1, 300))
 def test_good_manifests_of_the_usual_forms_freeze_alike(entries: list[tuple[str, int | None]], per_child: int,

@@ -41,7 +41,7 @@ def checked(body: Any, cls: type) -> str | None:
     return None
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(NAMES), st.sampled_from(ODD), max_size=6),
        st.lists(st.sampled_from(NAMES), max_size=3))
 def test_all_at_once_is_field_by_field(changes: dict[str, Any], removed: list[str]) -> None:
