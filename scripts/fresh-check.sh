@@ -46,12 +46,19 @@ unshare --mount --propagation private -- env \
 rc=$?
 {
   echo "fresh-check: what setup made or said:"
-  grep -hE "^(mounted |installing |note: |guest kernel|guest initramfs|\[..:..:..\] set up)" "$work/demo.log" "$work/test.log" \
-    | sort -u | sed 's/^/  /'
-  echo "fresh-check: the demo's table:"
-  sed -n '/┏/,/┘/p' "$work/demo.log" | sed 's/^/  /'
-  echo "fresh-check: the suite:"
-  grep -E "^\[..:..:..\]|passed|failed|slowest|^[0-9.]+s (call|setup|teardown)" "$work/test.log" | tail -40 | sed 's/^/  /'
+  # Only the logs of the commands that ran (FRESH_CHECK_TARGETS may leave one out).
+  logs=(); for name in demo test; do [ -f "$work/$name.log" ] && logs+=("$work/$name.log"); done
+  [ ${#logs[@]} -gt 0 ] && grep -hE "^(mounted |installing |note: |guest kernel|guest initramfs|\[..:..:..\] set up)" \
+    "${logs[@]}" | sort -u | sed 's/^/  /'
+  if [ -f "$work/demo.log" ]; then
+    echo "fresh-check: the demo's table:"
+    sed -n '/┏/,/┘/p' "$work/demo.log" | sed 's/^/  /'
+  fi
+  if [ -f "$work/test.log" ]; then
+    echo "fresh-check: the suite:"
+    grep -E "^\[..:..:..\]|passed|failed|slowest|^[0-9.]+s (call|setup|teardown)" "$work/test.log" | tail -40 \
+      | sed 's/^/  /'
+  fi
 } | tee "$log"
 if [ "$rc" = 0 ]; then
   rm -rf "$work" 2>/dev/null || echo "fresh-check: could not remove all of $work"
