@@ -23,7 +23,6 @@ ratio (each round's against the same round's other client) beside the ratio of m
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -41,6 +40,7 @@ from pipeline.local.dataset import DatasetSpec, generate
 from pipeline.local.demo import dataset_cache, upload_dataset
 from pipeline.local.runner import LocalRun, run_local
 from pipeline.local.s3server import EmbeddedS3
+from pipeline.process import md5_of
 from pipeline.s5cmd import Copy, run_file, s5cmd_args, s5cmd_binary
 from pipeline.settings import DEFAULT_S5CMD_WORKERS, S3Uri, child_name
 from profiling import runfiles
@@ -88,7 +88,7 @@ def md5_rates(files: list[Path], total: int) -> tuple[float, float, int]:
     (medians of 3)."""
     def digest(path: Path) -> None:
         with path.open("rb") as stream:
-            hashlib.file_digest(stream, lambda: hashlib.md5(usedforsecurity=False))
+            md5_of(stream)
 
     threads = checkers()
     rates: list[list[float]] = [[], []]

@@ -42,15 +42,14 @@ def _forced_tracepoints() -> None:
     takes the raw syscall tracepoints (its own fallback)."""
     from profiling.probes import ebpf_slot
 
-    real = ebpf_slot.BpfObject
+    real = ebpf_slot.load_object
 
-    class RefusingFentry(real):  # type: ignore[misc, valid-type]
-        def __init__(self, path: Path, *, skip: tuple[str, ...] = (), skip_sections: tuple[str, ...] = ()) -> None:
-            if skip == ebpf_slot.TRACEPOINT_PROGRAMS:
-                raise ebpf_slot.BpfError("fentry left out by bench.percall_guest")
-            super().__init__(path, skip=skip, skip_sections=skip_sections)
+    def refusing_fentry(obj_path: Path, hooks: str) -> ebpf_slot.BpfObject:
+        if hooks == "fentry":
+            raise ebpf_slot.BpfError("fentry left out by bench.percall_guest")
+        return real(obj_path, hooks)
 
-    ebpf_slot.BpfObject = RefusingFentry  # type: ignore[misc]
+    ebpf_slot.load_object = refusing_fentry  # type: ignore[assignment]
 
 
 def inside(count: int, rounds: int) -> dict[str, Any]:

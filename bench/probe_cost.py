@@ -127,19 +127,18 @@ def load_table(rounds: int) -> str:
     """What loading the programs costs a host's first profiler (libbpf's open and load: CO-RE relocation against
     the kernel's BTF, then the verifier), each way ebpf_slot.load tries: fentry first, then the raw tracepoints
     where the kernel refuses fentry. Loaded and closed, never attached."""
-    from profiling.probes.ebpf_slot import FENTRY_SECTIONS, TRACEPOINT_PROGRAMS
-    from profiling.probes.libbpf import BpfError, BpfObject
+    from profiling.probes.ebpf_slot import load_object
+    from profiling.probes.libbpf import BpfError
 
     path = ebpf.object_path()
     assert path is not None, "the eBPF object is not built: run `make setup`"
     times: dict[str, list[float]] = {"fentry": [], "tracepoint": []}
     outcome: dict[str, str] = {}
     for _ in range(rounds):
-        for hooks, kw in (("fentry", {"skip": TRACEPOINT_PROGRAMS}),
-                          ("tracepoint", {"skip_sections": FENTRY_SECTIONS})):
+        for hooks in times:
             began = time.perf_counter()
             try:
-                BpfObject(path, **kw).close()  # type: ignore[arg-type]
+                load_object(path, hooks).close()
                 outcome[hooks] = "loaded"
             except BpfError as exc:
                 outcome[hooks] = f"refused ({str(exc).rsplit(': ', 1)[-1]})"

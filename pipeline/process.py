@@ -136,13 +136,17 @@ CHANGED_AFTER_FREEZE = ("the object changed after the batch was frozen: restore 
                         "refreeze it")
 
 
+def md5_of(data: bytes | io.BufferedReader) -> str:
+    """The MD5 (hex) of `data` itself, or of all an open binary file gives (read in blocks, never whole)."""
+    if isinstance(data, bytes):
+        return hashlib.md5(data, usedforsecurity=False).hexdigest()
+    return hashlib.file_digest(data, lambda: hashlib.md5(usedforsecurity=False)).hexdigest()
+
+
 def check_md5(key: str, data: bytes | io.BufferedReader, etag: str | None, *, bucket: str) -> None:
-    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with: `data`
-    itself, or all an open binary file gives (read in blocks, never whole)."""
+    """For a single-part object (an ETag without '-'), the bytes have the MD5 the batch was frozen with (`md5_of`)."""
     if etag and "-" not in etag and len(etag) == 32:
-        digest = hashlib.md5(data, usedforsecurity=False) if isinstance(data, bytes) else \
-            hashlib.file_digest(data, lambda: hashlib.md5(usedforsecurity=False))
-        md5 = digest.hexdigest()
+        md5 = md5_of(data)
         if md5 != etag.lower():
             raise IntegrityError(f"s3://{bucket}/{key} has MD5 {md5}, the batch listed ETag {etag}: "
                                  f"{CHANGED_AFTER_FREEZE}")

@@ -70,14 +70,22 @@ class Store(Protocol):
         """After leaving, however it went: what this profiler still holds of the copy (idempotent)."""
 
 
+def load_object(obj_path: Path, hooks: str) -> BpfObject:
+    """The object loaded (not attached) with the watched calls' programs of `hooks`, "fentry" or "tracepoint", and
+    not the other's; BpfError where the kernel refuses them."""
+    if hooks == "fentry":
+        return BpfObject(obj_path, skip=TRACEPOINT_PROGRAMS)
+    return BpfObject(obj_path, skip_sections=FENTRY_SECTIONS)
+
+
 def load(obj_path: Path, extra: tuple[str, ...]) -> BpfObject:
     """The object loaded and checked, its watched calls attached (fentry first, else the raw syscall tracepoints),
     and those programs of `extra` whose hooks this kernel has; its host map holds the files cap. Nothing pinned."""
     try:
-        obj = BpfObject(obj_path, skip=TRACEPOINT_PROGRAMS)
+        obj = load_object(obj_path, "fentry")
         calls = obj.programs("fentry/") + obj.programs("fexit/")
     except BpfError:
-        obj = BpfObject(obj_path, skip_sections=FENTRY_SECTIONS)
+        obj = load_object(obj_path, "tracepoint")
         calls = list(TRACEPOINT_PROGRAMS)
     try:
         wrong = layout.check_value_sizes({name: obj.inner_map(f"slot_{name}")[0] for name in layout.VALUE_SIZES})
