@@ -6,6 +6,8 @@
         map_<name>             the maps every profiler needs: selection, host, disks and the slot_* maps of maps
         prog_iob_find_task     the task finder (an iterator, run under the host lock)
         slots/<n>/             one per live profiler: it holds flock(LOCK_EX) on the directory while it lives
+    <root>/no-fentry/          made when this kernel refused fentry (EPERM): the next load tries the tracepoints
+                               at once (bpffs is emptied when the kernel stops, so the record is this boot's)
 
 In: the built object; <root> is `pin_root()`, in the host's bpffs (where it is not bpffs, `join` hands over to
 ebpf_private: a copy of the profiler's own, said in one note). Out: `join` gives a profiler its Slot (ebpf_slot),
@@ -37,8 +39,16 @@ ENV_PIN = "IOBATCH_BPF_PIN"  # where the host's programs are pinned (a directory
 DEFAULT_PIN = Path("/sys/fs/bpf/iobatch")
 
 
+NO_FENTRY = "no-fentry"
+
+
 def pin_root() -> Path:
     return Path(os.environ.get(ENV_PIN) or DEFAULT_PIN)
+
+
+def builds(root: Path) -> list[Path]:
+    """The builds pinned under `root` (every directory but the no-fentry record)."""
+    return [p for p in root.iterdir() if p.is_dir() and p.name != NO_FENTRY] if root.is_dir() else []
 
 
 @contextlib.contextmanager
@@ -97,9 +107,7 @@ def _remove_build(build: Path) -> None:
 
 def reap(root: Path) -> None:
     """Under the host lock: free the slots of dead profilers; unpin every build no live profiler uses."""
-    if not root.is_dir():
-        return
-    for build in [p for p in root.iterdir() if p.is_dir()]:
+    for build in builds(root):
         for slot_dir in _slot_dirs(build):
             if not _held(slot_dir):
                 _free(root, build, slot_dir)
@@ -110,7 +118,7 @@ def reap(root: Path) -> None:
 def _load(obj_path: Path, build: Path, extra: tuple[str, ...]) -> None:
     """Load the object (ebpf_slot.load) and pin its links and shared maps and the task finder in `build`."""
     before = set(os.listdir("/proc/self/fd"))
-    obj = load(obj_path, extra)
+    obj = load(obj_path, extra, build.parent / NO_FENTRY)
     try:
         build.mkdir()
         (build / "slots").mkdir()
@@ -161,6 +169,9 @@ class Pins:
         with contextlib.suppress(OSError):
             self.slot_dir.rmdir()
         reap(self.root)
+
+    def alone(self, index: int) -> bool:
+        return not any(_held(d) for d in _slot_dirs(self.build) if d != self.slot_dir)
 
     def release(self) -> None:
         if self._lock_fd is not None:

@@ -42,6 +42,9 @@ class Held:
     def leave(self, index: int) -> None:
         pass
 
+    def alone(self, index: int) -> bool:
+        return True  # one slot: the copy goes with it
+
     def release(self) -> None:
         """Detach and unload: the object's links and maps go with it."""
         if self._obj is not None:

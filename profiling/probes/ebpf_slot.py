@@ -10,6 +10,7 @@ writes its copy only through its store, so it behaves the same on both.
 from __future__ import annotations
 
 import contextlib
+import errno
 import mmap
 import os
 import subprocess
@@ -69,6 +70,9 @@ class Store(Protocol):
     def release(self) -> None:
         """After leaving, however it went: what this profiler still holds of the copy (idempotent)."""
 
+    def alone(self, index: int) -> bool:
+        """Under the lock: whether slot `index` is the only live one, so its leave frees the whole copy."""
+
 
 def load_object(obj_path: Path, hooks: str) -> BpfObject:
     """The object loaded (not attached) with the watched calls' programs of `hooks`, "fentry" or "tracepoint", and
@@ -78,15 +82,27 @@ def load_object(obj_path: Path, hooks: str) -> BpfObject:
     return BpfObject(obj_path, skip_sections=FENTRY_SECTIONS)
 
 
-def load(obj_path: Path, extra: tuple[str, ...]) -> BpfObject:
+def load(obj_path: Path, extra: tuple[str, ...], refused: Path | None = None) -> BpfObject:
     """The object loaded and checked, its watched calls attached (fentry first, else the raw syscall tracepoints),
-    and those programs of `extra` whose hooks this kernel has; its host map holds the files cap. Nothing pinned."""
-    try:
-        obj = load_object(obj_path, "fentry")
-        calls = obj.programs("fentry/") + obj.programs("fexit/")
-    except BpfError:
+    and those programs of `extra` whose hooks this kernel has; its host map holds the files cap. Nothing pinned.
+
+    `refused`: a directory whose presence says this kernel refuses fentry (EPERM, its answer to the first fentry
+    program before any verifying), made here when it does and the tracepoints load. The host's copy keeps it in
+    bpffs, which lasts as long as the kernel runs: a later first profiler skips the refused attempt, ~50 ms of
+    libbpf reading the kernel's BTF and relocating the object (BENCHMARKS.md, "loading the programs")."""
+    obj, fentry_errno = None, 0
+    if refused is None or not refused.is_dir():
+        try:
+            obj = load_object(obj_path, "fentry")
+            calls = obj.programs("fentry/") + obj.programs("fexit/")
+        except BpfError as exc:
+            fentry_errno = exc.errno
+    if obj is None:
         obj = load_object(obj_path, "tracepoint")
         calls = list(TRACEPOINT_PROGRAMS)
+        if refused is not None and fentry_errno == errno.EPERM:
+            with contextlib.suppress(OSError):  # a record only: without it, the next load tries fentry again
+                refused.mkdir()
     try:
         wrong = layout.check_value_sizes({name: obj.inner_map(f"slot_{name}")[0] for name in layout.VALUE_SIZES})
         if wrong is not None:
@@ -267,7 +283,8 @@ class Slot:
         self._closed = True
         with contextlib.suppress(Exception), self.store.lock():
             self._cgroups = []
-            free_slot(self.store, self.index)
+            if not self.store.alone(self.index):  # else the copy goes whole, and with it the slot's entries:
+                free_slot(self.store, self.index)  # taking them out first would wait for an RCU grace period
             self.store.leave(self.index)
         for memory in self._maps:
             memory.close()

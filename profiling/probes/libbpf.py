@@ -28,7 +28,11 @@ _LIB: ctypes.CDLL | None = None
 
 
 class BpfError(RuntimeError):
-    """A libbpf call failed; the message names the call and the kernel's reason."""
+    """A libbpf call failed; the message names the call and the kernel's reason (`errno`, 0 when not the kernel's)."""
+
+    def __init__(self, message: str, errno: int = 0) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 def _lib() -> ctypes.CDLL:
@@ -89,7 +93,7 @@ def library_missing() -> str | None:
 
 def _fail(call: str) -> BpfError:
     err = ctypes.get_errno()
-    return BpfError(f"{call}: {os.strerror(err) if err else 'failed'}")
+    return BpfError(f"{call}: {os.strerror(err) if err else 'failed'}", err)
 
 
 BPF_MAP_TYPE_HASH = 1  # include/uapi/linux/bpf.h, enum bpf_map_type

@@ -5,6 +5,8 @@ leaves."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import signal
@@ -16,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from profiling.probes import ebpf, ebpf_host
+from profiling.probes import ebpf, ebpf_host, ebpf_slot, libbpf
 from tests.support.bpfhost import builds, slots
 from tests.support.writebench import writebench as built_writebench
 
@@ -164,3 +166,44 @@ def test_a_profiler_killed_with_its_watchdog_is_reaped_by_the_next_one(writebenc
     finally:
         _finish(later)
     assert _gone_within(5)
+
+
+def test_a_kernel_that_refuses_fentry_is_asked_once_per_boot(writebench: Path, monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    """The first load tries fentry, then the tracepoints; where the kernel said EPERM, the host's bpffs keeps the
+    answer and the next host's first profiler loads the tracepoints at once. Where fentry loads, nothing is kept.
+    A pin root of the test's own: the record is never one another test or person left."""
+    root = ebpf_host.DEFAULT_PIN.parent / f"iobatch-test-{os.getpid()}"
+    monkeypatch.setenv(ebpf_host.ENV_PIN, str(root))
+    tried: list[tuple[str, int | None]] = []  # (hooks, errno of a refusal, None: loaded)
+    real = ebpf_slot.load_object
+
+    def load_object(path: Path, hooks: str) -> libbpf.BpfObject:
+        try:
+            obj = real(path, hooks)
+        except libbpf.BpfError as exc:
+            tried.append((hooks, exc.errno))
+            raise
+        tried.append((hooks, None))
+        return obj
+
+    monkeypatch.setattr(ebpf_slot, "load_object", load_object)
+    record = root / ebpf_host.NO_FENTRY
+    try:
+        for _ in range(2):
+            probe = ebpf.EbpfProbe()
+            probe.prepare()
+            hooks = probe.hooks
+            probe.close()
+            assert not builds()
+        if hooks == "fentry":
+            assert tried == [("fentry", None), ("fentry", None)] and not record.exists()
+        elif record.exists():
+            assert tried == [("fentry", errno.EPERM), ("tracepoint", None), ("tracepoint", None)]
+        else:  # refused for another reason: asked again
+            assert [hooks for hooks, _ in tried] == ["fentry", "tracepoint"] * 2 and tried[0][1] != errno.EPERM
+    finally:
+        with contextlib.suppress(OSError):
+            record.rmdir()
+        with contextlib.suppress(OSError):
+            root.rmdir()

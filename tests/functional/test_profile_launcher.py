@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from profiling.probes import ebpf
+from pipeline.interface import EXIT_USAGE
+from profiling.probes import ebpf, ebpf_host
+from tests.support.bpfhost import builds
 
 pytestmark = pytest.mark.root
 
@@ -48,3 +50,18 @@ def test_profiling_true_counts_only_trues_own_opens_and_reads(tmp_path: Path) ->
     # procfs counts more: the kernel's own reads of the binary and its interpreter at exec (fs/read_write.c,
     # __kernel_read: add_rchar and inc_syscr), which are no system call of the command's; never fewer.
     assert profile["read_calls"] >= reads and profile["read_bytes"] >= read_bytes
+
+
+def test_a_bad_flag_found_while_the_probe_loads_leaves_nothing_loaded(tmp_path: Path) -> None:
+    """The programs load in a thread while the launcher imports and reads its contract: a contract that cannot be
+    read ends the command with a usage error, and the programs it had begun to load are gone with it."""
+    reason = ebpf.available()
+    if reason is not None:
+        pytest.skip(reason)
+    if ebpf_host.loaded_programs() or builds():
+        pytest.skip("another profiler runs on this host: the test counts what the host holds")
+    done = subprocess.run([sys.executable, "-m", "pipeline.cli", "profile", "--contract", str(tmp_path / "none.yaml"),
+                           "--", "/bin/true"], capture_output=True, text=True)
+    assert done.returncode == EXIT_USAGE, done.stderr
+    assert done.stderr.count("\n") == 1 and "--contract" in done.stderr, done.stderr
+    assert not ebpf_host.loaded_programs() and not builds()

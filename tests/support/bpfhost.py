@@ -16,8 +16,7 @@ from profiling.probes import ebpf_host
 
 def builds() -> list[Path]:
     """One directory per set of programs pinned on this host."""
-    root = ebpf_host.pin_root()
-    return [p for p in root.iterdir() if p.is_dir()] if root.is_dir() else []
+    return ebpf_host.builds(ebpf_host.pin_root())
 
 
 def slots() -> list[str]:
