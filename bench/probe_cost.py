@@ -13,7 +13,8 @@ so they are upper bounds. Three kinds of call, each --calls times:
 beside the bare write's CPU time per call (user + system, wait4), alternating, medians. Then what a host's first
 profiler waits for to load the programs (what `iobatch profile -- true` pays each time it is the host's only
 profiler), each way the loader tries: with fentry hooks (refused by some kernels, after the whole CO-RE relocation),
-then with the raw tracepoints. Root only.
+then with the raw tracepoints. A kernel that refuses fentry is asked once per boot: the host's bpffs keeps the
+answer (ebpf_host's no-fentry), so later first profilers pay the tracepoints' row alone. Root only.
 
     sudo .venv/bin/python -m bench.probe_cost [--calls 200000] [--rounds 3]
 """

@@ -1,7 +1,7 @@
 """A profiler's watchdog: reaps its slot of the host's shared eBPF programs (profiling/probes/ebpf_host.py) when
 the profiler dies without leaving, SIGKILL included, so the last profiler's death leaves nothing loaded.
 
-    python -c WATCHDOG ROOT SLOT_DIR      (stdin: the read end of the profiler's pipe; ebpf_slot.WATCHDOG)
+    python -S -c WATCHDOG ROOT SLOT_DIR   (stdin: the read end of the profiler's pipe; ebpf_slot.WATCHDOG)
 
 The profiler starts it in a session of its own and keeps the pipe's write end; the kernel closes it however the
 profiler ends. When the profiler left normally its slot is gone already and the watchdog exits having imported

@@ -38,8 +38,10 @@ class BpfError(RuntimeError):
 def _lib() -> ctypes.CDLL:
     global _LIB
     if _LIB is None:
-        name = ctypes.util.find_library("bpf") or "libbpf.so.1"
-        lib = ctypes.CDLL(name, use_errno=True)
+        try:  # libbpf 1.x's soname first: find_library runs ldconfig, a process of its own (~4 ms)
+            lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+        except OSError:
+            lib = ctypes.CDLL(ctypes.util.find_library("bpf") or "libbpf.so.1", use_errno=True)
         vp, cp, i = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int
         for fn, res, args in (
             ("bpf_object__open_file", vp, [cp, vp]),
