@@ -185,7 +185,7 @@ def profile(
     step = _interval(interval)
     # Per-call figures (latency) whenever a probe can run: eBPF on the command's process tree (root), else the
     # interposer for a dynamically linked command; otherwise one notice says they are off. The eBPF probe joins
-    # the host's programs in a thread while the rest is imported (start-up: issue 43).
+    # the host's programs in a thread while the rest is imported (what `iobatch profile -- true` waits for).
     probe_start = CommandProbeStart(dev)
     try:
         from rich.console import Console

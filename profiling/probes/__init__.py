@@ -181,8 +181,8 @@ class CommandProbeStart:
     """start_command_probe in two halves. Made, it begins the eBPF probe's prepare() in a thread: joining the
     host's programs, loading them when this is the host's first profiler (~0.1 s, nearly all in libbpf and in
     the kernel's RCU waits, C calls that let go of the GIL), while the caller imports what it needs on the other
-    core (`iobatch profile`'s start-up). `finish` starts the probe as start_command_probe does; `cancel` gives
-    back what was prepared when the caller stops before (both idempotent with each other: the first wins)."""
+    core (`iobatch profile`'s start-up). `finish` starts the probe as start_command_probe does; `cancel`, for a
+    caller that stops before it finishes, gives back what was prepared. Call one of them, once."""
 
     def __init__(self, device: BlockDevice | None = None) -> None:
         self._reason = ebpf.available()
