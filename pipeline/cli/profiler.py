@@ -171,7 +171,14 @@ def profile(
     import json
     import os
 
-    from profiling.probes import CommandProbeStart
+    from rich.console import Console
+
+    from pipeline.settings import job_identity
+    from profiling.command import CommandNotFound, profile_command
+    from profiling.contract import format_results
+    from profiling.finish import load_rules
+    from profiling.probes import start_command_probe
+    from profiling.table import profile_row, render_stage_table
 
     # Every output path is checked before the command runs: its table and exit code are never lost to a
     # --json that cannot be written afterwards. '-' is stdout for either (checks.STDOUT), not for both.
@@ -181,30 +188,16 @@ def profile(
         checks.output_or_stdout(emf, "--emf")
     if json_out == emf == checks.STDOUT:
         raise UsageError("--json - and --emf - would both write to stdout: give one of them a file")
+    properties = job_identity(dict(os.environ)).properties
     dev = _device(device, Path.cwd())
     step = _interval(interval)
-    # Per-call figures (latency) whenever a probe can run: eBPF on the command's process tree (root), else the
-    # interposer for a dynamically linked command; otherwise one notice says they are off. The eBPF probe joins
-    # the host's programs in a thread while the rest is imported (what `iobatch profile -- true` waits for).
-    probe_start = CommandProbeStart(dev)
     try:
-        from rich.console import Console
-
-        from pipeline.settings import job_identity
-        from profiling.command import CommandNotFound, profile_command
-        from profiling.contract import format_results
-        from profiling.finish import load_rules
-        from profiling.table import profile_row, render_stage_table
-
-        properties = job_identity(dict(os.environ)).properties
-        try:
-            rules = load_rules(contract)
-        except ValueError as exc:
-            raise UsageError(f"--contract: {exc}") from None
-    except BaseException:
-        probe_start.cancel()
-        raise
-    call_probe = probe_start.finish(_warn, command)
+        rules = load_rules(contract)
+    except ValueError as exc:
+        raise UsageError(f"--contract: {exc}") from None
+    # Per-call figures (latency) whenever a probe can run: eBPF on the command's process tree (root), else the
+    # interposer for a dynamically linked command; otherwise one notice says they are off.
+    call_probe = start_command_probe(_warn, command, device=dev)
     try:
         result = profile_command(command, interval_s=step, device=dev, properties=properties,
                                  call_probe=call_probe, rules=rules)

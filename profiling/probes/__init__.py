@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -174,68 +173,21 @@ def start_command_probe(warn: Warn, argv: Sequence[str] = (), *,
     eBPF when it can run (any binary); else, for a dynamically linked `argv[0]`, the LD_PRELOAD
     interposer, preloaded through the command's environment (`command_environment`). eBPF also classes
     the requests of `device`'s disk (DeviceRandomShare)."""
-    return CommandProbeStart(device).finish(warn, argv)
+    reason = ebpf.available()
+    if reason is None:
+        probe = ebpf.EbpfProbe(count_root=False, disk=None if device is None else disk_of(device))
+        try:
+            probe.start(os.getpid())
+            return probe
+        except (RuntimeError, OSError) as exc:
+            reason = f"eBPF probe did not start ({exc})"
+    if argv and _dynamically_linked(argv[0]) and interpose.library_path() is not None:
+        import tempfile
 
-
-class CommandProbeStart:
-    """start_command_probe in two halves. Made, it begins the eBPF probe's prepare() in a thread: joining the
-    host's programs, loading them when this is the host's first profiler (~0.1 s, nearly all in libbpf and in
-    the kernel's RCU waits, C calls that let go of the GIL), while the caller imports what it needs on the other
-    core (`iobatch profile`'s start-up). `finish` starts the probe as start_command_probe does; `cancel`, for a
-    caller that stops before it finishes, gives back what was prepared. Call one of them, once."""
-
-    def __init__(self, device: BlockDevice | None = None) -> None:
-        self._reason = ebpf.available()
-        self._probe: ebpf.EbpfProbe | None = None
-        self._failure: list[BaseException] = []
-        self._worker: threading.Thread | None = None
-        if self._reason is None:
-            probe = ebpf.EbpfProbe(count_root=False, disk=None if device is None else disk_of(device))
-
-            def prepare() -> None:
-                try:
-                    probe.prepare()
-                except BaseException as exc:  # handed to finish(), in the caller's thread
-                    self._failure.append(exc)
-
-            self._probe = probe
-            self._worker = threading.Thread(target=prepare, name="iobatch-probe-prepare")
-            self._worker.start()
-
-    def _prepared(self) -> ebpf.EbpfProbe | None:
-        if self._worker is not None:
-            self._worker.join()
-            self._worker = None
-        probe, self._probe = self._probe, None
-        return probe
-
-    def cancel(self) -> None:
-        probe = self._prepared()
-        if probe is not None:
-            probe.close()
-
-    def finish(self, warn: Warn, argv: Sequence[str] = ()) -> CallProbe | None:
-        reason = self._reason
-        probe = self._prepared()
-        if probe is not None:
-            try:
-                if self._failure:
-                    raise self._failure[0]
-                probe.start(os.getpid())
-                return probe
-            except (RuntimeError, OSError) as exc:
-                probe.close()
-                reason = f"eBPF probe did not start ({exc})"
-            except BaseException:
-                probe.close()
-                raise
-        if argv and _dynamically_linked(argv[0]) and interpose.library_path() is not None:
-            import tempfile
-
-            scratch = Path(tempfile.mkdtemp(prefix="iobatch-calls-"))
-            warn(f"{reason}: per-call figures from the LD_PRELOAD interposer")
-            command_probe = _CommandInterposeProbe(scratch)
-            command_probe.start(os.getpid())
-            return command_probe
-        warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
-        return None
+        scratch = Path(tempfile.mkdtemp(prefix="iobatch-calls-"))
+        warn(f"{reason}: per-call figures from the LD_PRELOAD interposer")
+        command_probe = _CommandInterposeProbe(scratch)
+        command_probe.start(os.getpid())
+        return command_probe
+    warn(f"{reason}: no per-call latency; counts and bytes come from procfs")
+    return None

@@ -284,8 +284,8 @@ class EbpfProbe:
 
     def start(self, pid: int) -> None:
         root = (pid, read_start_time(pid))
-        if not self.keep_running and self._root is not None:  # one-shot: a window started before is dropped;
-            self.close()                                       # a prepare() alone is what this start() uses
+        if not self.keep_running:
+            self.close()
         self.prepare()
         assert self._loaded is not None
         if self._root != root:

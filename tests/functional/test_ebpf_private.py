@@ -36,6 +36,8 @@ def no_bpffs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_a_profiler_without_bpffs_counts_exactly_with_a_copy_of_its_own(no_bpffs: Path) -> None:
+    # `before` may hold programs an earlier profiler unpinned and the kernel is still freeing (it puts a link's last
+    # reference in a work item): they may go meanwhile; what this test checks is that none of its own stay
     before = kernel_programs("iob_")
     writebench = built_writebench()
     proc = subprocess.Popen(["sh", "-c", f"read go; {writebench} /dev/null 20000; {writebench} /dev/null 5000 512"],
@@ -57,7 +59,7 @@ def test_a_profiler_without_bpffs_counts_exactly_with_a_copy_of_its_own(no_bpffs
     [note] = [n for n in calls["notes"] if "not bpffs" in n]  # said once
     assert "own copy" in note and "make setup" in note
     assert not no_bpffs.exists()  # nothing pinned, nowhere
-    assert kernel_programs("iob_") == before  # unloaded with the profiler's descriptors
+    assert not kernel_programs("iob_") - before  # unloaded with the profiler's descriptors
 
 
 def test_a_killed_profilers_own_copy_goes_with_it(no_bpffs: Path) -> None:
@@ -74,6 +76,6 @@ def test_a_killed_profilers_own_copy_goes_with_it(no_bpffs: Path) -> None:
         os.killpg(holder.pid, signal.SIGKILL)  # the profiler and its job
         holder.wait(timeout=10)
     deadline = time.monotonic() + 10  # the last descriptors are released just after the process is gone
-    while kernel_programs("iob_") != before and time.monotonic() < deadline:
+    while kernel_programs("iob_") - before and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert kernel_programs("iob_") == before
+    assert not kernel_programs("iob_") - before

@@ -52,9 +52,9 @@ def test_profiling_true_counts_only_trues_own_opens_and_reads(tmp_path: Path) ->
     assert profile["read_calls"] >= reads and profile["read_bytes"] >= read_bytes
 
 
-def test_a_bad_flag_found_while_the_probe_loads_leaves_nothing_loaded(tmp_path: Path) -> None:
-    """The programs load in a thread while the launcher imports and reads its contract: a contract that cannot be
-    read ends the command with a usage error, and the programs it had begun to load are gone with it."""
+def test_a_bad_flag_is_refused_before_the_probe_loads(tmp_path: Path) -> None:
+    """Every flag is checked before the probe loads the host's programs: a contract that cannot be read ends the
+    command with a usage error, and nothing was loaded."""
     reason = ebpf.available()
     if reason is not None:
         pytest.skip(reason)
