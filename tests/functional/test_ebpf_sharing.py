@@ -201,7 +201,7 @@ def test_a_kernel_that_refuses_fentry_is_asked_once_per_boot(writebench: Path, m
         elif record.exists():
             assert tried == [("fentry", errno.EPERM), ("tracepoint", None), ("tracepoint", None)]
         else:  # refused for another reason: asked again
-            assert [hooks for hooks, _ in tried] == ["fentry", "tracepoint"] * 2 and tried[0][1] != errno.EPERM
+            assert [kind for kind, _ in tried] == ["fentry", "tracepoint"] * 2 and tried[0][1] != errno.EPERM
     finally:
         with contextlib.suppress(OSError):
             record.rmdir()
