@@ -199,14 +199,13 @@ def run_copies(
         errors: list[str] = []  # stderr, read beside stdout so neither pipe fills
         reader = threading.Thread(target=errors.extend, args=(proc.stderr,), daemon=True, name="s5cmd-stderr")
         reader.start()
-        out: list[str] = []
+        results: list[CopyResult] = []  # stdout's, each line parsed once, as it comes
         try:
             for line in proc.stdout:
-                out.append(line)
-                if on_copied is not None:
-                    for result in parse_json_lines([line]):
-                        if result.ok:
-                            on_copied(result)
+                for result in parse_json_lines([line]):
+                    results.append(result)
+                    if result.ok and on_copied is not None:
+                        on_copied(result)
             proc.wait()
         except BaseException:
             proc.kill()
@@ -215,7 +214,7 @@ def run_copies(
         finally:
             reader.join()
     stderr = "".join(errors)
-    results = parse_json_lines(out + errors)
+    results += parse_json_lines(errors)
     failures = [r for r in results if not r.ok]
     if failures:
         raise classify_failure(sorted(failures, key=lambda r: r.source)[0])
